@@ -1,0 +1,5 @@
+"""``python -m batchfit``: the same as the ``batchfit`` command."""
+
+from batchfit.cli import main
+
+raise SystemExit(main())

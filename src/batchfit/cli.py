@@ -1,0 +1,191 @@
+"""The ``batchfit`` command line: parse, call the public API, render. One function per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import batchfit
+from batchfit.errors import BatchfitError, ConfigurationError
+from batchfit.examples import EXAMPLES, build_example
+from batchfit.find import DEFAULT_MAX_BATCH, Mode, SearchResult, find_batch_size
+from batchfit.search import Trial
+from batchfit.units import format_bytes
+from batchfit.workload import Workload
+
+DEBUG_VARIABLE = "BATCHFIT_DEBUG"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchfit",
+        description="Find the batch size to train and evaluate with on this hardware.",
+    )
+    parser.add_argument("--version", action="version", version=f"batchfit {batchfit.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    find = commands.add_parser(
+        "find",
+        help="the largest memory-safe batch size for training and evaluation",
+        description="Find the largest batch whose train (and eval) step fits a fraction of device memory.",
+    )
+    source = find.add_mutually_exclusive_group(required=True)
+    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in workload")
+    source.add_argument(
+        "--workload", metavar="MODULE:FUNCTION", help="a function returning a batchfit.Workload"
+    )
+    find.add_argument(
+        "--modes", default="train,eval", help="comma-separated: train, eval (default: %(default)s)"
+    )
+    find.add_argument(
+        "--fraction",
+        type=float,
+        default=0.8,
+        help="share of device memory to use (default: %(default)s)",
+    )
+    find.add_argument("--min-batch", type=int, default=1, help="lower bound (default: %(default)s)")
+    find.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help=f"upper bound for train (default: {DEFAULT_MAX_BATCH['train']}); eval's is twice it",
+    )
+    find.add_argument("--steps-per-trial", type=int, default=2, help="steps per trial (default: %(default)s)")
+    find.add_argument(
+        "--multiple-of", type=int, default=None, help="only batch sizes that are multiples of N"
+    )
+    find.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
+    find.add_argument(
+        "--memory-limit",
+        default=None,
+        help="a capacity such as 2GiB (on cpu: enforced on real allocations)",
+    )
+    find.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="output format (default: %(default)s)",
+    )
+    find.add_argument(
+        "--output", type=Path, default=None, help="write the result to this file instead of stdout"
+    )
+    find.set_defaults(handler=_find)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (BatchfitError, OSError) as error:
+        if os.environ.get(DEBUG_VARIABLE):
+            traceback.print_exc()
+        print(f"batchfit: error: {error}", file=sys.stderr)
+        if not os.environ.get(DEBUG_VARIABLE):
+            print(f"(set {DEBUG_VARIABLE}=1 to see the traceback)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "batchfit: interrupted; the model and optimizer were left as they were.",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _find(args: argparse.Namespace) -> int:
+    modes = _parse_modes(args.modes)
+    workload = build_example(args.example) if args.example else load_workload(args.workload)
+    train_max = args.max_batch if args.max_batch is not None else DEFAULT_MAX_BATCH["train"]
+    results: list[SearchResult] = []
+    for mode in modes:
+        result = find_batch_size(
+            workload,
+            mode,
+            device=args.device,
+            memory_limit=args.memory_limit,
+            fraction=args.fraction,
+            min_batch=args.min_batch,
+            max_batch=train_max if mode == "train" else 2 * train_max,
+            multiple_of=args.multiple_of,
+            steps_per_trial=args.steps_per_trial,
+            on_trial=functools.partial(_print_trial, mode),
+        )
+        print(f"batchfit: {result.summary()}", file=sys.stderr)
+        results.append(result)
+    text = _render(workload, results, args.format)
+    if args.output is not None:
+        args.output.write_text(text)
+        print(f"batchfit: wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _parse_modes(text: str) -> list[Mode]:
+    modes = [mode.strip() for mode in text.split(",") if mode.strip()]
+    aliases = {"train": "train", "eval": "eval", "val": "eval"}
+    unknown = [mode for mode in modes if mode not in aliases]
+    if unknown or not modes:
+        raise ConfigurationError(f"--modes {text!r}: use a comma-separated list of train and eval.")
+    return [aliases[mode] for mode in dict.fromkeys(modes)]  # type: ignore[misc]
+
+
+def load_workload(spec: str) -> Workload:
+    """Import ``module:function`` (the working directory is importable) and call it for a Workload."""
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise ConfigurationError(f"--workload {spec!r} must be MODULE:FUNCTION, e.g. my_train:workload.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigurationError(f"--workload {spec!r}: cannot import {module_name!r} ({error}).") from error
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigurationError(f"--workload {spec!r}: {module_name} has no function {function_name!r}.")
+    workload = function()
+    if not isinstance(workload, Workload):
+        raise ConfigurationError(
+            f"--workload {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
+        )
+    return workload
+
+
+def _print_trial(mode: str, trial: Trial) -> None:
+    speed = f"{trial.step_seconds * 1000:8.1f} ms/step" if trial.step_seconds is not None else ""
+    print(
+        f"batchfit: {mode:<5} batch_size={trial.batch_size:<6} {trial.outcome:<11} "
+        f"peak {format_bytes(trial.peak_bytes):>11} {speed}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _render(workload: Workload, results: list[SearchResult], output_format: str) -> str:
+    if output_format == "json":
+        document: dict[str, Any] = {
+            "workload": workload.name,
+            "batchfit_version": batchfit.__version__,
+            "torch_version": torch.__version__,
+            "results": [result.to_dict() for result in results],
+        }
+        return json.dumps(document, indent=2) + "\n"
+    lines = []
+    for result in results:
+        lines.append(f"{result.mode}_batch_size: {result.batch_size}")
+    lines.append("")
+    for result in results:
+        lines.append(result.summary())
+    return "\n".join(lines) + "\n"

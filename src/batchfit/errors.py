@@ -1,0 +1,19 @@
+"""The library's exceptions: one base class, each also a natural builtin."""
+
+from __future__ import annotations
+
+
+class BatchfitError(Exception):
+    """Base class of every error batchfit raises on purpose."""
+
+
+class ConfigurationError(BatchfitError, ValueError):
+    """A parameter, flag or workload is not usable as given; the message names it."""
+
+
+class DeviceUnavailableError(BatchfitError, RuntimeError):
+    """The requested device is not present, or a memory query on it failed."""
+
+
+class DoesNotFitError(BatchfitError, RuntimeError):
+    """Even the smallest allowed batch does not fit in the memory budget."""

@@ -1,0 +1,278 @@
+"""``find_batch_size``: the largest batch whose train (or eval) step fits a memory budget."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+
+from batchfit.device import Device, Measurement, resolve_device
+from batchfit.errors import ConfigurationError, DoesNotFitError
+from batchfit.oom import is_out_of_memory
+from batchfit.search import Candidates, MemoryModel, StopReason, Trial, search
+from batchfit.state import TrainingSnapshot
+from batchfit.tracker import resident_tensors
+from batchfit.units import format_bytes
+from batchfit.workload import Workload, to_device
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["train", "eval"]
+#: Upper bound of the search when none is given: the seed's MAX_BATCH_SIZE, doubled for eval.
+DEFAULT_MAX_BATCH = {"train": 512, "eval": 1024}
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The answer of a search and the evidence for it."""
+
+    mode: Mode
+    batch_size: int
+    peak_bytes: int  # measured peak of the answer's trial
+    budget_bytes: int  # memory_fraction x capacity_bytes
+    capacity_bytes: int
+    memory_fraction: float
+    device: str
+    trials: tuple[Trial, ...]
+    memory_model: MemoryModel | None
+    stop_reason: StopReason
+    search_seconds: float
+    min_batch: int
+    max_batch: int
+    multiple_of: int | None
+    steps_per_trial: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def summary(self) -> str:
+        why = {
+            "boundary": "the next larger candidate did not fit",
+            "max_batch": f"max_batch={self.max_batch} was reached",
+        }.get(self.stop_reason, self.stop_reason)
+        return (
+            f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
+            f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
+            f"{format_bytes(self.capacity_bytes)} on {self.device}); {len(self.trials)} trials in "
+            f"{self.search_seconds:.2f} s; stopped because {why}."
+        )
+
+
+def find_batch_size(
+    workload: Workload,
+    mode: Mode = "train",
+    *,
+    device: str | torch.device | None = None,
+    memory_limit: str | int | None = None,
+    fraction: float = 0.8,
+    min_batch: int = 1,
+    max_batch: int | None = None,
+    multiple_of: int | None = None,
+    steps_per_trial: int = 2,
+    eval_with_training_state: bool = True,
+    on_trial: Callable[[Trial], None] | None = None,
+) -> SearchResult:
+    """Find the largest batch in [min_batch, max_batch] whose ``mode`` step peaks within
+    ``fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
+
+    ``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (default: cuda if available); with
+    ``memory_limit`` (e.g. ``"2GiB"``) the CPU enforces that capacity on real allocations.
+    For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
+    gradients and optimizer state resident, as when validation runs inside a training loop.
+    """
+    if mode not in ("train", "eval"):
+        raise ConfigurationError(f"mode={mode!r} is not a mode: use 'train' or 'eval'.")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ConfigurationError(
+            f"fraction={fraction!r} must be in (0, 1]: the share of device memory a batch may use."
+        )
+    if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) or steps_per_trial < 1:
+        raise ConfigurationError(f"steps_per_trial must be a positive integer, got {steps_per_trial!r}.")
+    if max_batch is None:
+        max_batch = DEFAULT_MAX_BATCH[mode]
+    candidates = Candidates.between(min_batch, max_batch, multiple_of)
+    target = resolve_device(device, memory_limit)
+    _check_model_device(workload.model, target)
+    if mode == "train" and workload.optimizer is None and workload.train_step is None:
+        raise ConfigurationError(
+            "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
+            "or a train_step(model, optimizer, batch) function."
+        )
+
+    started = time.perf_counter()
+    snapshot = TrainingSnapshot.capture(
+        workload.model,
+        workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None,
+    )
+    try:
+        snapshot.set_gradients_aside()
+        capacity = target.capacity_bytes(resident_tensors(workload.model, workload.optimizer))
+        budget = int(fraction * capacity)
+        runner = _TrialRunner(
+            workload,
+            target,
+            mode,
+            steps_per_trial,
+            budget,
+            snapshot,
+            warm_batch=candidates.first if mode == "eval" and eval_with_training_state else None,
+        )
+
+        def run(batch_size: int) -> Trial:
+            trial = runner.run(batch_size)
+            logger.info(
+                "%s trial batch_size=%d: %s, peak %s (budget %s)%s",
+                mode,
+                batch_size,
+                trial.outcome,
+                format_bytes(trial.peak_bytes),
+                format_bytes(budget),
+                f", {trial.step_seconds * 1000:.1f} ms/step" if trial.step_seconds else "",
+            )
+            if on_trial is not None:
+                on_trial(trial)
+            return trial
+
+        outcome = search(run, candidates, budget)
+    finally:
+        snapshot.restore(gradients=True)
+        target.release()
+    elapsed = time.perf_counter() - started
+    if outcome.batch_size is None:
+        raise _does_not_fit(workload, mode, target, outcome.trials[0], budget, capacity, fraction)
+    answer = next(t for t in outcome.trials if t.batch_size == outcome.batch_size)
+    return SearchResult(
+        mode=mode,
+        batch_size=outcome.batch_size,
+        peak_bytes=answer.peak_bytes,
+        budget_bytes=budget,
+        capacity_bytes=capacity,
+        memory_fraction=float(fraction),
+        device=target.name,
+        trials=outcome.trials,
+        memory_model=outcome.memory_model,
+        stop_reason=outcome.stop_reason,
+        search_seconds=elapsed,
+        min_batch=min_batch,
+        max_batch=max_batch,
+        multiple_of=multiple_of,
+        steps_per_trial=steps_per_trial,
+    )
+
+
+class _TrialRunner:
+    """Runs one trial: ``steps`` real steps at a batch size, measured, then the state put back."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        device: Device,
+        mode: Mode,
+        steps: int,
+        budget_bytes: int,
+        snapshot: TrainingSnapshot,
+        warm_batch: int | None,
+    ) -> None:
+        self.workload, self.device, self.mode, self.steps = workload, device, mode, steps
+        self.budget_bytes, self.snapshot, self.warm_batch = budget_bytes, snapshot, warm_batch
+
+    def run(self, batch_size: int) -> Trial:
+        workload, device = self.workload, self.device
+        host_batch = workload.host_batch(batch_size)  # outside the measurement: data-loader memory
+        step_seconds: float | None = None
+        failure = ""
+        measurement = Measurement()  # replaced by the device's once measuring starts
+        try:
+            optimizer = workload.build_optimizer()
+            if self.mode == "eval" and self.warm_batch is not None and optimizer is not None:
+                # Validation inside training runs with gradients and optimizer state resident.
+                workload.model.train()
+                workload.run_train_step(
+                    optimizer, to_device(workload.host_batch(self.warm_batch), device.torch_device)
+                )
+            workload.model.train(self.mode == "train")
+            resident = list(resident_tensors(workload.model, optimizer))
+            with device.measure(resident) as measurement:
+                for _ in range(self.steps):
+                    batch = to_device(host_batch, device.torch_device)
+                    begin = time.perf_counter()
+                    if self.mode == "train":
+                        workload.run_train_step(optimizer, batch)
+                    else:
+                        workload.run_eval_step(batch)
+                    device.synchronize()
+                    step_seconds = time.perf_counter() - begin
+                    del batch
+        except BaseException as error:
+            if not is_out_of_memory(error):
+                error.add_note(f"batchfit: raised by the {self.mode} step at batch_size={batch_size}.")
+                raise
+            failure = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        finally:
+            self.snapshot.restore(gradients=False)
+        if failure:
+            device.release()
+            return Trial(batch_size, "oom", measurement.peak_bytes, None, failure)
+        if measurement.allocator_retries:
+            return Trial(
+                batch_size,
+                "over_budget",
+                measurement.peak_bytes,
+                step_seconds,
+                f"the allocator retried {measurement.allocator_retries} times (thrashing)",
+            )
+        if measurement.peak_bytes > self.budget_bytes:
+            return Trial(
+                batch_size,
+                "over_budget",
+                measurement.peak_bytes,
+                step_seconds,
+                f"peak {format_bytes(measurement.peak_bytes)} > budget {format_bytes(self.budget_bytes)}",
+            )
+        return Trial(batch_size, "ok", measurement.peak_bytes, step_seconds)
+
+
+def _check_model_device(model: torch.nn.Module, device: Device) -> None:
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if tensor.device.type != device.torch_device.type or (
+            device.torch_device.index is not None and tensor.device != device.torch_device
+        ):
+            raise ConfigurationError(
+                f"the model's {name} is on {tensor.device}, but the search runs on "
+                f"{device.torch_device}; move the model there first (model.to('{device.torch_device}'))."
+            )
+
+
+def _does_not_fit(
+    workload: Workload,
+    mode: Mode,
+    device: Device,
+    trial: Trial,
+    budget: int,
+    capacity: int,
+    fraction: float,
+) -> DoesNotFitError:
+    weights = sum(t.untyped_storage().nbytes() for t in resident_tensors(workload.model))
+    measured = (
+        f"it ran out of memory ({trial.detail})"
+        if trial.outcome == "oom"
+        else f"its peak was {format_bytes(trial.peak_bytes)}"
+    )
+    error = DoesNotFitError(
+        f"the {mode} step does not fit even at batch_size={trial.batch_size} on {device.name}: "
+        f"{measured}, against a budget of {format_bytes(budget)} ({fraction:g} x "
+        f"{format_bytes(capacity)}). The fixed part alone, parameters and buffers, takes "
+        f"{format_bytes(weights)} before gradients, optimizer state and activations. Raise "
+        f"memory_limit or fraction, or shrink the fixed part (mixed precision, a lighter "
+        f"optimizer, activation checkpointing)."
+    )
+    error.trials = (trial,)  # type: ignore[attr-defined]
+    return error

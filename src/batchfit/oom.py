@@ -1,0 +1,34 @@
+"""Recognise an out-of-memory failure, on any backend, from the exception alone."""
+
+from __future__ import annotations
+
+import torch
+
+# Substrings of the messages that backends raise when an allocation fails. Lower-cased.
+OOM_MESSAGES: tuple[str, ...] = (
+    "out of memory",  # CUDA, HIP/ROCm, XPU, MPS ("MPS backend out of memory"), batchfit's cap
+    "defaultcpuallocator: can't allocate memory",  # the CPU allocator
+    "cudnn_status_alloc_failed",
+    "cublas_status_alloc_failed",
+    "cusolver_status_alloc_failed",
+    "cufft_alloc_failed",
+    "hipblas_status_alloc_failed",
+    "miopen_status_alloc_failed",
+    "failed to allocate memory",
+    # cuDNN reports some allocation failures as NOT_SUPPORTED (accelerate treats it the same way).
+    "cudnn_status_not_supported. this error may appear if you passed in a non-contiguous input",
+)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True when ``error`` is an allocation failure: by type first, then by message.
+
+    Anything else (a shape error, a bug in the model, Ctrl-C) is not an out-of-memory and the
+    caller must let it propagate.
+    """
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    if not isinstance(error, RuntimeError):
+        return False
+    message = str(error).lower()
+    return any(fragment in message for fragment in OOM_MESSAGES)

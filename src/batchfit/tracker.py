@@ -1,0 +1,139 @@
+"""Live tensor-storage accounting on the CPU, and an optional capacity enforced on it.
+
+A ``TorchDispatchMode`` sees every aten op's outputs; each new storage is counted once, and a
+weak reference on it takes its bytes back off when it is freed. The peak is exact to the byte.
+With a capacity, an op whose new storages would take live bytes past it raises
+``torch.OutOfMemoryError`` at that op, as a GPU allocator would.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from batchfit.units import format_bytes, parse_bytes
+
+
+def resident_tensors(*objects: Any) -> Iterator[torch.Tensor]:
+    """Tensors held by modules (parameters, gradients, buffers), optimizers (state) or given as is."""
+    for obj in objects:
+        if obj is None:
+            continue
+        if isinstance(obj, torch.Tensor):
+            yield obj
+        elif isinstance(obj, torch.nn.Module):
+            for parameter in obj.parameters():
+                yield parameter
+                if parameter.grad is not None:
+                    yield parameter.grad
+            yield from obj.buffers()
+        elif isinstance(obj, torch.optim.Optimizer):
+            for state in obj.state.values():
+                yield from (value for value in state.values() if isinstance(value, torch.Tensor))
+        elif isinstance(obj, (list, tuple, set)):
+            yield from resident_tensors(*obj)
+        elif isinstance(obj, dict):
+            yield from resident_tensors(*obj.values())
+
+
+class StorageTracker(TorchDispatchMode):
+    """Counts the bytes of live storages on ``device_type``; enforces ``capacity_bytes`` if given."""
+
+    def __init__(self, capacity_bytes: int | None = None, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.capacity_bytes = capacity_bytes
+        self.device_type = device_type
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._sizes: dict[int, int] = {}  # storage key -> bytes counted for it
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+
+    def track(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count storages that already exist (a model's parameters, optimizer state...)."""
+        for tensor in tensors:
+            self._add(tensor.untyped_storage(), self._new_bytes(tensor.untyped_storage()))
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.live_bytes
+
+    def _new_bytes(self, storage: torch.UntypedStorage) -> int:
+        """Bytes this storage adds to the live total (0 when already counted at its size)."""
+        if storage.device.type != self.device_type:
+            return 0
+        return storage.nbytes() - self._sizes.get(storage._cdata, 0)
+
+    def _add(self, storage: torch.UntypedStorage, added: int) -> None:
+        if storage.device.type != self.device_type:
+            return
+        key = storage._cdata
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(storage, self._on_free(key))
+        self._sizes[key] = self._sizes.get(key, 0) + added
+        self.live_bytes += added
+
+    def _on_free(self, key: int) -> Any:
+        def release(_: object) -> None:
+            self.live_bytes -= self._sizes.pop(key, 0)
+            self._refs.pop(key, None)
+
+        return release
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        storages: dict[int, torch.UntypedStorage] = {}
+        _collect_storages(out, storages)
+        added = {key: self._new_bytes(storage) for key, storage in storages.items()}
+        requested = sum(added.values())
+        if (
+            self.capacity_bytes is not None
+            and requested > 0
+            and self.live_bytes + requested > self.capacity_bytes
+        ):
+            del out, storages
+            raise torch.OutOfMemoryError(_oom_message(requested, self.live_bytes, self.capacity_bytes))
+        for key, storage in storages.items():
+            if added[key]:
+                self._add(storage, added[key])
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+        return out
+
+
+def _collect_storages(value: Any, into: dict[int, torch.UntypedStorage]) -> None:
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        into[storage._cdata] = storage
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _collect_storages(item, into)
+
+
+def _oom_message(requested: int, live: int, capacity: int) -> str:
+    # Follows PyTorch's CPU allocator message, so tools that match on it recognise this failure.
+    return (
+        f"out of memory: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+        f"{requested} bytes ({format_bytes(requested)}) with {live} bytes ({format_bytes(live)}) "
+        f"in use and a limit of {capacity} bytes ({format_bytes(capacity)}) set by batchfit."
+    )
+
+
+@contextmanager
+def memory_limit(limit: str | int, *, resident: Iterable[Any] = ()) -> Iterator[StorageTracker]:
+    """Cap the CPU tensor memory of the code inside the block at ``limit`` (e.g. ``"2GiB"``).
+
+    Tensors allocated inside the block count, plus those of ``resident`` (modules, optimizers,
+    tensors) that already exist. An allocation past the cap raises ``torch.OutOfMemoryError``.
+    The tracker is yielded, so ``peak_bytes`` and ``live_bytes`` can be read afterwards.
+    """
+    tracker = StorageTracker(capacity_bytes=parse_bytes(limit))
+    tracker.track(resident_tensors(*resident))
+    if tracker.live_bytes > (tracker.capacity_bytes or 0):
+        raise torch.OutOfMemoryError(_oom_message(tracker.live_bytes, 0, tracker.capacity_bytes or 0))
+    with tracker:
+        yield tracker

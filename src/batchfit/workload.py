@@ -1,0 +1,181 @@
+"""What a trial runs: a model, its optimizer, a source of batches and a loss (or a step function)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+from batchfit.errors import ConfigurationError
+
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+#: Items scanned to find the largest samples of a dataset; larger datasets are sampled.
+MAX_SCANNED_ITEMS = 10_000
+
+
+@dataclass
+class Workload:
+    """A training (and evaluation) step to measure.
+
+    Batches come from ``make_batch(n)`` or from ``dataset`` (with ``collate_fn``), taking the
+    largest items first (by ``size_key(item)``, default: the number of tensor elements).
+    The default step calls ``loss_fn(model(inputs), target)`` on a batch ``(inputs, target)``;
+    without ``loss_fn`` the model's output must be the loss (or hold it as ``.loss``/``["loss"]``).
+    ``train_step(model, optimizer, batch)`` and ``eval_step(model, batch)`` replace the default
+    steps for anything unusual (several losses, AMP with a GradScaler, accumulation).
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | OptimizerFactory | None = None
+    make_batch: Callable[[int], Any] | None = None
+    dataset: Any = None
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    size_key: Callable[[Any], float] | None = None
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    train_step: Callable[[torch.nn.Module, Any, Any], Any] | None = None
+    eval_step: Callable[[torch.nn.Module, Any], Any] | None = None
+    batch_dim: int = 0
+    name: str = "workload"
+    _order: list[int] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, torch.nn.Module):
+            raise ConfigurationError(
+                f"Workload.model must be a torch.nn.Module, got {type(self.model).__name__}."
+            )
+        if (self.make_batch is None) == (self.dataset is None):
+            raise ConfigurationError(
+                "Workload needs exactly one source of batches: make_batch=callable(n) or "
+                "dataset=Dataset (with an optional collate_fn)."
+            )
+        if self.dataset is not None and not hasattr(self.dataset, "__len__"):
+            raise ConfigurationError(
+                "Workload.dataset must be a map-style dataset (with __len__ and __getitem__); "
+                "for an iterable dataset pass make_batch=callable(n) instead."
+            )
+        if self.optimizer is not None and not (
+            isinstance(self.optimizer, torch.optim.Optimizer) or callable(self.optimizer)
+        ):
+            raise ConfigurationError(
+                "Workload.optimizer must be a torch.optim.Optimizer or a factory "
+                "params -> Optimizer (e.g. lambda params: torch.optim.AdamW(params, lr=1e-3))."
+            )
+
+    # -- batches -------------------------------------------------------------------------
+
+    def host_batch(self, batch_size: int) -> Any:
+        """A batch of ``batch_size`` samples where the data lives (not yet on the device)."""
+        if self.make_batch is not None:
+            batch = self.make_batch(batch_size)
+            source = f"make_batch({batch_size})"
+        else:
+            order = self._largest_first()
+            items = [self.dataset[order[i % len(order)]] for i in range(batch_size)]
+            batch = (self.collate_fn or torch.utils.data.default_collate)(items)
+            source = f"the collated batch of {batch_size} dataset items"
+        self._check_size(batch, batch_size, source)
+        return batch
+
+    def _largest_first(self) -> list[int]:
+        if self._order is None:
+            length = len(self.dataset)
+            if length == 0:
+                raise ConfigurationError("Workload.dataset is empty; it needs at least one item.")
+            indices = list(range(length))
+            if length > MAX_SCANNED_ITEMS:  # a private RNG: the user's random state is untouched
+                indices = random.Random(0).sample(indices, MAX_SCANNED_ITEMS)
+            key = self.size_key or _item_size
+            self._order = sorted(indices, key=lambda index: -key(self.dataset[index]))
+        return self._order
+
+    def _check_size(self, batch: Any, batch_size: int, source: str) -> None:
+        tensors = [leaf for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor)]
+        if not tensors:
+            raise ConfigurationError(f"{source} returned no tensors; a batch must hold tensors.")
+        first = tensors[0]
+        found = first.shape[self.batch_dim] if first.dim() > self.batch_dim else None
+        if found != batch_size:
+            raise ConfigurationError(
+                f"{source} returned a batch of {found} samples (its first tensor has shape "
+                f"{tuple(first.shape)}, batch_dim={self.batch_dim}), not {batch_size}; "
+                f"make_batch(n) must return exactly n samples along batch_dim."
+            )
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def build_optimizer(self) -> torch.optim.Optimizer | None:
+        if self.optimizer is None or isinstance(self.optimizer, torch.optim.Optimizer):
+            return self.optimizer
+        return self.optimizer(self.model.parameters())
+
+    def run_train_step(self, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
+        if self.train_step is not None:
+            self.train_step(self.model, optimizer, batch)
+            return
+        if optimizer is None:
+            raise ConfigurationError(
+                "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
+                "or a train_step(model, optimizer, batch) function."
+            )
+        optimizer.zero_grad(set_to_none=True)
+        self._loss(batch).backward()
+        optimizer.step()
+
+    def run_eval_step(self, batch: Any) -> None:
+        with torch.no_grad():
+            if self.eval_step is not None:
+                self.eval_step(self.model, batch)
+            elif self.loss_fn is not None:
+                self._loss(batch)
+            else:
+                _call(self.model, batch)
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        if self.loss_fn is not None:
+            if not (isinstance(batch, Sequence) and len(batch) == 2):
+                raise ConfigurationError(
+                    f"with loss_fn, a batch must be a pair (inputs, target), got "
+                    f"{type(batch).__name__}; pass train_step=... for other layouts."
+                )
+            inputs, target = batch
+            return self.loss_fn(_call(self.model, inputs), target)
+        output = _call(self.model, batch)
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", output)
+        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+            raise ConfigurationError(
+                f"the model returned {type(output).__name__}, not a scalar loss; pass "
+                f"Workload(loss_fn=...) or train_step=... so batchfit can compute one."
+            )
+        return loss
+
+
+def _call(model: torch.nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _item_size(item: Any) -> float:
+    """Default size of a dataset item: its tensor elements (and lengths of strings and lists)."""
+    total = 0
+    for leaf in tree_leaves(item):
+        if isinstance(leaf, torch.Tensor):
+            total += leaf.numel()
+        elif hasattr(leaf, "shape") and hasattr(leaf, "size"):  # numpy arrays
+            total += int(leaf.size)
+        elif isinstance(leaf, (str, bytes)):
+            total += len(leaf)
+    return total
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Copy every tensor of ``batch`` to ``device`` as training does: a new, compact copy."""
+    return tree_map(
+        lambda leaf: leaf.to(device, copy=True) if isinstance(leaf, torch.Tensor) else leaf, batch
+    )
