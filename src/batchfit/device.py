@@ -24,10 +24,28 @@ from batchfit.units import format_bytes, parse_bytes
 
 @dataclass
 class Measurement:
-    """What a device saw during one measured block."""
+    """What a device saw during one measured block.
+
+    Where the device can split its peak by phase (the CPU devices), ``optimizer_peak_bytes`` is
+    the peak inside ``optimizer.step`` and ``activation_peak_bytes`` the peak outside it: the
+    first does not grow with the batch, the second does, and the memory model fits them apart.
+    """
 
     peak_bytes: int = 0
     allocator_retries: int = 0
+    optimizer_peak_bytes: int | None = None
+    activation_peak_bytes: int | None = None
+    _tracker: StorageTracker | None = None
+
+    def enter_optimizer_step(self) -> None:
+        if self._tracker is not None:
+            self.activation_peak_bytes = max(self.activation_peak_bytes or 0, self._tracker.peak_bytes)
+            self._tracker.reset_peak()
+
+    def exit_optimizer_step(self) -> None:
+        if self._tracker is not None:
+            self.optimizer_peak_bytes = max(self.optimizer_peak_bytes or 0, self._tracker.peak_bytes)
+            self._tracker.reset_peak()
 
 
 class Device(Protocol):
@@ -63,14 +81,18 @@ class CpuDevice:
 
     @contextmanager
     def measure(self, resident: Iterable[torch.Tensor]) -> Iterator[Measurement]:
-        measurement = Measurement()
         tracker = self._tracker()
         tracker.track(_unique_storages(resident))
+        measurement = Measurement(_tracker=tracker)
         try:
             with tracker:
                 yield measurement
         finally:
-            measurement.peak_bytes = tracker.peak_bytes
+            measurement.enter_optimizer_step()  # closes the last phase outside the step
+            measurement.peak_bytes = max(
+                measurement.activation_peak_bytes or 0, measurement.optimizer_peak_bytes or 0
+            )
+            measurement._tracker = None
 
     def _tracker(self) -> StorageTracker:
         return StorageTracker()

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from batchfit.device import Device, Measurement, resolve_device
 from batchfit.errors import ConfigurationError, DoesNotFitError
@@ -200,7 +202,7 @@ class _TrialRunner:
                 )
             workload.model.train(self.mode == "train")
             resident = list(resident_tensors(workload.model, optimizer))
-            with device.measure(resident) as measurement:
+            with device.measure(resident) as measurement, _optimizer_phases(measurement):
                 for _ in range(self.steps):
                     batch = to_device(host_batch, device.torch_device)
                     begin = time.perf_counter()
@@ -221,23 +223,37 @@ class _TrialRunner:
         if failure:
             device.release()
             return Trial(batch_size, "oom", measurement.peak_bytes, None, failure)
+        peak = measurement.peak_bytes
         if measurement.allocator_retries:
-            return Trial(
-                batch_size,
+            outcome, detail = "over_budget", f"the allocator retried {measurement.allocator_retries} times"
+        elif peak > self.budget_bytes:
+            outcome, detail = (
                 "over_budget",
-                measurement.peak_bytes,
-                step_seconds,
-                f"the allocator retried {measurement.allocator_retries} times (thrashing)",
+                f"peak {format_bytes(peak)} > budget {format_bytes(self.budget_bytes)}",
             )
-        if measurement.peak_bytes > self.budget_bytes:
-            return Trial(
-                batch_size,
-                "over_budget",
-                measurement.peak_bytes,
-                step_seconds,
-                f"peak {format_bytes(measurement.peak_bytes)} > budget {format_bytes(self.budget_bytes)}",
-            )
-        return Trial(batch_size, "ok", measurement.peak_bytes, step_seconds)
+        else:
+            outcome, detail = "ok", ""
+        return Trial(
+            batch_size,
+            outcome,
+            peak,
+            step_seconds,
+            detail,
+            optimizer_peak_bytes=measurement.optimizer_peak_bytes,
+            activation_peak_bytes=measurement.activation_peak_bytes,
+        )
+
+
+@contextmanager
+def _optimizer_phases(measurement: Measurement) -> Iterator[None]:
+    """Tell the measurement when any optimizer's step starts and ends (global hooks, removed after)."""
+    before = register_optimizer_step_pre_hook(lambda *_: measurement.enter_optimizer_step())
+    after = register_optimizer_step_post_hook(lambda *_: measurement.exit_optimizer_step())
+    try:
+        yield
+    finally:
+        before.remove()
+        after.remove()
 
 
 def _check_model_device(model: torch.nn.Module, device: Device) -> None:

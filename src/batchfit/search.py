@@ -29,6 +29,8 @@ class Trial:
     peak_bytes: int  # the peak reached; for "oom", the peak before the failing allocation
     step_seconds: float | None  # seconds of the last (steady-state) step; None if it failed
     detail: str = ""  # why it failed, in a line
+    optimizer_peak_bytes: int | None = None  # peak inside optimizer.step, where measured apart
+    activation_peak_bytes: int | None = None  # peak outside it (forward, backward)
 
     @property
     def fits(self) -> bool:
@@ -40,28 +42,56 @@ class Trial:
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Peak memory as ``fixed_bytes + bytes_per_sample * batch_size``, fitted to two trials."""
+    """Peak memory as straight lines in the batch size, fitted through two trials.
+
+    ``fixed_bytes + bytes_per_sample * batch_size`` is the peak outside ``optimizer.step``
+    (forward, backward: activations). Where the device measures the phases apart, the peak inside
+    the step (weights, gradients, optimizer state and its temporaries, nearly flat in the batch)
+    is a second line, ``step_fixed_bytes + step_bytes_per_sample * batch_size``: it often
+    dominates small batches, and fitting one line to both phases would misjudge the slope.
+    """
 
     fixed_bytes: float
     bytes_per_sample: float
-    fitted_on: tuple[int, int]  # the two batch sizes the line goes through
+    fitted_on: tuple[int, int]  # the two batch sizes the lines go through
+    step_fixed_bytes: float | None = None
+    step_bytes_per_sample: float | None = None
+
+    def _lines(self) -> list[tuple[float, float]]:
+        lines = [(self.fixed_bytes, self.bytes_per_sample)]
+        if self.step_fixed_bytes is not None and self.step_bytes_per_sample is not None:
+            lines.append((self.step_fixed_bytes, self.step_bytes_per_sample))
+        return lines
 
     def predict_peak_bytes(self, batch_size: int) -> float:
-        return self.fixed_bytes + self.bytes_per_sample * batch_size
+        return max(fixed + slope * batch_size for fixed, slope in self._lines())
 
     def max_batch_size(self, budget_bytes: int) -> int | None:
-        """Largest batch whose predicted peak is within budget; None if the slope is not positive."""
-        if self.bytes_per_sample <= 0:
-            return None
-        return math.floor((budget_bytes - self.fixed_bytes) / self.bytes_per_sample)
+        """Largest batch predicted to fit the budget; None when no line bounds it (no slope yet)."""
+        bounds = []
+        for fixed, slope in self._lines():
+            if slope > 0:
+                bounds.append(math.floor((budget_bytes - fixed) / slope))
+            elif fixed > budget_bytes:
+                bounds.append(0)
+        return min(bounds) if bounds else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def through(cls, low: Trial, high: Trial) -> MemoryModel:
-        slope = (high.peak_bytes - low.peak_bytes) / (high.batch_size - low.batch_size)
-        return cls(low.peak_bytes - slope * low.batch_size, slope, (low.batch_size, high.batch_size))
+        span = high.batch_size - low.batch_size
+        if low.activation_peak_bytes is None or high.activation_peak_bytes is None:
+            slope = (high.peak_bytes - low.peak_bytes) / span
+            return cls(low.peak_bytes - slope * low.batch_size, slope, (low.batch_size, high.batch_size))
+        slope = (high.activation_peak_bytes - low.activation_peak_bytes) / span
+        low_step, high_step = low.optimizer_peak_bytes or 0, high.optimizer_peak_bytes or 0
+        step_slope = (high_step - low_step) / span
+        return cls(
+            low.activation_peak_bytes - slope * low.batch_size, slope, (low.batch_size, high.batch_size),
+            low_step - step_slope * low.batch_size, step_slope,
+        )
 
 
 @dataclass(frozen=True)
@@ -126,6 +156,9 @@ def search(run: Callable[[int], Trial], candidates: Candidates, budget_bytes: in
     low, high = 0, None  # largest index known to fit, smallest index known to fail
     widths: list[int] = []
     model: MemoryModel | None = None
+    distrust = False  # the model's last guess was refuted: take a safe step (bisect or gallop)
+    confirmed = 0  # "low + 1" checks that fitted: the model underestimates here
+    stride = 2  # the step of an exponential search upwards from low, once the model is distrusted
     while True:
         if high is None and low == candidates.count - 1:
             reason: StopReason = "max_batch"
@@ -134,9 +167,16 @@ def search(run: Callable[[int], Trial], candidates: Candidates, budget_bytes: in
             reason = "boundary"
             break
         model = _local_model(at, low, high) or model
-        halving_stalled = len(widths) >= 3 and widths[-1] > widths[-3] / 2
-        index = _next_index(candidates, budget_bytes, model, low, high, bisect=halving_stalled)
-        if probe(index).fits:
+        stalled = len(widths) >= 3 and widths[-1] > widths[-3] / 2
+        index, guided = _next_index(candidates, budget_bytes, model, low, high, distrust, stalled, stride)
+        trial = probe(index)
+        fits = trial.fits
+        # A model that underestimates twice running, or overshoots blind, is not trusted next.
+        # (Underestimating is a property of the curve near the boundary, so that distrust stays.)
+        confirmed = confirmed + 1 if guided and fits and index == low + 1 else confirmed
+        distrust = confirmed >= 2 or (guided and _overshoots(model, budget_bytes, candidates, index, trial))
+        if fits:
+            stride = 2 * stride if not guided and distrust else stride
             low = index
         else:
             high = index
@@ -146,14 +186,21 @@ def search(run: Callable[[int], Trial], candidates: Candidates, budget_bytes: in
 
 
 def _local_model(at: dict[int, Trial], low: int, high: int | None) -> MemoryModel | None:
-    """A line through the two measured trials nearest the boundary (a failed one if its peak is whole)."""
-    fitting = sorted(index for index, trial in at.items() if trial.fits)
+    """A line through the largest fitting trial and a second one with a whole peak.
+
+    The second is the failed trial just above when it ran to the end (the bracket), else a fitting
+    trial at most half as large (far enough that rounding in the peaks does not swamp the slope).
+    """
     upper = at.get(high) if high is not None else None
     if upper is not None and upper.outcome == "over_budget":
         return MemoryModel.through(at[low], upper)
-    if len(fitting) >= 2:
-        return MemoryModel.through(at[fitting[-2]], at[fitting[-1]])
-    return None
+    best = at[low]
+    below = [t for t in at.values() if t.fits and t.batch_size < best.batch_size]
+    if not below:
+        return None
+    far = [t for t in below if t.batch_size <= best.batch_size / 2]
+    other = max(far, key=lambda t: t.batch_size) if far else min(below, key=lambda t: t.batch_size)
+    return MemoryModel.through(other, best)
 
 
 def _next_index(
@@ -162,15 +209,37 @@ def _next_index(
     model: MemoryModel | None,
     low: int,
     high: int | None,
-    *,
-    bisect: bool,
-) -> int:
+    distrust: bool,
+    stalled: bool,
+    stride: int,
+) -> tuple[int, bool]:
+    """The next index to try in (low, high), and whether the memory model chose it.
+
+    A model that puts the boundary at ``low`` is checked by trying ``low + 1``: cheap, and decisive
+    when it fails. A guess further in is taken unless the model was just refuted or the interval
+    has stopped halving; then the step is a bisection (while no failure is known: a gallop from
+    the start, or growing strides once the model is distrusted).
+    """
     upper = candidates.count - 1 if high is None else high - 1
     predicted = None if model is None else model.max_batch_size(budget_bytes)
-    if bisect and high is not None:
-        index = (low + high) // 2
-    elif predicted is not None:
+    if predicted is not None and not distrust:
         index = candidates.index_at_most(predicted)
-    else:  # nothing to extrapolate from yet: gallop (double the batch)
-        index = candidates.index_at_most(2 * candidates.batch(low))
-    return min(max(index, low + 1), upper)
+        if index <= low:
+            return low + 1, True
+        if high is None or (index < high and not stalled):
+            return min(index, upper), True
+    if high is not None:
+        return (low + high) // 2, False
+    if distrust:  # near a boundary the model misjudges: search upwards in growing strides
+        return min(low + stride, upper), False
+    return min(max(candidates.index_at_most(2 * candidates.batch(low)), low + 1), upper), False
+
+
+def _overshoots(
+    model: MemoryModel | None, budget_bytes: int, candidates: Candidates, index: int, trial: Trial
+) -> bool:
+    """True when the model predicted ``index`` to fit and it failed without a whole peak to learn from."""
+    if model is None or trial.outcome != "oom":
+        return False
+    predicted = model.max_batch_size(budget_bytes)
+    return predicted is not None and candidates.index_at_most(predicted) >= index

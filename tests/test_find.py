@@ -1,0 +1,337 @@
+"""find_batch_size on real tiny models: exact against brute force, and leaves no trace."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import build
+from torch import nn
+
+import batchfit
+from batchfit import ConfigurationError, DeviceUnavailableError, DoesNotFitError, Workload, find_batch_size
+
+
+def brute_force(kind: str, mode: str, limit: int, fraction: float, max_batch: int, optimizer: str) -> int:
+    """Run every batch size on a fresh copy of the workload under the cap; the largest that fits."""
+    best = 0
+    for batch_size in range(1, max_batch + 1):
+        workload = build(kind, optimizer)
+        model, opt = workload.model, workload.optimizer
+        assert isinstance(opt, torch.optim.Optimizer) and workload.make_batch is not None
+        inputs, target = workload.make_batch(batch_size)
+        warm = workload.make_batch(1)
+        try:
+            if mode == "eval":  # validation inside training: gradients and optimizer state resident
+                nn.functional.cross_entropy(model(warm[0]), warm[1]).backward()
+                opt.step()
+            with batchfit.memory_limit(limit, resident=[model, opt]) as tracker:
+                if mode == "train":
+                    model.train()
+                    for _ in range(2):
+                        x, y = inputs.clone(), target.clone()
+                        opt.zero_grad(set_to_none=True)
+                        nn.functional.cross_entropy(model(x), y).backward()
+                        opt.step()
+                        del x, y
+                else:
+                    model.eval()
+                    with torch.no_grad():
+                        for _ in range(2):
+                            x, y = inputs.clone(), target.clone()
+                            nn.functional.cross_entropy(model(x), y)
+                            del x, y
+        except torch.OutOfMemoryError:
+            continue
+        if tracker.peak_bytes <= int(fraction * limit):
+            best = batch_size
+    return best
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizer", "limit"),
+    [
+        ("mlp", "sgd", 1_300_000),
+        ("cnn", "sgd", 2_000_000),
+        pytest.param("mlp", "adam", 2_400_000, marks=pytest.mark.slow),
+        pytest.param("cnn", "sgd", 3_000_000, marks=pytest.mark.slow),
+        pytest.param("cnn", "adam", 6_000_000, marks=pytest.mark.slow),
+    ],
+)
+@pytest.mark.parametrize("fraction", [0.8, 1.0])
+def test_train_answer_is_the_true_maximum(kind: str, optimizer: str, limit: int, fraction: float) -> None:
+    result = find_batch_size(build(kind, optimizer), "train", device="cpu", memory_limit=limit,
+                             fraction=fraction, max_batch=400)
+    truth = brute_force(kind, "train", limit, fraction, min(400, result.batch_size + 3), optimizer)
+    assert result.batch_size == truth
+    assert result.peak_bytes <= result.budget_bytes == int(fraction * limit)
+    assert len(result.trials) <= 14
+
+
+@pytest.mark.parametrize(
+    ("kind", "limit"), [("cnn", 3_000_000), pytest.param("mlp", 3_000_000, marks=pytest.mark.slow)]
+)
+def test_eval_answer_is_the_true_maximum(kind: str, limit: int) -> None:
+    result = find_batch_size(build(kind, "adam"), "eval", device="cpu", memory_limit=limit, fraction=0.9)
+    assert result.mode == "eval" and result.max_batch == 1024
+    assert result.batch_size == brute_force(kind, "eval", limit, 0.9, result.batch_size + 3, "adam")
+
+
+def test_result_holds_the_evidence(mlp_workload: Workload) -> None:
+    seen: list[batchfit.Trial] = []
+    result = find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", on_trial=seen.append)
+    assert tuple(seen) == result.trials
+    document = result.to_dict()
+    assert document["batch_size"] == result.batch_size and document["stop_reason"] == "boundary"
+    assert {t["outcome"] for t in document["trials"]} >= {"ok"}
+    assert document["trials"][0]["batch_size"] == 1 and document["search_seconds"] > 0
+    answer = [t for t in result.trials if t.batch_size == result.batch_size][0]
+    after = [t for t in result.trials if t.batch_size == result.batch_size + 1][0]
+    assert answer.outcome == "ok" and after.outcome in ("oom", "over_budget")
+    assert answer.step_seconds is not None and answer.step_seconds > 0
+    model = result.memory_model
+    assert model is not None and model.bytes_per_sample > 0
+    assert batchfit.SearchResult(**{**result.__dict__}) == result
+    assert '"mode": "train"' in result.to_json()
+
+
+def test_multiple_of_and_bounds(mlp_workload: Workload) -> None:
+    result = find_batch_size(mlp_workload, device="cpu", memory_limit="4MiB", multiple_of=8, min_batch=8)
+    assert result.batch_size % 8 == 0 and all(t.batch_size % 8 == 0 for t in result.trials)
+    capped = find_batch_size(mlp_workload, device="cpu", memory_limit="64MiB", max_batch=24)
+    assert (capped.batch_size, capped.stop_reason) == (24, "max_batch")
+
+
+def test_steady_state_peak_includes_optimizer_state() -> None:
+    workload = build("cnn", "adam")
+    kwargs = {"device": "cpu", "memory_limit": "64MiB", "min_batch": 32, "max_batch": 32}
+    one = find_batch_size(workload, steps_per_trial=1, **kwargs)  # type: ignore[arg-type]
+    two = find_batch_size(workload, steps_per_trial=2, **kwargs)  # type: ignore[arg-type]
+    params = list(workload.model.parameters())
+    adam_state = 2 * sum(p.numel() * 4 for p in params) + 4 * len(params)  # two moments + a step count each
+    # Adam's state is created inside the first step; the second step's backward carries it.
+    assert two.peak_bytes - one.peak_bytes == adam_state
+
+
+def _state(workload: Workload) -> dict[str, object]:
+    opt = workload.optimizer
+    assert isinstance(opt, torch.optim.Optimizer)
+    return {
+        "model": copy.deepcopy(workload.model.state_dict()),
+        "grads": [None if p.grad is None else p.grad.clone() for p in workload.model.parameters()],
+        "optimizer": copy.deepcopy(opt.state_dict()),
+        "training": [m.training for m in workload.model.modules()],
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+        "numpy_rng": np.random.get_state()[1].copy(),
+    }
+
+
+def _assert_identical(before: dict[str, object], after: dict[str, object]) -> None:
+    def same(a: object, b: object) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        if isinstance(a, np.ndarray):
+            return bool(np.array_equal(a, b))  # type: ignore[arg-type]
+        if isinstance(a, dict):
+            return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+        return a == b
+
+    for key in before:
+        assert same(before[key], after[key]), key
+
+
+def _trained(workload: Workload) -> Workload:
+    """A workload mid-training: optimizer state and BatchNorm statistics exist, gradients are set."""
+    opt = workload.optimizer
+    assert isinstance(opt, torch.optim.Optimizer) and workload.make_batch is not None
+    for n in (4, 6):
+        opt.zero_grad()
+        x, y = workload.make_batch(n)
+        nn.functional.cross_entropy(workload.model(x), y).backward()
+        opt.step()
+    workload.model[1].eval()  # a submodule in eval mode must stay so
+    return workload
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_search_leaves_everything_bit_identical(kind: str) -> None:
+    workload = _trained(build(kind, "adam"))
+    params = [id(p) for p in workload.model.parameters()]
+    random.random(), np.random.rand()
+    before = _state(workload)
+    for mode in ("train", "eval"):
+        find_batch_size(workload, mode, device="cpu", memory_limit="6MiB")  # type: ignore[arg-type]
+    _assert_identical(before, _state(workload))
+    assert [id(p) for p in workload.model.parameters()] == params
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error", [Boom("bad batch"), KeyboardInterrupt()])
+def test_restored_after_an_exception_mid_trial(error: BaseException) -> None:
+    workload = _trained(build("cnn", "adam"))
+    before = _state(workload)
+    calls = []
+
+    def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]) -> None:
+        calls.append(batch[0].shape[0])
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        opt.step()  # weights and Adam state are changed before the failure
+        torch.rand(3), random.random()  # and the RNGs advanced
+        if len(calls) == 5:
+            raise error
+
+    workload.train_step = train_step
+    with pytest.raises(type(error)) as info:
+        find_batch_size(workload, device="cpu", memory_limit="6MiB")
+    assert info.value is error  # the same exception, unchanged
+    assert f"batchfit: raised by the train step at batch_size={calls[-1]}." in getattr(error, "__notes__", [])
+    _assert_identical(before, _state(workload))
+
+
+def test_non_oom_error_propagates_at_once() -> None:
+    workload = build("mlp")
+    workload.loss_fn = lambda output, target: output.sum() + target.view(3, -1).sum()  # breaks at n=2
+    with pytest.raises(RuntimeError, match="shape '\\[3, -1\\]' is invalid") as info:
+        find_batch_size(workload, device="cpu", memory_limit="64MiB")
+    assert info.value.__notes__ == ["batchfit: raised by the train step at batch_size=1."]
+
+
+def _live_tensor_bytes() -> int:
+    gc.collect()
+    storages = {}
+    for obj in gc.get_objects():
+        if type(obj) in (torch.Tensor, nn.Parameter) and obj.device.type == "cpu":
+            storages[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def test_memory_is_back_where_it_was() -> None:
+    workload = _trained(build("cnn", "adam"))
+    before = _live_tensor_bytes()
+    for _ in range(2):
+        find_batch_size(workload, device="cpu", memory_limit="5MiB")
+    assert _live_tensor_bytes() == before
+
+
+def test_optimizer_factory_and_slices_count_their_own_bytes() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(64, 10)
+    pool_x, pool_y = torch.randn(100_000, 64), torch.randint(0, 10, (100_000,))  # 25.6 MB
+    workload = Workload(model=model, optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+                        make_batch=lambda n: (pool_x[:n], pool_y[:n]), loss_fn=nn.functional.cross_entropy)
+    result = find_batch_size(workload, device="cpu", memory_limit="1MiB", fraction=1.0, max_batch=10_000)
+    # Each sample costs its own 64 floats (+ label, activations, gradients), not the 25.6 MB pool.
+    assert 1000 < result.batch_size < 4000
+
+
+def test_dataset_largest_items_first() -> None:
+    torch.manual_seed(0)
+    lengths = [5, 50, 7, 200, 9, 11, 13, 150]
+    data = [(torch.randn(length, 8), torch.tensor(1)) for length in lengths]
+
+    def collate(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(x.shape[0] for x, _ in items)
+        padded = torch.zeros(len(items), longest, 8)
+        for i, (x, _) in enumerate(items):
+            padded[i, : x.shape[0]] = x
+        return padded, torch.stack([y for _, y in items])
+
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    workload = Workload(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), dataset=data,
+                        collate_fn=collate, loss_fn=lambda out, y: nn.functional.cross_entropy(out.mean(1), y))
+    assert workload.host_batch(2)[0].shape == (2, 200, 8)  # the 200 and the 150
+    assert workload.host_batch(10)[0].shape == (10, 200, 8)  # more than the dataset: cycles
+    by_key = Workload(model=model, optimizer=workload.optimizer, dataset=data, collate_fn=collate,
+                      size_key=lambda item: -item[0].shape[0], loss_fn=workload.loss_fn)
+    assert by_key.host_batch(1)[0].shape == (1, 5, 8)  # the user's key decides what is largest
+    result = find_batch_size(workload, device="cpu", memory_limit="512KiB", max_batch=64)
+    assert result.batch_size >= 1
+
+
+BAD_INPUTS = [
+    ({"fraction": 1.5}, ConfigurationError, "fraction=1.5 must be in (0, 1]: the share of device memory a batch may use."),
+    ({"fraction": 0}, ConfigurationError, "fraction=0 must be in (0, 1]"),
+    ({"min_batch": 9, "max_batch": 4}, ConfigurationError, "min_batch (9) is larger than max_batch (4)"),
+    ({"min_batch": 0}, ConfigurationError, "min_batch must be a positive integer, got 0."),
+    ({"steps_per_trial": 0}, ConfigurationError, "steps_per_trial must be a positive integer, got 0."),
+    ({"mode": "test"}, ConfigurationError, "mode='test' is not a mode: use 'train' or 'eval'."),
+    ({"device": "tpu"}, ConfigurationError, "device='tpu' is not a device: use 'cpu', 'cuda' or 'cuda:N'."),
+    ({"device": "mps"}, ConfigurationError, "device='mps' is not supported"),
+    ({"device": "cuda"}, DeviceUnavailableError, "device='cuda' was asked for, but CUDA is not available"),
+    ({"memory_limit": "lots"}, ConfigurationError, "memory_limit='lots' is not a size"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), BAD_INPUTS)
+def test_bad_input(mlp_workload: Workload, kwargs: dict[str, object], error: type, message: str) -> None:
+    if kwargs.get("device") == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is present here")
+    before = _state(mlp_workload)
+    with pytest.raises(error) as info:
+        find_batch_size(mlp_workload, **{"device": "cpu", "memory_limit": "8MiB", **kwargs})  # type: ignore[arg-type]
+    assert message in str(info.value)
+    assert isinstance(info.value, batchfit.BatchfitError)
+    _assert_identical(before, _state(mlp_workload))
+
+
+def test_make_batch_of_the_wrong_size() -> None:
+    model = nn.Linear(4, 2)
+    workload = Workload(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                        make_batch=lambda n: (torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),
+                        loss_fn=nn.functional.cross_entropy)
+    with pytest.raises(ConfigurationError) as info:
+        find_batch_size(workload, device="cpu", memory_limit="1MiB")
+    assert str(info.value) == (
+        "make_batch(1) returned a batch of 4 samples (its first tensor has shape (4, 4), batch_dim=0), "
+        "not 1; make_batch(n) must return exactly n samples along batch_dim."
+    )
+
+
+def test_model_that_does_not_fit_at_batch_one(mlp_workload: Workload) -> None:
+    with pytest.raises(DoesNotFitError) as info:
+        find_batch_size(mlp_workload, device="cpu", memory_limit="400KiB")
+    message = str(info.value)
+    assert message.startswith("the train step does not fit even at batch_size=1 on cpu (capped at 400.00 KiB)")
+    assert "The fixed part alone, parameters and buffers, takes 332.04 KiB" in message
+    assert "against a budget of 320.00 KiB (0.8 x 400.00 KiB)" in message
+    assert "Raise memory_limit or fraction" in message
+
+
+def test_workload_errors() -> None:
+    with pytest.raises(ConfigurationError, match="exactly one source of batches"):
+        Workload(model=nn.Linear(2, 2))
+    with pytest.raises(ConfigurationError, match="Workload.model must be a torch.nn.Module, got str"):
+        Workload(model="resnet", make_batch=lambda n: n)  # type: ignore[arg-type]
+    no_optimizer = Workload(model=nn.Linear(2, 2), make_batch=lambda n: torch.randn(n, 2))
+    with pytest.raises(ConfigurationError, match="mode='train' needs Workload.optimizer"):
+        find_batch_size(no_optimizer, device="cpu", memory_limit="1MiB")
+    # Without an optimizer the eval search needs none.
+    assert find_batch_size(no_optimizer, "eval", device="cpu", memory_limit="64KiB").batch_size > 1
+
+
+def test_model_on_another_device_is_named() -> None:
+    model = nn.Linear(2, 2).to("meta")
+    workload = Workload(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                        make_batch=lambda n: torch.randn(n, 2))
+    with pytest.raises(ConfigurationError, match=r"the model's weight is on meta, but the search runs on cpu"):
+        find_batch_size(workload, device="cpu")
+
+
+def test_uncapped_cpu_uses_the_host_capacity(mlp_workload: Workload) -> None:
+    from batchfit.device import host_available_bytes
+
+    result = find_batch_size(mlp_workload, device="cpu", max_batch=32)
+    assert result.batch_size == 32 and result.device == "cpu"
+    params = sum(t.untyped_storage().nbytes() for t in batchfit.tracker.resident_tensors(mlp_workload.model))
+    assert 0 < result.capacity_bytes - params <= host_available_bytes() * 1.1

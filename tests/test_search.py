@@ -1,0 +1,132 @@
+"""The search arithmetic against brute force, on pure oracles (no torch)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from batchfit.errors import ConfigurationError
+from batchfit.search import Candidates, Trial, search
+
+PeakFn = Callable[[int], float]
+
+
+def oracle(peak: PeakFn, budget: int, capacity: int | None = None) -> Callable[[int], Trial]:
+    """A trial from a peak curve: oom past ``capacity`` (no whole peak), over_budget past the budget."""
+
+    def run(batch: int) -> Trial:
+        value = int(peak(batch))
+        if capacity is not None and value > capacity:
+            return Trial(batch, "oom", capacity, None, "out of memory")
+        return Trial(batch, "ok" if value <= budget else "over_budget", value, 0.01)
+
+    return run
+
+
+def brute_force(run: Callable[[int], Trial], candidates: Candidates) -> int | None:
+    fitting = [candidates.batch(i) for i in range(candidates.count) if run(candidates.batch(i)).fits]
+    return max(fitting) if fitting else None
+
+
+CURVES: dict[str, PeakFn] = {
+    "linear": lambda b: 1_000_000 + 37_000 * b,
+    "linear_big_fixed": lambda b: 500_000_000 + 1_234_567 * b,
+    "quadratic": lambda b: 2_000_000 + 10_000 * b + 300 * b * b,
+    "flat_then_linear": lambda b: max(50_000_000, 1_000_000 + 200_000 * b),
+    "rounded_blocks": lambda b: 2**20 * math.ceil((3_000_000 + 45_000 * b) / 2**20),
+    "sqrt": lambda b: 1_000_000 + 4_000_000 * math.sqrt(b),
+}
+
+
+@pytest.mark.parametrize("curve", sorted(CURVES))
+@pytest.mark.parametrize("budget", [20_000_000, 200_000_000, 1_000_000_000])
+@pytest.mark.parametrize("multiple_of", [None, 8])
+def test_answer_equals_brute_force(curve: str, budget: int, multiple_of: int | None) -> None:
+    candidates = Candidates.between(1, 4096, multiple_of)
+    run = oracle(CURVES[curve], budget)
+    truth = brute_force(run, candidates)
+    outcome = search(run, candidates, budget)
+    assert outcome.batch_size == truth
+    if truth is None:
+        assert outcome.stop_reason == "min_batch_failed"
+        return
+    tried = {t.batch_size: t for t in outcome.trials}
+    assert tried[truth].fits  # the answer was run
+    if outcome.stop_reason == "boundary":  # and the next candidate was run and failed
+        assert not tried[truth + candidates.step].fits
+    else:
+        assert outcome.stop_reason == "max_batch" and truth == candidates.batch(candidates.count - 1)
+    # Never worse than galloping + bisection over 4096 candidates (2 x 12), by more than a couple.
+    assert len(outcome.trials) <= 2 * math.ceil(math.log2(candidates.count)) + 2
+
+
+def test_linear_memory_takes_four_trials() -> None:
+    # Two probes fit the line exactly; the jump lands on the answer; the next candidate confirms it.
+    run = oracle(CURVES["linear"], 100_000_000)
+    outcome = search(run, Candidates.between(1, 100_000), 100_000_000)
+    assert outcome.batch_size == (100_000_000 - 1_000_000) // 37_000
+    assert [t.batch_size for t in outcome.trials] == [1, 2, 2675, 2676]
+    model = outcome.memory_model
+    assert model is not None
+    assert (model.fixed_bytes, model.bytes_per_sample) == pytest.approx((1_000_000, 37_000))
+    assert model.max_batch_size(100_000_000) == 2675
+
+
+def test_oom_without_peak_falls_back_to_bisection() -> None:
+    # The failing trials carry no whole peak and the model keeps overshooting: the safeguard
+    # must still close in on the answer in logarithmically many trials.
+    capacity = 95_000_000
+    run = oracle(lambda b: 1_000_000 + 10_000 * b + (90_000_000 if b > 700 else 0), 10**12, capacity)
+    candidates = Candidates.between(1, 8192)
+    outcome = search(run, candidates, 10**12)
+    assert outcome.batch_size == brute_force(run, candidates) == 700
+    assert len(outcome.trials) <= 2 * 13 + 2
+
+
+def test_max_batch_reached() -> None:
+    outcome = search(oracle(CURVES["linear"], 10**12), Candidates.between(4, 64), 10**12)
+    assert (outcome.batch_size, outcome.stop_reason) == (64, "max_batch")
+    assert len(outcome.trials) <= 4
+
+
+def test_min_batch_fails() -> None:
+    outcome = search(oracle(CURVES["linear_big_fixed"], 10_000_000), Candidates.between(1, 64), 10_000_000)
+    assert outcome.batch_size is None and outcome.stop_reason == "min_batch_failed"
+    assert [t.batch_size for t in outcome.trials] == [1]
+
+
+def test_non_monotone_curve_keeps_the_guarantee() -> None:
+    # A workspace that jumps at some sizes (like an algorithm switch): the answer still fits and
+    # the next candidate was run and failed.
+    rng = random.Random(3)
+    spikes = set(rng.sample(range(1, 2000), 40))
+    run = oracle(lambda b: 1_000_000 + 50_000 * b + (30_000_000 if b in spikes else 0), 60_000_000)
+    outcome = search(run, Candidates.between(1, 2000), 60_000_000)
+    tried = {t.batch_size: t for t in outcome.trials}
+    assert outcome.batch_size is not None and tried[outcome.batch_size].fits
+    assert not tried[outcome.batch_size + 1].fits
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "multiple_of", "message"),
+    [
+        (10, 5, None, "min_batch (10) is larger than max_batch (5); pass min_batch <= max_batch."),
+        (0, 5, None, "min_batch must be a positive integer, got 0."),
+        (1, -3, None, "max_batch must be a positive integer, got -3."),
+        (1, 5, 0, "multiple_of must be a positive integer, got 0."),
+        (9, 15, 8, "no multiple of 8 lies in [min_batch, max_batch] = [9, 15]; widen the range or change multiple_of."),
+    ],
+)
+def test_bad_bounds(low: int, high: int, multiple_of: int | None, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Candidates.between(low, high, multiple_of)
+    assert str(info.value) == message
+
+
+def test_candidates_with_multiple_of() -> None:
+    candidates = Candidates.between(5, 50, 8)
+    assert [candidates.batch(i) for i in range(candidates.count)] == [8, 16, 24, 32, 40, 48]
+    assert candidates.index_at_most(47.9) == 4 and candidates.index_at_most(3) == -1

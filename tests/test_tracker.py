@@ -1,0 +1,69 @@
+"""The storage tracker and the standalone memory cap, on real tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import batchfit
+from batchfit.tracker import StorageTracker
+
+
+def test_counts_new_storages_once_and_releases_them() -> None:
+    with StorageTracker() as tracker:
+        a = torch.empty(1000)  # 4000 bytes
+        view = a[10:20].view(2, 5)  # a view: no new storage
+        b = a * 2  # 4000 more
+        assert tracker.live_bytes == 8000 and view.numel() == 10
+        del b
+        assert tracker.live_bytes == 4000
+        c = torch.empty(250, dtype=torch.float64)  # 2000
+        del a, view
+        assert tracker.live_bytes == 2000
+    assert tracker.peak_bytes == 8000 and c.numel() == 250
+
+
+def test_resize_is_counted() -> None:
+    with StorageTracker() as tracker:
+        a = torch.empty(10)
+        a.resize_(1000)
+        assert tracker.live_bytes == 4000
+
+
+def test_peak_inside_a_training_step_is_exact() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(100, 50)
+    with StorageTracker() as tracker:
+        tracker.track(model.parameters())
+        params = (100 * 50 + 50) * 4
+        assert tracker.live_bytes == params
+        model(torch.randn(8, 100)).sum().backward()
+    # Parameters + gradients stay; activations were freed.
+    assert tracker.live_bytes == 2 * params
+    assert tracker.peak_bytes >= 2 * params + 8 * 50 * 4
+
+
+def test_memory_limit_raises_a_recognisable_out_of_memory() -> None:
+    with pytest.raises(torch.OutOfMemoryError) as info, batchfit.memory_limit("1MiB"):
+        keep = torch.empty(200_000)  # 800,000 bytes: fits
+        torch.empty(100_000)  # 400,000 more: over 1 MiB
+    message = str(info.value)
+    assert "out of memory" in message and "DefaultCPUAllocator: can't allocate memory" in message
+    assert "you tried to allocate 400000 bytes" in message and "a limit of 1048576 bytes" in message
+    assert batchfit.is_out_of_memory(info.value)
+    assert isinstance(info.value, RuntimeError) and len(info.value.args) == 1
+    del keep
+
+
+def test_memory_limit_counts_resident_objects() -> None:
+    model = torch.nn.Linear(256, 256)  # 263,168 bytes of parameters
+    with batchfit.memory_limit(300_000, resident=[model]) as tracker:
+        torch.empty(5_000)  # 20,000 bytes: fits beside the model
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(10_000)
+    assert tracker.peak_bytes == 263_168 + 20_000
+
+
+def test_memory_limit_rejects_resident_state_over_the_limit() -> None:
+    with pytest.raises(torch.OutOfMemoryError), batchfit.memory_limit("100KiB", resident=[torch.empty(50_000)]):
+        pass

@@ -1,0 +1,38 @@
+"""Targets for ``batchfit find --workload workloads_for_cli:FUNCTION`` in test_cli.py.
+
+The CLI imports this module from its working directory (tests/), so it must stay importable on
+its own: torch and batchfit only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import batchfit
+
+#: Not a function: ``--workload workloads_for_cli:NOT_CALLABLE`` must be refused.
+NOT_CALLABLE = 3
+
+
+def tiny() -> batchfit.Workload:
+    """A 32-64-4 perceptron with SGD: a few KiB of weights, 32 floats per sample."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(n)
+        return torch.randn(n, 32, generator=generator), torch.randint(0, 4, (n,), generator=generator)
+
+    return batchfit.Workload(
+        model=model,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        make_batch=make_batch,
+        loss_fn=nn.functional.cross_entropy,
+        name="tiny-from-tests",
+    )
+
+
+def not_a_workload() -> dict[str, int]:
+    """Returns something else than a Workload."""
+    return {"batch_size": 8}
