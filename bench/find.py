@@ -4,7 +4,8 @@ For each built-in example at two or three memory limits, on a CPU capped with
 ``batchfit.memory_limit``:
 
 * the true maximum: an exhaustive scan that runs a trial at every batch size from 1 to an upper
-  bound above every method's answer; the largest batch that ran without running out of memory;
+  bound above every method's answer (1.5 x batchfit's answer, at least 16 more, and above each
+  competitor's); the largest batch that ran without running out of memory;
 * batchfit: ``find_batch_size(..., device="cpu", memory_limit=L, fraction=1.0)``;
 * PyTorch Lightning: ``Tuner.scale_batch_size(mode="binsearch", steps_per_trial=2, init_val=2,
   max_trials=25, margin=0.0)``;
@@ -56,9 +57,9 @@ LIGHTNING_INIT_VAL = 2
 #: The mlp's memory is nearly all fixed (weights, gradients, Adam state and its temporaries, about
 #: 36 MiB) with about 3 KiB per sample, so its limits are close together.
 LIMITS: dict[str, tuple[str, ...]] = {
-    "mlp": ("36.5MiB", "36.75MiB", "37MiB"),
-    "cnn": ("32MiB", "64MiB", "128MiB"),
-    "transformer": ("64MiB", "128MiB", "256MiB"),
+    "mlp": ("36.5MiB", "36.75MiB"),
+    "cnn": ("32MiB", "64MiB"),
+    "transformer": ("64MiB", "128MiB"),
 }
 QUICK_LIMITS: dict[str, tuple[str, ...]] = {
     "mlp": ("36.75MiB",),
@@ -129,10 +130,9 @@ def train_steps(workload: Workload, optimizer: torch.optim.Optimizer, host_batch
     for _ in range(STEPS_PER_TRIAL):
         inputs, target = to_device(host_batch, CPU)
         optimizer.zero_grad(set_to_none=True)
-        loss = workload.loss_fn(workload.model(inputs), target)
-        loss.backward()
+        workload.loss_fn(workload.model(inputs), target).backward()  # the loss is freed before step
         optimizer.step()
-        del inputs, target, loss
+        del inputs, target
 
 
 def capped_trial(workload: Workload, state: FreshState, limit: str, batch_size: int) -> int | None:
@@ -243,8 +243,7 @@ def run_lightning(example: str, limit: str) -> MethodResult:
             inputs, target = to_device(batch, CPU)
             lit_optimizer.zero_grad(set_to_none=True)
             assert workload.loss_fn is not None
-            loss = workload.loss_fn(self.model(inputs), target)
-            self.manual_backward(loss)
+            self.manual_backward(workload.loss_fn(self.model(inputs), target))
             lit_optimizer.step()
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -344,10 +343,9 @@ def available_competitors() -> dict[str, bool]:
     error = _cap_error()
     found: dict[str, bool] = {}
     try:
+        import lightning
         from lightning.pytorch.tuner import batch_size_scaling
         from lightning.pytorch.utilities.memory import is_oom_error
-
-        import lightning
 
         if not is_oom_error(error):
             print(
@@ -361,9 +359,8 @@ def available_competitors() -> dict[str, bool]:
     except ImportError as missing:
         print(f"lightning is not installed ({missing}); its columns are skipped. pip install -e '.[bench]'")
     try:
-        from accelerate.utils.memory import should_reduce_batch_size
-
         import accelerate
+        from accelerate.utils.memory import should_reduce_batch_size
 
         if should_reduce_batch_size(error):
             found["accelerate"] = True
@@ -394,12 +391,17 @@ def warm_up(example: str) -> None:
 # -- the benchmark -------------------------------------------------------------------------------
 
 
-def bench_one(example: str, limit: str, competitors: dict[str, bool]) -> Row:
-    ours = run_batchfit(example, limit)
+def _print_method(name: str, result: MethodResult) -> None:
     print(
-        f"  batchfit     answer {ours.answer:>4}  {ours.trials:>3} trials {ours.seconds:7.2f} s  {ours.sizes}",
+        f"  {name:<12} answer {result.answer!s:>4}  {result.trials:>3} trials {result.seconds:7.2f} s  "
+        f"{result.sizes}{'  ' + result.error if result.error else ''}",
         flush=True,
     )
+
+
+def bench_one(example: str, limit: str, competitors: dict[str, bool]) -> Row:
+    ours = run_batchfit(example, limit)
+    _print_method("batchfit", ours)
     results: dict[str, MethodResult | None] = {}
     for name, (_, runner) in COMPETITORS.items():
         if not competitors.get(name):
@@ -410,14 +412,10 @@ def bench_one(example: str, limit: str, competitors: dict[str, bool]) -> Row:
         except Exception as error:  # a competitor failing is reported, not fatal
             result = MethodResult(None, [], 0.0, error=f"{type(error).__name__}: {error}")
         results[name] = result
-        print(
-            f"  {name:<12} answer {result.answer!s:>4}  {result.trials:>3} trials {result.seconds:7.2f} s  "
-            f"{result.sizes}{'  ' + result.error if result.error else ''}",
-            flush=True,
-        )
+        _print_method(name, result)
     answers = [r.answer for r in [ours, *results.values()] if r is not None and r.answer is not None]
     assert ours.answer is not None
-    upper = min(MAX_BATCH, max([2 * ours.answer, *(a + 1 for a in answers)]))
+    upper = min(MAX_BATCH, max([ours.answer + max(16, ours.answer // 2), *(a + 1 for a in answers)]))
     truth = run_truth(example, limit, upper)
     print(
         f"  exhaustive   true max {truth.true_max} (scanned 1..{truth.upper}, first failure "
@@ -493,50 +491,47 @@ def print_markdown_table(rows: list[Row]) -> None:
         print("| " + " | ".join(line) + " |")
 
 
+def _peak_differences(rows: list[Row], method: str) -> str:
+    """A method's trial peaks minus the exhaustive scan's at the same batch sizes: the bytes the
+    tool itself allocated inside the cap (0 when it runs exactly the same trial)."""
+    extra = [
+        result.peaks[b] - row.truth.peaks[b]
+        for row in rows
+        if (result := row.batchfit if method == "batchfit" else row.competitors.get(method)) is not None
+        for b in result.peaks
+        if b in row.truth.peaks
+    ]
+    return f"{min(extra)}..{max(extra)} bytes" if extra else "no common batch size"
+
+
+def _spread(ratios: list[float]) -> str:
+    return f"{min(ratios):.1f}..{max(ratios):.1f} (geometric mean {statistics.geometric_mean(ratios):.1f})"
+
+
 def print_summary(rows: list[Row]) -> None:
     exact = [row for row in rows if row.batchfit.answer == row.truth.true_max]
     print(f"batchfit exact: {len(exact)}/{len(rows)}")
     for row in rows:
         if row not in exact:
-            print(
-                f"  NOT EXACT: {row.example} at {row.limit}: batchfit {row.batchfit.answer}, true {row.truth.true_max}"
-            )
+            print(f"  NOT EXACT: {row.example} at {row.limit}: ", end="")
+            print(f"batchfit {row.batchfit.answer}, true maximum {row.truth.true_max}")
+    print(f"  peaks minus the exhaustive scan's: {_peak_differences(rows, 'batchfit')}")
     for name in COMPETITORS:
-        results = [(row, row.competitors.get(name)) for row in rows]
-        ran = [(row, r) for row, r in results if r is not None and r.answer is not None]
+        ran = [
+            (row, r) for row in rows if (r := row.competitors.get(name)) is not None and r.answer is not None
+        ]
         if not ran:
             continue
-        trial_ratios = [r.trials / row.batchfit.trials for row, r in ran]
-        time_ratios = [r.seconds / row.batchfit.seconds for row, r in ran]
+        trials = [r.trials / row.batchfit.trials for row, r in ran]
+        seconds = [r.seconds / row.batchfit.seconds for row, r in ran]
         exact_count = sum(r.answer == row.truth.true_max for row, r in ran)
-        print(
-            f"{name}: exact {exact_count}/{len(ran)}; trials {min(trial_ratios):.1f}x..{max(trial_ratios):.1f}x "
-            f"(geometric mean {statistics.geometric_mean(trial_ratios):.1f}x) and seconds "
-            f"{min(time_ratios):.1f}x..{max(time_ratios):.1f}x (geometric mean "
-            f"{statistics.geometric_mean(time_ratios):.1f}x) batchfit's"
-        )
+        print(f"{name}: exact {exact_count}/{len(ran)}; as multiples of batchfit's:")
+        print(f"  trials {_spread(trials)}, seconds {_spread(seconds)}")
         if name == "lightning":
-            met = all(t >= 3 for t in trial_ratios) and all(t >= 3 for t in time_ratios)
-            print(
-                f"  target (at most a third of Lightning's trials and time in every row): {'met' if met else 'NOT met'}"
-            )
-        # The same trial should peak at the same bytes whoever runs it: differences are the
-        # tool's own allocations inside the cap.
-        extra = [r.peaks[b] - row.truth.peaks[b] for row, r in ran for b in r.peaks if b in row.truth.peaks]
-        if extra:
-            print(
-                f"  {name}'s peaks minus the exhaustive scan's at the same batch size: {min(extra)}..{max(extra)} bytes"
-            )
-    extra = [
-        row.batchfit.peaks[b] - row.truth.peaks[b]
-        for row in rows
-        for b in row.batchfit.peaks
-        if b in row.truth.peaks
-    ]
-    if extra:
-        print(
-            f"batchfit's peaks minus the exhaustive scan's at the same batch size: {min(extra)}..{max(extra)} bytes"
-        )
+            met = all(ratio >= 3 for ratio in trials + seconds)
+            print("  target, at most a third of Lightning's trials and time in every row:", end=" ")
+            print("met" if met else "NOT met")
+        print(f"  peaks minus the exhaustive scan's: {_peak_differences(rows, name)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,86 @@
+"""Devices: capacity, measurement, and the CUDA layer's refusal to take a 0 for a reading."""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+import torch
+
+from batchfit.device import CappedCpuDevice, CpuDevice, CudaDevice, _cuda_call, host_available_bytes, resolve_device
+from batchfit.errors import ConfigurationError, DeviceUnavailableError
+
+
+def test_resolve() -> None:
+    assert isinstance(resolve_device("cpu", None), CpuDevice)
+    capped = resolve_device("cpu", "2GiB")
+    assert isinstance(capped, CappedCpuDevice) and capped.capacity_bytes([]) == 2 * 1024**3
+    assert capped.name == "cpu (capped at 2.00 GiB)"
+    if not torch.cuda.is_available():
+        assert isinstance(resolve_device(None, None), CpuDevice)
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "message"),
+    [
+        ("tpu", ConfigurationError, "device='tpu' is not a device: use 'cpu', 'cuda' or 'cuda:N'."),
+        ("xla", ConfigurationError, "device='xla' is not supported: batchfit measures 'cpu' and 'cuda' devices."),
+    ],
+)
+def test_unknown_devices(device: str, error: type, message: str) -> None:
+    with pytest.raises(error) as info:
+        resolve_device(device, None)
+    assert str(info.value) == message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present")
+def test_cuda_absent_is_said_plainly() -> None:
+    with pytest.raises(DeviceUnavailableError) as info:
+        resolve_device("cuda:1", None)
+    assert str(info.value).startswith("device='cuda:1' was asked for, but CUDA is not available in this process")
+    assert "Use device='cpu' (with memory_limit='...' to stand in for a GPU's memory)." in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a CPU-only torch build")
+def test_cuda_readings_on_a_cpu_build_are_errors_not_zeros() -> None:
+    # On this build torch.cuda.memory_allocated() returns 0 and mem_get_info() raises:
+    # both must surface as errors, never as a measurement.
+    assert torch.cuda.memory_allocated() == 0
+    with pytest.raises(DeviceUnavailableError, match=r"torch.cuda.memory_allocated returned 0, which is not a real"):
+        _cuda_call(torch.cuda.memory_allocated)
+    with pytest.raises(DeviceUnavailableError, match=r"torch.cuda.mem_get_info failed"):
+        CudaDevice(0).capacity_bytes([])
+
+
+def test_cpu_measures_the_peak_of_a_block() -> None:
+    device = CpuDevice()
+    model = torch.nn.Linear(1000, 1000)  # 4,004,000 bytes
+    with device.measure(list(model.parameters())) as measurement:
+        torch.empty(250_000)  # 1,000,000 bytes, freed at once
+    assert measurement.peak_bytes == 4_004_000 + 1_000_000
+
+
+def test_capped_cpu_enforces_its_limit() -> None:
+    device = CappedCpuDevice(2_000_000)
+    with pytest.raises(torch.OutOfMemoryError), device.measure([]):
+        torch.empty(600_000)
+
+
+def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:
+    available = host_available_bytes()
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines())
+    assert 0 < available <= int(meminfo["MemAvailable"].split()[0]) * 1024 * 1.05
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:  # headroom under an address-space limit is what counts
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 500 * 2**20, hard))
+        try:
+            assert host_available_bytes() <= 500 * 2**20
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _vm_size() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmSize")
