@@ -12,14 +12,24 @@ from batchfit import Workload
 
 
 def tiny_mlp(width: int = 256) -> nn.Module:
-    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    return nn.Sequential(
+        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
 
 
 def tiny_cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(32, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(0.1),
+        nn.Linear(32, 10),
     )
 
 
@@ -40,8 +50,13 @@ def build(kind: str, optimizer: str = "adam") -> Workload:
         if optimizer == "adam"
         else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     )
-    return Workload(model=model, optimizer=opt, make_batch=classification_batch(shape),
-                    loss_fn=nn.functional.cross_entropy, name=kind)
+    return Workload(
+        model=model,
+        optimizer=opt,
+        make_batch=classification_batch(shape),
+        loss_fn=nn.functional.cross_entropy,
+        name=kind,
+    )
 
 
 @pytest.fixture

@@ -7,7 +7,14 @@ import resource
 import pytest
 import torch
 
-from batchfit.device import CappedCpuDevice, CpuDevice, CudaDevice, _cuda_call, host_available_bytes, resolve_device
+from batchfit.device import (
+    CappedCpuDevice,
+    CpuDevice,
+    CudaDevice,
+    _cuda_call,
+    host_available_bytes,
+    resolve_device,
+)
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
 
 
@@ -24,7 +31,11 @@ def test_resolve() -> None:
     ("device", "error", "message"),
     [
         ("tpu", ConfigurationError, "device='tpu' is not a device: use 'cpu', 'cuda' or 'cuda:N'."),
-        ("xla", ConfigurationError, "device='xla' is not supported: batchfit measures 'cpu' and 'cuda' devices."),
+        (
+            "xla",
+            ConfigurationError,
+            "device='xla' is not supported: batchfit measures 'cpu' and 'cuda' devices.",
+        ),
     ],
 )
 def test_unknown_devices(device: str, error: type, message: str) -> None:
@@ -37,7 +48,9 @@ def test_unknown_devices(device: str, error: type, message: str) -> None:
 def test_cuda_absent_is_said_plainly() -> None:
     with pytest.raises(DeviceUnavailableError) as info:
         resolve_device("cuda:1", None)
-    assert str(info.value).startswith("device='cuda:1' was asked for, but CUDA is not available in this process")
+    assert str(info.value).startswith(
+        "device='cuda:1' was asked for, but CUDA is not available in this process"
+    )
     assert "Use device='cpu' (with memory_limit='...' to stand in for a GPU's memory)." in str(info.value)
 
 
@@ -46,7 +59,9 @@ def test_cuda_readings_on_a_cpu_build_are_errors_not_zeros() -> None:
     # On this build torch.cuda.memory_allocated() returns 0 and mem_get_info() raises:
     # both must surface as errors, never as a measurement.
     assert torch.cuda.memory_allocated() == 0
-    with pytest.raises(DeviceUnavailableError, match=r"torch.cuda.memory_allocated returned 0, which is not a real"):
+    with pytest.raises(
+        DeviceUnavailableError, match=r"torch.cuda.memory_allocated returned 0, which is not a real"
+    ):
         _cuda_call(torch.cuda.memory_allocated)
     with pytest.raises(DeviceUnavailableError, match=r"torch.cuda.mem_get_info failed"):
         CudaDevice(0).capacity_bytes([])
@@ -68,7 +83,8 @@ def test_capped_cpu_enforces_its_limit() -> None:
 
 def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:
     available = host_available_bytes()
-    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines())
+    with open("/proc/meminfo") as handle:
+        meminfo = dict(line.split(":", 1) for line in handle.read().splitlines())
     assert 0 < available <= int(meminfo["MemAvailable"].split()[0]) * 1024 * 1.05
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:  # headroom under an address-space limit is what counts
@@ -80,7 +96,8 @@ def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:
 
 
 def _vm_size() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmSize:"):
-            return int(line.split()[1]) * 1024
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
     raise AssertionError("no VmSize")

@@ -64,8 +64,9 @@ def brute_force(kind: str, mode: str, limit: int, fraction: float, max_batch: in
 )
 @pytest.mark.parametrize("fraction", [0.8, 1.0])
 def test_train_answer_is_the_true_maximum(kind: str, optimizer: str, limit: int, fraction: float) -> None:
-    result = find_batch_size(build(kind, optimizer), "train", device="cpu", memory_limit=limit,
-                             fraction=fraction, max_batch=400)
+    result = find_batch_size(
+        build(kind, optimizer), "train", device="cpu", memory_limit=limit, fraction=fraction, max_batch=400
+    )
     truth = brute_force(kind, "train", limit, fraction, min(400, result.batch_size + 3), optimizer)
     assert result.batch_size == truth
     assert result.peak_bytes <= result.budget_bytes == int(fraction * limit)
@@ -88,9 +89,9 @@ def test_result_holds_the_evidence(mlp_workload: Workload) -> None:
     document = result.to_dict()
     assert document["batch_size"] == result.batch_size and document["stop_reason"] == "boundary"
     assert {t["outcome"] for t in document["trials"]} >= {"ok"}
-    assert document["trials"][0]["batch_size"] == 1 and document["search_seconds"] > 0
-    answer = [t for t in result.trials if t.batch_size == result.batch_size][0]
-    after = [t for t in result.trials if t.batch_size == result.batch_size + 1][0]
+    assert document["trials"][0]["batch_size"] == 2 and document["search_seconds"] > 0
+    answer = next(t for t in result.trials if t.batch_size == result.batch_size)
+    after = next(t for t in result.trials if t.batch_size == result.batch_size + 1)
     assert answer.outcome == "ok" and after.outcome in ("oom", "over_budget")
     assert answer.step_seconds is not None and answer.step_seconds > 0
     model = result.memory_model
@@ -204,7 +205,7 @@ def test_non_oom_error_propagates_at_once() -> None:
     workload.loss_fn = lambda output, target: output.sum() + target.view(3, -1).sum()  # breaks at n=2
     with pytest.raises(RuntimeError, match="shape '\\[3, -1\\]' is invalid") as info:
         find_batch_size(workload, device="cpu", memory_limit="64MiB")
-    assert info.value.__notes__ == ["batchfit: raised by the train step at batch_size=1."]
+    assert info.value.__notes__ == ["batchfit: raised by the train step at batch_size=2."]
 
 
 def _live_tensor_bytes() -> int:
@@ -228,8 +229,12 @@ def test_optimizer_factory_and_slices_count_their_own_bytes() -> None:
     torch.manual_seed(0)
     model = nn.Linear(64, 10)
     pool_x, pool_y = torch.randn(100_000, 64), torch.randint(0, 10, (100_000,))  # 25.6 MB
-    workload = Workload(model=model, optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
-                        make_batch=lambda n: (pool_x[:n], pool_y[:n]), loss_fn=nn.functional.cross_entropy)
+    workload = Workload(
+        model=model,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        make_batch=lambda n: (pool_x[:n], pool_y[:n]),
+        loss_fn=nn.functional.cross_entropy,
+    )
     result = find_batch_size(workload, device="cpu", memory_limit="1MiB", fraction=1.0, max_batch=10_000)
     # Each sample costs its own 64 floats (+ label, activations, gradients), not the 25.6 MB pool.
     assert 1000 < result.batch_size < 4000
@@ -248,19 +253,34 @@ def test_dataset_largest_items_first() -> None:
         return padded, torch.stack([y for _, y in items])
 
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
-    workload = Workload(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), dataset=data,
-                        collate_fn=collate, loss_fn=lambda out, y: nn.functional.cross_entropy(out.mean(1), y))
+    workload = Workload(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        dataset=data,
+        collate_fn=collate,
+        loss_fn=lambda out, y: nn.functional.cross_entropy(out.mean(1), y),
+    )
     assert workload.host_batch(2)[0].shape == (2, 200, 8)  # the 200 and the 150
     assert workload.host_batch(10)[0].shape == (10, 200, 8)  # more than the dataset: cycles
-    by_key = Workload(model=model, optimizer=workload.optimizer, dataset=data, collate_fn=collate,
-                      size_key=lambda item: -item[0].shape[0], loss_fn=workload.loss_fn)
+    by_key = Workload(
+        model=model,
+        optimizer=workload.optimizer,
+        dataset=data,
+        collate_fn=collate,
+        size_key=lambda item: -item[0].shape[0],
+        loss_fn=workload.loss_fn,
+    )
     assert by_key.host_batch(1)[0].shape == (1, 5, 8)  # the user's key decides what is largest
     result = find_batch_size(workload, device="cpu", memory_limit="512KiB", max_batch=64)
     assert result.batch_size >= 1
 
 
 BAD_INPUTS = [
-    ({"fraction": 1.5}, ConfigurationError, "fraction=1.5 must be in (0, 1]: the share of device memory a batch may use."),
+    (
+        {"fraction": 1.5},
+        ConfigurationError,
+        "fraction=1.5 must be in (0, 1]: the share of device memory a batch may use.",
+    ),
     ({"fraction": 0}, ConfigurationError, "fraction=0 must be in (0, 1]"),
     ({"min_batch": 9, "max_batch": 4}, ConfigurationError, "min_batch (9) is larger than max_batch (4)"),
     ({"min_batch": 0}, ConfigurationError, "min_batch must be a positive integer, got 0."),
@@ -287,14 +307,17 @@ def test_bad_input(mlp_workload: Workload, kwargs: dict[str, object], error: typ
 
 def test_make_batch_of_the_wrong_size() -> None:
     model = nn.Linear(4, 2)
-    workload = Workload(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                        make_batch=lambda n: (torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),
-                        loss_fn=nn.functional.cross_entropy)
+    workload = Workload(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        make_batch=lambda n: (torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),
+        loss_fn=nn.functional.cross_entropy,
+    )
     with pytest.raises(ConfigurationError) as info:
         find_batch_size(workload, device="cpu", memory_limit="1MiB")
     assert str(info.value) == (
-        "make_batch(1) returned a batch of 4 samples (its first tensor has shape (4, 4), batch_dim=0), "
-        "not 1; make_batch(n) must return exactly n samples along batch_dim."
+        "make_batch(2) returned a batch of 4 samples (its first tensor has shape (4, 4), batch_dim=0), "
+        "not 2; make_batch(n) must return exactly n samples along batch_dim."
     )
 
 
@@ -302,19 +325,21 @@ def test_model_that_does_not_fit_at_batch_one(mlp_workload: Workload) -> None:
     with pytest.raises(DoesNotFitError) as info:
         find_batch_size(mlp_workload, device="cpu", memory_limit="400KiB")
     message = str(info.value)
-    assert message.startswith("the train step does not fit even at batch_size=1 on cpu (capped at 400.00 KiB)")
+    assert message.startswith(
+        "the train step does not fit even at batch_size=1 on cpu (capped at 400.00 KiB)"
+    )
     assert "The fixed part alone, parameters and buffers, takes 332.04 KiB" in message
     assert "against a budget of 320.00 KiB (0.8 x 400.00 KiB)" in message
     assert "Raise memory_limit or fraction" in message
 
 
 def test_workload_errors() -> None:
-    with pytest.raises(ConfigurationError, match="exactly one source of batches"):
+    with pytest.raises(ConfigurationError, match=r"exactly one source of batches"):
         Workload(model=nn.Linear(2, 2))
-    with pytest.raises(ConfigurationError, match="Workload.model must be a torch.nn.Module, got str"):
+    with pytest.raises(ConfigurationError, match=r"Workload\.model must be a torch\.nn\.Module, got str"):
         Workload(model="resnet", make_batch=lambda n: n)  # type: ignore[arg-type]
     no_optimizer = Workload(model=nn.Linear(2, 2), make_batch=lambda n: torch.randn(n, 2))
-    with pytest.raises(ConfigurationError, match="mode='train' needs Workload.optimizer"):
+    with pytest.raises(ConfigurationError, match=r"mode='train' needs Workload\.optimizer"):
         find_batch_size(no_optimizer, device="cpu", memory_limit="1MiB")
     # Without an optimizer the eval search needs none.
     assert find_batch_size(no_optimizer, "eval", device="cpu", memory_limit="64KiB").batch_size > 1
@@ -322,9 +347,12 @@ def test_workload_errors() -> None:
 
 def test_model_on_another_device_is_named() -> None:
     model = nn.Linear(2, 2).to("meta")
-    workload = Workload(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                        make_batch=lambda n: torch.randn(n, 2))
-    with pytest.raises(ConfigurationError, match=r"the model's weight is on meta, but the search runs on cpu"):
+    workload = Workload(
+        model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), make_batch=lambda n: torch.randn(n, 2)
+    )
+    with pytest.raises(
+        ConfigurationError, match=r"the model's weight is on meta, but the search runs on cpu"
+    ):
         find_batch_size(workload, device="cpu")
 
 

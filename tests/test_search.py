@@ -64,11 +64,12 @@ def test_answer_equals_brute_force(curve: str, budget: int, multiple_of: int | N
 
 
 def test_linear_memory_takes_four_trials() -> None:
-    # Two probes fit the line exactly; the jump lands on the answer; the next candidate confirms it.
+    # Two probes (2x and 4x the smallest) fit the line exactly; the jump lands on the answer; the
+    # next candidate confirms it.
     run = oracle(CURVES["linear"], 100_000_000)
     outcome = search(run, Candidates.between(1, 100_000), 100_000_000)
     assert outcome.batch_size == (100_000_000 - 1_000_000) // 37_000
-    assert [t.batch_size for t in outcome.trials] == [1, 2, 2675, 2676]
+    assert [t.batch_size for t in outcome.trials] == [2, 4, 2675, 2676]
     model = outcome.memory_model
     assert model is not None
     assert (model.fixed_bytes, model.bytes_per_sample) == pytest.approx((1_000_000, 37_000))
@@ -95,7 +96,8 @@ def test_max_batch_reached() -> None:
 def test_min_batch_fails() -> None:
     outcome = search(oracle(CURVES["linear_big_fixed"], 10_000_000), Candidates.between(1, 64), 10_000_000)
     assert outcome.batch_size is None and outcome.stop_reason == "min_batch_failed"
-    assert [t.batch_size for t in outcome.trials] == [1]
+    # The first probe (2) failed, so the smallest candidate was run too before giving up.
+    assert [t.batch_size for t in outcome.trials] == [2, 1]
 
 
 def test_non_monotone_curve_keeps_the_guarantee() -> None:
@@ -117,7 +119,14 @@ def test_non_monotone_curve_keeps_the_guarantee() -> None:
         (0, 5, None, "min_batch must be a positive integer, got 0."),
         (1, -3, None, "max_batch must be a positive integer, got -3."),
         (1, 5, 0, "multiple_of must be a positive integer, got 0."),
-        (9, 15, 8, "no multiple of 8 lies in [min_batch, max_batch] = [9, 15]; widen the range or change multiple_of."),
+        (
+            9,
+            15,
+            8,
+            (
+                "no multiple of 8 lies in [min_batch, max_batch] = [9, 15]; widen the range or change multiple_of."
+            ),
+        ),
     ],
 )
 def test_bad_bounds(low: int, high: int, multiple_of: int | None, message: str) -> None:

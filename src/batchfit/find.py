@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from batchfit.device import Device, Measurement, resolve_device
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.oom import is_out_of_memory
-from batchfit.search import Candidates, MemoryModel, StopReason, Trial, search
+from batchfit.search import Candidates, MemoryModel, Outcome, StopReason, Trial, search
 from batchfit.state import TrainingSnapshot
 from batchfit.tracker import resident_tensors
 from batchfit.units import format_bytes
@@ -149,7 +149,8 @@ def find_batch_size(
         target.release()
     elapsed = time.perf_counter() - started
     if outcome.batch_size is None:
-        raise _does_not_fit(workload, mode, target, outcome.trials[0], budget, capacity, fraction)
+        smallest = min(outcome.trials, key=lambda trial: trial.batch_size)
+        raise _does_not_fit(workload, mode, target, smallest, budget, capacity, fraction)
     answer = next(t for t in outcome.trials if t.batch_size == outcome.batch_size)
     return SearchResult(
         mode=mode,
@@ -224,6 +225,7 @@ class _TrialRunner:
             device.release()
             return Trial(batch_size, "oom", measurement.peak_bytes, None, failure)
         peak = measurement.peak_bytes
+        outcome: Outcome
         if measurement.allocator_retries:
             outcome, detail = "over_budget", f"the allocator retried {measurement.allocator_retries} times"
         elif peak > self.budget_bytes:
@@ -282,7 +284,7 @@ def _does_not_fit(
         if trial.outcome == "oom"
         else f"its peak was {format_bytes(trial.peak_bytes)}"
     )
-    error = DoesNotFitError(
+    return DoesNotFitError(
         f"the {mode} step does not fit even at batch_size={trial.batch_size} on {device.name}: "
         f"{measured}, against a budget of {format_bytes(budget)} ({fraction:g} x "
         f"{format_bytes(capacity)}). The fixed part alone, parameters and buffers, takes "
@@ -290,5 +292,3 @@ def _does_not_fit(
         f"memory_limit or fraction, or shrink the fixed part (mixed precision, a lighter "
         f"optimizer, activation checkpointing)."
     )
-    error.trials = (trial,)  # type: ignore[attr-defined]
-    return error

@@ -89,8 +89,11 @@ class MemoryModel:
         low_step, high_step = low.optimizer_peak_bytes or 0, high.optimizer_peak_bytes or 0
         step_slope = (high_step - low_step) / span
         return cls(
-            low.activation_peak_bytes - slope * low.batch_size, slope, (low.batch_size, high.batch_size),
-            low_step - step_slope * low.batch_size, step_slope,
+            low.activation_peak_bytes - slope * low.batch_size,
+            slope,
+            (low.batch_size, high.batch_size),
+            low_step - step_slope * low.batch_size,
+            step_slope,
         )
 
 
@@ -151,9 +154,10 @@ def search(run: Callable[[int], Trial], candidates: Candidates, budget_bytes: in
         at[index] = trial
         return trial
 
-    if not probe(0).fits:
+    opened, high = _opening(candidates, probe)
+    if opened is None:
         return SearchOutcome(None, tuple(trials), None, "min_batch_failed")
-    low, high = 0, None  # largest index known to fit, smallest index known to fail
+    low = opened  # the largest index known to fit; high: the smallest known to fail
     widths: list[int] = []
     model: MemoryModel | None = None
     distrust = False  # the model's last guess was refuted: take a safe step (bisect or gallop)
@@ -183,6 +187,24 @@ def search(run: Callable[[int], Trial], candidates: Candidates, budget_bytes: in
         if high is not None:
             widths.append(high - low)
     return SearchOutcome(candidates.batch(low), tuple(trials), model, reason)
+
+
+def _opening(candidates: Candidates, probe: Callable[[int], Trial]) -> tuple[int | None, int | None]:
+    """The first probes: about 2x and 4x the smallest candidate, to fit the first line.
+
+    The smallest batch is often off the line (size-1 code paths, broadcasting; BatchNorm refuses
+    a single sample in training), so it is run only if the first probe fails. Returns the largest
+    index known to fit (None if not even the smallest does) and the smallest known to fail.
+    """
+    first = min(max(candidates.index_at_most(2 * candidates.first), 0), candidates.count - 1)
+    if not probe(first).fits:
+        if first == 0 or not probe(0).fits:
+            return None, first
+        return 0, first
+    second = min(max(candidates.index_at_most(4 * candidates.first), first + 1), candidates.count - 1)
+    if second == first:
+        return first, None
+    return (second, None) if probe(second).fits else (first, second)
 
 
 def _local_model(at: dict[int, Trial], low: int, high: int | None) -> MemoryModel | None:
