@@ -123,9 +123,8 @@ def test_non_monotone_curve_keeps_the_guarantee() -> None:
             9,
             15,
             8,
-            (
-                "no multiple of 8 lies in [min_batch, max_batch] = [9, 15]; widen the range or change multiple_of."
-            ),
+            "no multiple of 8 lies in [min_batch, max_batch] = [9, 15]; "  # noqa: ISC004
+            "widen the range or change multiple_of.",
         ),
     ],
 )
