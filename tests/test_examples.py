@@ -30,5 +30,7 @@ def test_examples_are_deterministic() -> None:
 
 
 def test_unknown_example() -> None:
-    with pytest.raises(ConfigurationError, match=r"unknown example 'resnet': choose one of cnn, mlp, transformer."):
+    with pytest.raises(
+        ConfigurationError, match=r"unknown example 'resnet': choose one of cnn, mlp, transformer."
+    ):
         build_example("resnet")

@@ -20,10 +20,14 @@ from batchfit import is_out_of_memory
         RuntimeError("CUDA error: out of memory"),
         RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
         RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
-        RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a "
-                     "non-contiguous input."),
-        RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
-                     "you tried to allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)"),
+        RuntimeError(
+            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a "
+            "non-contiguous input."
+        ),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)"
+        ),
     ],
 )
 def test_recognised(error: BaseException) -> None:

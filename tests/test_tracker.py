@@ -65,5 +65,8 @@ def test_memory_limit_counts_resident_objects() -> None:
 
 
 def test_memory_limit_rejects_resident_state_over_the_limit() -> None:
-    with pytest.raises(torch.OutOfMemoryError), batchfit.memory_limit("100KiB", resident=[torch.empty(50_000)]):
+    with (
+        pytest.raises(torch.OutOfMemoryError),
+        batchfit.memory_limit("100KiB", resident=[torch.empty(50_000)]),
+    ):
         pass

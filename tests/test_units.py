@@ -10,8 +10,15 @@ from batchfit.units import format_bytes, parse_bytes
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("2GiB", 2 * 1024**3), ("1.5 GB", 1_500_000_000), ("800MiB", 800 * 1024**2), ("1000000", 10**6),
-     (4096, 4096), ("64kib", 65536), ("3g", 3 * 10**9)],
+    [
+        ("2GiB", 2 * 1024**3),
+        ("1.5 GB", 1_500_000_000),
+        ("800MiB", 800 * 1024**2),
+        ("1000000", 10**6),
+        (4096, 4096),
+        ("64kib", 65536),
+        ("3g", 3 * 10**9),
+    ],
 )
 def test_parse(text: str | int, expected: int) -> None:
     assert parse_bytes(text) == expected
@@ -34,4 +41,8 @@ def test_zero_is_not_a_size() -> None:
 
 def test_format() -> None:
     assert [format_bytes(v) for v in (512, 2048, 3 * 1024**2, 5 * 1024**3)] == [
-        "512 B", "2.00 KiB", "3.00 MiB", "5.00 GiB"]
+        "512 B",
+        "2.00 KiB",
+        "3.00 MiB",
+        "5.00 GiB",
+    ]

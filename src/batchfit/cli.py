@@ -19,7 +19,7 @@ import batchfit
 from batchfit.errors import BatchfitError, ConfigurationError
 from batchfit.examples import EXAMPLES, build_example
 from batchfit.find import DEFAULT_MAX_BATCH, Mode, SearchResult, find_batch_size
-from batchfit.search import Trial
+from batchfit.search import Candidates, Trial
 from batchfit.units import format_bytes
 from batchfit.workload import Workload
 
@@ -86,13 +86,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    debug = os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
     try:
         return int(args.handler(args))
     except (BatchfitError, OSError) as error:
-        if os.environ.get(DEBUG_VARIABLE):
+        if debug:
             traceback.print_exc()
         print(f"batchfit: error: {error}", file=sys.stderr)
-        if not os.environ.get(DEBUG_VARIABLE):
+        if not debug:
             print(f"(set {DEBUG_VARIABLE}=1 to see the traceback)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -105,8 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _find(args: argparse.Namespace) -> int:
     modes = _parse_modes(args.modes)
-    workload = build_example(args.example) if args.example else load_workload(args.workload)
     train_max = args.max_batch if args.max_batch is not None else DEFAULT_MAX_BATCH["train"]
+    Candidates.between(args.min_batch, train_max, args.multiple_of)  # bad bounds fail before any work
+    workload = build_example(args.example) if args.example else load_workload(args.workload)
     results: list[SearchResult] = []
     for mode in modes:
         result = find_batch_size(

@@ -7,6 +7,9 @@ statistics, checked against reserved memory (what the device really holds).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import gc
 import os
 import resource
@@ -53,6 +56,7 @@ class Device(Protocol):
 
     name: str
     torch_device: torch.device
+    exact: bool  # measurements repeat to the byte and a failure leaves nothing behind
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
         """Bytes the workload may use in all, counting the ``resident`` tensors it already holds."""
@@ -74,6 +78,7 @@ class CpuDevice:
 
     name = "cpu"
     torch_device = torch.device("cpu")
+    exact = False
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
         held = sum(tensor.untyped_storage().nbytes() for tensor in _unique_storages(resident))
@@ -102,10 +107,13 @@ class CpuDevice:
 
     def release(self) -> None:
         gc.collect()
+        _malloc_trim()
 
 
 class CappedCpuDevice(CpuDevice):
     """The CPU with a hard capacity: an allocation past it raises ``torch.OutOfMemoryError``."""
+
+    exact = True
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
@@ -120,6 +128,8 @@ class CappedCpuDevice(CpuDevice):
 
 class CudaDevice:
     """A CUDA (or ROCm) GPU, measured through torch.cuda's allocator statistics."""
+
+    exact = False
 
     def __init__(self, index: int, limit_bytes: int | None = None) -> None:
         self.torch_device = torch.device("cuda", index)
@@ -174,6 +184,21 @@ def _cuda_call(function: Any, *args: Any, allow_zero: bool = False) -> Any:
             f"(torch.version.cuda={torch.version.cuda}) may lack CUDA support."
         )
     return value
+
+
+@functools.cache
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap memory back to the OS (glibc only), so the next trial starts lean."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def resolve_device(device: str | torch.device | None, memory_limit: str | int | None) -> Device:

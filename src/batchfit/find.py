@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from batchfit.device import Device, Measurement, resolve_device
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.oom import is_out_of_memory
-from batchfit.search import Candidates, MemoryModel, Outcome, StopReason, Trial, search
+from batchfit.search import Candidates, MemoryModel, Outcome, SearchOutcome, StopReason, Trial, search
 from batchfit.state import TrainingSnapshot
 from batchfit.tracker import resident_tensors
 from batchfit.units import format_bytes
@@ -144,6 +144,8 @@ def find_batch_size(
             return trial
 
         outcome = search(run, candidates, budget)
+        if not target.exact:
+            outcome = _recheck(outcome, run, candidates, budget)
     finally:
         snapshot.restore(gradients=True)
         target.release()
@@ -151,7 +153,7 @@ def find_batch_size(
     if outcome.batch_size is None:
         smallest = min(outcome.trials, key=lambda trial: trial.batch_size)
         raise _does_not_fit(workload, mode, target, smallest, budget, capacity, fraction)
-    answer = next(t for t in outcome.trials if t.batch_size == outcome.batch_size)
+    answer = [t for t in outcome.trials if t.batch_size == outcome.batch_size][-1]
     return SearchResult(
         mode=mode,
         batch_size=outcome.batch_size,
@@ -256,6 +258,35 @@ def _optimizer_phases(measurement: Measurement) -> Iterator[None]:
     finally:
         before.remove()
         after.remove()
+
+
+def _recheck(
+    outcome: SearchOutcome, run: Callable[[int], Trial], candidates: Candidates, budget: int
+) -> SearchOutcome:
+    """After a real allocator failure, run the answer again; if it no longer fits, search below it.
+
+    A real allocator keeps what failed trials left behind (a heap that does not shrink, a cache
+    that fragments), so a batch that fitted early in the search may not fit after it, which is
+    when training starts. The capped CPU device is exact and needs no second look.
+    """
+    trials = list(outcome.trials)
+    for _ in range(3):
+        if outcome.batch_size is None or all(t.outcome != "oom" for t in trials):
+            break
+        again = run(outcome.batch_size)
+        trials.append(again)
+        if again.fits:
+            break
+        below = outcome.batch_size - candidates.step
+        if below < candidates.first:
+            outcome = SearchOutcome(None, outcome.trials, outcome.memory_model, "min_batch_failed")
+            break
+        lower = Candidates(candidates.first, candidates.step, candidates.index_at_most(below) + 1)
+        outcome = search(run, lower, budget)
+        trials.extend(outcome.trials)
+        if outcome.stop_reason == "max_batch":  # the top of the lower range is below a failure
+            outcome = SearchOutcome(outcome.batch_size, outcome.trials, outcome.memory_model, "boundary")
+    return SearchOutcome(outcome.batch_size, tuple(trials), outcome.memory_model, outcome.stop_reason)
 
 
 def _check_model_device(model: torch.nn.Module, device: Device) -> None:
