@@ -363,3 +363,20 @@ def test_uncapped_cpu_uses_the_host_capacity(mlp_workload: Workload) -> None:
     assert result.batch_size == 32 and result.device == "cpu"
     params = sum(t.untyped_storage().nbytes() for t in batchfit.tracker.resident_tensors(mlp_workload.model))
     assert 0 < result.capacity_bytes - params <= host_available_bytes() * 1.1
+
+
+def test_progress_callbacks_bracket_every_trial(mlp_workload: Workload) -> None:
+    events: list[tuple[str, int]] = []
+    result = find_batch_size(
+        mlp_workload,
+        device="cpu",
+        memory_limit="3MiB",
+        on_trial_start=lambda batch: events.append(("start", batch)),
+        on_trial=lambda trial: events.append(("done", trial.batch_size)),
+    )
+    expected = [
+        event
+        for trial in result.trials
+        for event in (("start", trial.batch_size), ("done", trial.batch_size))
+    ]
+    assert events == expected

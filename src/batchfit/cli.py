@@ -122,6 +122,7 @@ def _find(args: argparse.Namespace) -> int:
             multiple_of=args.multiple_of,
             steps_per_trial=args.steps_per_trial,
             on_trial=functools.partial(_print_trial, mode),
+            on_trial_start=functools.partial(_show_candidate, mode),
         )
         print(f"batchfit: {result.summary()}", file=sys.stderr)
         results.append(result)
@@ -165,10 +166,22 @@ def load_workload(spec: str) -> Workload:
     return workload
 
 
+def _show_candidate(mode: str, batch_size: int) -> None:
+    """On a terminal, say which batch is running now; the trial's line overwrites it."""
+    if sys.stderr.isatty():
+        print(
+            f"batchfit: {mode:<5} batch_size={batch_size:<6} running...",
+            end="\r",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _print_trial(mode: str, trial: Trial) -> None:
     speed = f"{trial.step_seconds * 1000:8.1f} ms/step" if trial.step_seconds is not None else ""
+    clear = "\x1b[2K" if sys.stderr.isatty() else ""
     print(
-        f"batchfit: {mode:<5} batch_size={trial.batch_size:<6} {trial.outcome:<11} "
+        f"{clear}batchfit: {mode:<5} batch_size={trial.batch_size:<6} {trial.outcome:<11} "
         f"peak {format_bytes(trial.peak_bytes):>11} {speed}",
         file=sys.stderr,
         flush=True,

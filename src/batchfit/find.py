@@ -81,6 +81,7 @@ def find_batch_size(
     steps_per_trial: int = 2,
     eval_with_training_state: bool = True,
     on_trial: Callable[[Trial], None] | None = None,
+    on_trial_start: Callable[[int], None] | None = None,
 ) -> SearchResult:
     """Find the largest batch in [min_batch, max_batch] whose ``mode`` step peaks within
     ``fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
@@ -89,6 +90,7 @@ def find_batch_size(
     ``memory_limit`` (e.g. ``"2GiB"``) the CPU enforces that capacity on real allocations.
     For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
     gradients and optimizer state resident, as when validation runs inside a training loop.
+    ``on_trial_start(batch_size)`` and ``on_trial(trial)`` report progress.
     """
     if mode not in ("train", "eval"):
         raise ConfigurationError(f"mode={mode!r} is not a mode: use 'train' or 'eval'.")
@@ -129,6 +131,8 @@ def find_batch_size(
         )
 
         def run(batch_size: int) -> Trial:
+            if on_trial_start is not None:
+                on_trial_start(batch_size)
             trial = runner.run(batch_size)
             logger.info(
                 "%s trial batch_size=%d: %s, peak %s (budget %s)%s",
