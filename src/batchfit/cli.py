@@ -18,8 +18,9 @@ import torch
 import batchfit
 from batchfit.errors import BatchfitError, ConfigurationError
 from batchfit.examples import EXAMPLES, build_example
-from batchfit.find import DEFAULT_MAX_BATCH, Mode, SearchResult, find_batch_size
+from batchfit.find import DEFAULT_MAX_BATCH, SearchResult, find_batch_size
 from batchfit.search import Candidates, Trial
+from batchfit.trial import Mode
 from batchfit.units import format_bytes
 from batchfit.workload import Workload
 

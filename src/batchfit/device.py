@@ -80,6 +80,9 @@ class CpuDevice:
     torch_device = torch.device("cpu")
     exact = False
 
+    def __init__(self, *, fake: bool = False) -> None:
+        self.fake = fake  # measure fake tensors: a trace, not a run
+
     def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
         held = sum(tensor.untyped_storage().nbytes() for tensor in _unique_storages(resident))
         return host_available_bytes() + held
@@ -100,7 +103,7 @@ class CpuDevice:
             measurement._tracker = None
 
     def _tracker(self) -> StorageTracker:
-        return StorageTracker()
+        return StorageTracker(fake=self.fake)
 
     def synchronize(self) -> None:
         pass
@@ -116,6 +119,7 @@ class CappedCpuDevice(CpuDevice):
     exact = True
 
     def __init__(self, limit_bytes: int) -> None:
+        super().__init__()
         self.limit_bytes = limit_bytes
         self.name = f"cpu (capped at {format_bytes(limit_bytes)})"
 

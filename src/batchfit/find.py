@@ -5,26 +5,24 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from batchfit.device import Device, Measurement, resolve_device
+from batchfit.device import CpuDevice, Device, resolve_device
 from batchfit.errors import ConfigurationError, DoesNotFitError
-from batchfit.oom import is_out_of_memory
-from batchfit.search import Candidates, MemoryModel, Outcome, SearchOutcome, StopReason, Trial, search
+from batchfit.search import Candidates, MemoryModel, SearchOutcome, StopReason, Trial, search
 from batchfit.state import TrainingSnapshot
+from batchfit.trace import FakeTracer, TraceUnavailable
 from batchfit.tracker import resident_tensors
+from batchfit.trial import Mode, TrialRunner
 from batchfit.units import format_bytes
-from batchfit.workload import Workload, to_device
+from batchfit.workload import Workload
 
 logger = logging.getLogger(__name__)
 
-Mode = Literal["train", "eval"]
 #: Upper bound of the search when none is given: the seed's MAX_BATCH_SIZE, doubled for eval.
 DEFAULT_MAX_BATCH = {"train": 512, "eval": 1024}
 
@@ -40,7 +38,8 @@ class SearchResult:
     capacity_bytes: int
     memory_fraction: float
     device: str
-    trials: tuple[Trial, ...]
+    trials: tuple[Trial, ...]  # real trials, in the order they ran
+    predicted_trials: tuple[Trial, ...]  # fake-tensor traces that placed them (CPU devices)
     memory_model: MemoryModel | None
     stop_reason: StopReason
     search_seconds: float
@@ -120,15 +119,9 @@ def find_batch_size(
         snapshot.set_gradients_aside()
         capacity = target.capacity_bytes(resident_tensors(workload.model, workload.optimizer))
         budget = int(fraction * capacity)
-        runner = _TrialRunner(
-            workload,
-            target,
-            mode,
-            steps_per_trial,
-            budget,
-            snapshot,
-            warm_batch=candidates.first if mode == "eval" and eval_with_training_state else None,
-        )
+        warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
+        runner = TrialRunner(workload, target, mode, steps_per_trial, budget, snapshot, warm_batch)
+        forecast = _forecast(workload, target, mode, steps_per_trial, budget, warm_batch, candidates)
 
         def run(batch_size: int) -> Trial:
             if on_trial_start is not None:
@@ -147,7 +140,13 @@ def find_batch_size(
                 on_trial(trial)
             return trial
 
-        outcome = search(run, candidates, budget)
+        outcome = search(
+            run,
+            candidates,
+            budget,
+            prior=forecast.trials if forecast else (),
+            seed=forecast.batch_size if forecast else None,
+        )
         if not target.exact:
             outcome = _recheck(outcome, run, candidates, budget)
     finally:
@@ -167,6 +166,7 @@ def find_batch_size(
         memory_fraction=float(fraction),
         device=target.name,
         trials=outcome.trials,
+        predicted_trials=forecast.trials if forecast else (),
         memory_model=outcome.memory_model,
         stop_reason=outcome.stop_reason,
         search_seconds=elapsed,
@@ -177,91 +177,27 @@ def find_batch_size(
     )
 
 
-class _TrialRunner:
-    """Runs one trial: ``steps`` real steps at a batch size, measured, then the state put back."""
+def _forecast(
+    workload: Workload,
+    device: Device,
+    mode: Mode,
+    steps: int,
+    budget: int,
+    warm_batch: int | None,
+    candidates: Candidates,
+) -> SearchOutcome | None:
+    """The search run on fake-tensor traces (CPU devices only): where the real trials should go.
 
-    def __init__(
-        self,
-        workload: Workload,
-        device: Device,
-        mode: Mode,
-        steps: int,
-        budget_bytes: int,
-        snapshot: TrainingSnapshot,
-        warm_batch: int | None,
-    ) -> None:
-        self.workload, self.device, self.mode, self.steps = workload, device, mode, steps
-        self.budget_bytes, self.snapshot, self.warm_batch = budget_bytes, snapshot, warm_batch
-
-    def run(self, batch_size: int) -> Trial:
-        workload, device = self.workload, self.device
-        host_batch = workload.host_batch(batch_size)  # outside the measurement: data-loader memory
-        step_seconds: float | None = None
-        failure = ""
-        measurement = Measurement()  # replaced by the device's once measuring starts
-        try:
-            optimizer = workload.build_optimizer()
-            if self.mode == "eval" and self.warm_batch is not None and optimizer is not None:
-                # Validation inside training runs with gradients and optimizer state resident.
-                workload.model.train()
-                workload.run_train_step(
-                    optimizer, to_device(workload.host_batch(self.warm_batch), device.torch_device)
-                )
-            workload.model.train(self.mode == "train")
-            resident = list(resident_tensors(workload.model, optimizer))
-            with device.measure(resident) as measurement, _optimizer_phases(measurement):
-                for _ in range(self.steps):
-                    batch = to_device(host_batch, device.torch_device)
-                    begin = time.perf_counter()
-                    if self.mode == "train":
-                        workload.run_train_step(optimizer, batch)
-                    else:
-                        workload.run_eval_step(batch)
-                    device.synchronize()
-                    step_seconds = time.perf_counter() - begin
-                    del batch
-        except BaseException as error:
-            if not is_out_of_memory(error):
-                error.add_note(f"batchfit: raised by the {self.mode} step at batch_size={batch_size}.")
-                raise
-            failure = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        finally:
-            self.snapshot.restore(gradients=False)
-        if failure:
-            device.release()
-            return Trial(batch_size, "oom", measurement.peak_bytes, None, failure)
-        peak = measurement.peak_bytes
-        outcome: Outcome
-        if measurement.allocator_retries:
-            outcome, detail = "over_budget", f"the allocator retried {measurement.allocator_retries} times"
-        elif peak > self.budget_bytes:
-            outcome, detail = (
-                "over_budget",
-                f"peak {format_bytes(peak)} > budget {format_bytes(self.budget_bytes)}",
-            )
-        else:
-            outcome, detail = "ok", ""
-        return Trial(
-            batch_size,
-            outcome,
-            peak,
-            step_seconds,
-            detail,
-            optimizer_peak_bytes=measurement.optimizer_peak_bytes,
-            activation_peak_bytes=measurement.activation_peak_bytes,
-        )
-
-
-@contextmanager
-def _optimizer_phases(measurement: Measurement) -> Iterator[None]:
-    """Tell the measurement when any optimizer's step starts and ends (global hooks, removed after)."""
-    before = register_optimizer_step_pre_hook(lambda *_: measurement.enter_optimizer_step())
-    after = register_optimizer_step_post_hook(lambda *_: measurement.exit_optimizer_step())
+    Tracing allocates nothing and costs the same at any batch size; on the CPU it predicts the
+    tracked peak to the byte. None when the device cannot be traced or the workload cannot be.
+    """
+    if not isinstance(device, CpuDevice):
+        return None  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
+    tracer = FakeTracer(workload, mode, budget, warm_batch or candidates.first)
     try:
-        yield
-    finally:
-        before.remove()
-        after.remove()
+        return search(tracer, candidates, budget, forecast_only=True)
+    except TraceUnavailable:
+        return None
 
 
 def _recheck(

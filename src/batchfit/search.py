@@ -10,14 +10,14 @@ trial count is never worse than a binary search's by more than a couple.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from batchfit.errors import ConfigurationError
 
 Outcome = Literal["ok", "oom", "over_budget"]
-StopReason = Literal["boundary", "max_batch", "min_batch_failed"]
+StopReason = Literal["boundary", "max_batch", "min_batch_failed", "predicted"]
 
 
 @dataclass(frozen=True)
@@ -143,18 +143,42 @@ class SearchOutcome:
     stop_reason: StopReason
 
 
-def search(run: Callable[[int], Trial], candidates: Candidates, budget_bytes: int) -> SearchOutcome:
-    """Find the largest candidate batch that ``run`` reports as fitting ``budget_bytes``."""
+def search(
+    run: Callable[[int], Trial],
+    candidates: Candidates,
+    budget_bytes: int,
+    *,
+    prior: Sequence[Trial] = (),
+    seed: int | None = None,
+    forecast_only: bool = False,
+) -> SearchOutcome:
+    """Find the largest candidate batch that ``run`` reports as fitting ``budget_bytes``.
+
+    ``prior`` trials (predicted, not run: a fake-tensor trace) inform the memory model but prove
+    nothing; ``seed`` (a predicted answer) is where the real trials start. With ``forecast_only``
+    (``run`` is a predictor) the search stops where it would only confirm the model's answer.
+    """
     trials: list[Trial] = []
     at: dict[int, Trial] = {}
+    known = {candidates.index_at_most(t.batch_size): t for t in prior if t.outcome != "oom"}
 
     def probe(index: int) -> Trial:
         trial = run(candidates.batch(index))
         trials.append(trial)
-        at[index] = trial
+        at[index] = known[index] = trial
         return trial
 
-    opened, high = _opening(candidates, probe)
+    opened, high = None, None
+    if seed is not None and candidates.first <= seed:
+        index = min(candidates.index_at_most(seed), candidates.count - 1)
+        if probe(index).fits:
+            opened = index
+        else:
+            high = index
+    if opened is None:
+        below = candidates if high is None else Candidates(candidates.first, candidates.step, high)
+        opened, high_below = _opening(below, probe) if below.count > 0 else (None, None)
+        high = high if high_below is None else high_below
     if opened is None:
         return SearchOutcome(None, tuple(trials), None, "min_batch_failed")
     low = opened  # the largest index known to fit; high: the smallest known to fail
@@ -170,9 +194,12 @@ def search(run: Callable[[int], Trial], candidates: Candidates, budget_bytes: in
         if high is not None and high == low + 1:
             reason = "boundary"
             break
-        model = _local_model(at, low, high) or model
+        model = _local_model(known, low, high) or model
         stalled = len(widths) >= 3 and widths[-1] > widths[-3] / 2
         index, guided = _next_index(candidates, budget_bytes, model, low, high, distrust, stalled, stride)
+        if forecast_only and guided and index == low + 1:
+            reason = "predicted"  # the model puts the boundary at low: real trials will confirm it
+            break
         trial = probe(index)
         fits = trial.fits
         # A model that underestimates twice running, or overshoots blind, is not trusted next.

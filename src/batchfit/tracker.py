@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from batchfit.units import format_bytes, parse_bytes
@@ -44,10 +45,13 @@ def resident_tensors(*objects: Any) -> Iterator[torch.Tensor]:
 class StorageTracker(TorchDispatchMode):
     """Counts the bytes of live storages on ``device_type``; enforces ``capacity_bytes`` if given."""
 
-    def __init__(self, capacity_bytes: int | None = None, device_type: str = "cpu") -> None:
+    def __init__(
+        self, capacity_bytes: int | None = None, device_type: str = "cpu", fake: bool = False
+    ) -> None:
         super().__init__()
         self.capacity_bytes = capacity_bytes
         self.device_type = device_type
+        self.fake = fake  # count fake tensors (a trace) instead of real ones
         self.live_bytes = 0
         self.peak_bytes = 0
         self._sizes: dict[int, int] = {}  # storage key -> bytes counted for it
@@ -56,7 +60,8 @@ class StorageTracker(TorchDispatchMode):
     def track(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count storages that already exist (a model's parameters, optimizer state...)."""
         for tensor in tensors:
-            self._add(tensor.untyped_storage(), self._new_bytes(tensor.untyped_storage()))
+            if self._counts(tensor):
+                self._add(tensor.untyped_storage(), self._new_bytes(tensor.untyped_storage()))
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def reset_peak(self) -> None:
@@ -64,13 +69,9 @@ class StorageTracker(TorchDispatchMode):
 
     def _new_bytes(self, storage: torch.UntypedStorage) -> int:
         """Bytes this storage adds to the live total (0 when already counted at its size)."""
-        if storage.device.type != self.device_type:
-            return 0
         return storage.nbytes() - self._sizes.get(storage._cdata, 0)
 
     def _add(self, storage: torch.UntypedStorage, added: int) -> None:
-        if storage.device.type != self.device_type:
-            return
         key = storage._cdata
         if key not in self._refs:
             self._refs[key] = weakref.ref(storage, self._on_free(key))
@@ -87,7 +88,7 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         storages: dict[int, torch.UntypedStorage] = {}
-        _collect_storages(out, storages)
+        self._collect(out, storages)
         added = {key: self._new_bytes(storage) for key, storage in storages.items()}
         requested = sum(added.values())
         if (
@@ -104,14 +105,18 @@ class StorageTracker(TorchDispatchMode):
             self.peak_bytes = self.live_bytes
         return out
 
+    def _counts(self, tensor: torch.Tensor) -> bool:
+        # The tensor's device decides, not the storage's: a fake tensor's storage is on "meta".
+        return tensor.device.type == self.device_type and isinstance(tensor, FakeTensor) == self.fake
 
-def _collect_storages(value: Any, into: dict[int, torch.UntypedStorage]) -> None:
-    if isinstance(value, torch.Tensor):
-        storage = value.untyped_storage()
-        into[storage._cdata] = storage
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            _collect_storages(item, into)
+    def _collect(self, value: Any, into: dict[int, torch.UntypedStorage]) -> None:
+        if isinstance(value, torch.Tensor):
+            if self._counts(value):
+                storage = value.untyped_storage()
+                into[storage._cdata] = storage
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                self._collect(item, into)
 
 
 def _oom_message(requested: int, live: int, capacity: int) -> str:

@@ -1,0 +1,76 @@
+"""Predicted trials: the real step run on fake tensors, so peaks are traced without allocating.
+
+On the CPU, the storage tracker under ``FakeTensorMode`` reports the same peak, to the byte, as
+the real step, in a fraction of a second and whatever the batch size. The search uses these
+predictions to place its real trials; the answer is still confirmed by real trials.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+
+import torch
+from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+
+from batchfit.device import CpuDevice
+from batchfit.search import Trial
+from batchfit.trial import Mode, judge, run_steps
+from batchfit.workload import Workload, to_device
+
+logger = logging.getLogger(__name__)
+
+
+class TraceUnavailable(Exception):
+    """The workload cannot be traced on fake tensors (data-dependent code, say); run it for real."""
+
+
+class FakeTracer:
+    """``tracer(batch_size)`` is the trial the real step would make, traced on fake tensors.
+
+    One fake copy of the model and optimizer serves every call: a first, unmeasured step creates
+    the optimizer state (and, for eval inside training, the gradients), after which each call
+    traces one steady-state step, the step whose peak a real trial's second step measures.
+    """
+
+    def __init__(self, workload: Workload, mode: Mode, budget_bytes: int, warm_batch: int) -> None:
+        self.workload, self.mode, self.budget_bytes, self.warm_batch = (
+            workload,
+            mode,
+            budget_bytes,
+            warm_batch,
+        )
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.session: tuple[Workload, torch.optim.Optimizer | None] | None = None
+
+    def __call__(self, batch_size: int) -> Trial:
+        host_batch = self.workload.host_batch(batch_size)
+        try:
+            with self.fake_mode, torch.random.fork_rng(devices=[]):
+                fake, optimizer = self.session or self._start()
+                if self.mode == "train":  # a real trial's steps start after zero_grad
+                    for parameter in fake.model.parameters():
+                        parameter.grad = None
+                measurement, _ = run_steps(
+                    fake, optimizer, CpuDevice(fake=True), self.mode, host_batch, 1, None
+                )
+        except Exception as error:  # anything a fake tensor cannot do: fall back to real trials
+            logger.info("fake-tensor trace unavailable (%s: %s)", type(error).__name__, error)
+            raise TraceUnavailable(f"{type(error).__name__}: {error}") from error
+        return judge(batch_size, measurement, None, self.budget_bytes)
+
+    def _start(self) -> tuple[Workload, torch.optim.Optimizer | None]:
+        workload = self.workload
+        real_optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+        with FakeCopyMode(self.fake_mode):
+            model, optimizer = copy.deepcopy((workload.model, real_optimizer))
+        fake = dataclasses.replace(workload, model=model, optimizer=optimizer or workload.optimizer)
+        optimizer = fake.build_optimizer()
+        if optimizer is not None or fake.train_step is not None:
+            model.train()
+            fake.run_train_step(
+                optimizer, to_device(workload.host_batch(self.warm_batch), torch.device("cpu"))
+            )
+        self.session = fake, optimizer
+        return self.session

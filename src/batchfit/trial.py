@@ -1,0 +1,135 @@
+"""One trial: real steps of the workload at a batch size, measured, and the state put back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from batchfit.device import Device, Measurement
+from batchfit.oom import is_out_of_memory
+from batchfit.search import Outcome, Trial
+from batchfit.state import TrainingSnapshot
+from batchfit.tracker import resident_tensors
+from batchfit.units import format_bytes
+from batchfit.workload import Workload, to_device
+
+Mode = Literal["train", "eval"]
+
+
+def run_steps(
+    workload: Workload,
+    optimizer: torch.optim.Optimizer | None,
+    device: Device,
+    mode: Mode,
+    host_batch: Any,
+    steps: int,
+    warm_batch: int | None,
+    started: list[Measurement] | None = None,
+) -> tuple[Measurement, float | None]:
+    """Run ``steps`` steps of ``mode`` on copies of ``host_batch``; the measurement and the last
+    step's seconds. With ``warm_batch``, an eval trial first makes the training state resident.
+    The measurement is also appended to ``started`` as it begins, so a failure can read it."""
+    if mode == "eval" and warm_batch is not None and optimizer is not None:
+        # Validation inside training runs with gradients and optimizer state resident.
+        workload.model.train()
+        workload.run_train_step(optimizer, to_device(workload.host_batch(warm_batch), device.torch_device))
+    workload.model.train(mode == "train")
+    resident = list(resident_tensors(workload.model, optimizer))
+    step_seconds: float | None = None
+    with device.measure(resident) as measurement, _optimizer_phases(measurement):
+        if started is not None:
+            started.append(measurement)
+        for _ in range(steps):
+            batch = to_device(host_batch, device.torch_device)
+            begin = time.perf_counter()
+            if mode == "train":
+                workload.run_train_step(optimizer, batch)
+            else:
+                workload.run_eval_step(batch)
+            device.synchronize()
+            step_seconds = time.perf_counter() - begin
+            del batch
+    return measurement, step_seconds
+
+
+def judge(batch_size: int, measurement: Measurement, step_seconds: float | None, budget_bytes: int) -> Trial:
+    """The trial a completed measurement makes: ok, or over budget (and why)."""
+    peak = measurement.peak_bytes
+    outcome: Outcome = "ok"
+    detail = ""
+    if measurement.allocator_retries:
+        outcome, detail = "over_budget", f"the allocator retried {measurement.allocator_retries} times"
+    elif peak > budget_bytes:
+        outcome, detail = "over_budget", f"peak {format_bytes(peak)} > budget {format_bytes(budget_bytes)}"
+    return Trial(
+        batch_size,
+        outcome,
+        peak,
+        step_seconds,
+        detail,
+        optimizer_peak_bytes=measurement.optimizer_peak_bytes,
+        activation_peak_bytes=measurement.activation_peak_bytes,
+    )
+
+
+class TrialRunner:
+    """Runs real trials on a device, restoring the snapshot after each, failed or not."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        device: Device,
+        mode: Mode,
+        steps: int,
+        budget_bytes: int,
+        snapshot: TrainingSnapshot,
+        warm_batch: int | None,
+    ) -> None:
+        self.workload, self.device, self.mode, self.steps = workload, device, mode, steps
+        self.budget_bytes, self.snapshot, self.warm_batch = budget_bytes, snapshot, warm_batch
+
+    def run(self, batch_size: int) -> Trial:
+        workload = self.workload
+        host_batch = workload.host_batch(batch_size)  # outside the measurement: data-loader memory
+        started: list[Measurement] = []
+        step_seconds, failure = None, ""
+        try:
+            _, step_seconds = run_steps(
+                workload,
+                workload.build_optimizer(),
+                self.device,
+                self.mode,
+                host_batch,
+                self.steps,
+                self.warm_batch,
+                started,
+            )
+        except BaseException as error:
+            if not is_out_of_memory(error):
+                error.add_note(f"batchfit: raised by the {self.mode} step at batch_size={batch_size}.")
+                raise
+            failure = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        finally:
+            self.snapshot.restore(gradients=False)
+        measurement = started[0] if started else Measurement()
+        if failure:
+            self.device.release()
+            return Trial(batch_size, "oom", measurement.peak_bytes, None, failure)
+        return judge(batch_size, measurement, step_seconds, self.budget_bytes)
+
+
+@contextmanager
+def _optimizer_phases(measurement: Measurement) -> Iterator[None]:
+    """Tell the measurement when any optimizer's step starts and ends (global hooks, removed after)."""
+    before = register_optimizer_step_pre_hook(lambda *_: measurement.enter_optimizer_step())
+    after = register_optimizer_step_post_hook(lambda *_: measurement.exit_optimizer_step())
+    try:
+        yield
+    finally:
+        before.remove()
+        after.remove()
