@@ -1,6 +1,6 @@
 """Benchmark ``batchfit.find_batch_size`` against the truth and against Lightning and accelerate.
 
-For each built-in example at two or three memory limits, on a CPU capped with
+For each built-in example at three memory limits, on a CPU capped with
 ``batchfit.memory_limit``:
 
 * the true maximum: an exhaustive scan that runs a trial at every batch size from 1 to an upper
@@ -17,6 +17,10 @@ state), on a host batch made outside the cap and copied into it at each step (as
 batch to the device), under ``memory_limit(L, resident=[model, optimizer])``. Competitors are
 run with no memory fraction, so batchfit runs with ``fraction=1.0``.
 
+"bf trials" counts batchfit's real trials; "bf traces" its fake-tensor traces, which run the same
+step on fake tensors to predict the peak (no memory is allocated) and place the real trials. Their
+time is part of "bf s". The trial ratios compare real trials with real trials.
+
 Run: ``.venv/bin/python bench/find.py`` (``--quick``: one limit per example). Lightning and
 accelerate come from the ``bench`` extra (``pip install -e '.[bench]'``); without them their
 columns are skipped.
@@ -27,9 +31,11 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import importlib.metadata
 import inspect
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -57,9 +63,9 @@ LIGHTNING_INIT_VAL = 2
 #: The mlp's memory is nearly all fixed (weights, gradients, Adam state and its temporaries, about
 #: 36 MiB) with about 3 KiB per sample, so its limits are close together.
 LIMITS: dict[str, tuple[str, ...]] = {
-    "mlp": ("36.5MiB", "36.75MiB"),
-    "cnn": ("32MiB", "64MiB"),
-    "transformer": ("64MiB", "128MiB"),
+    "mlp": ("36.5MiB", "36.75MiB", "37MiB"),
+    "cnn": ("32MiB", "64MiB", "128MiB"),
+    "transformer": ("64MiB", "128MiB", "256MiB"),
 }
 QUICK_LIMITS: dict[str, tuple[str, ...]] = {
     "mlp": ("36.75MiB",),
@@ -75,9 +81,12 @@ class MethodResult:
 
     answer: int | None
     sizes: list[int]
-    seconds: float
+    seconds: float  # wall-clock (perf_counter); with --repeat, the median of the runs
+    cpu_seconds: float  # this process's CPU time (all threads), less disturbed by other processes
     peaks: dict[int, int] = field(default_factory=dict)  # batch size -> peak bytes of a fitting trial
     error: str = ""
+    all_seconds: list[float] = field(default_factory=list)  # every run's wall-clock seconds
+    traces: int = 0  # batchfit only: fake-tensor traces (predictions, no memory allocated)
 
     @property
     def trials(self) -> int:
@@ -103,6 +112,19 @@ class Row:
     truth: Truth
     batchfit: MethodResult
     competitors: dict[str, MethodResult | None]  # None: the tool is not installed
+
+
+class Stopwatch:
+    """Wall-clock (``time.perf_counter``) and process CPU seconds of a block."""
+
+    def __enter__(self) -> Stopwatch:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        self.seconds = self.cpu_seconds = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._wall
+        self.cpu_seconds = time.process_time() - self._cpu
 
 
 class FreshState:
@@ -172,19 +194,21 @@ def run_truth(example: str, limit: str, upper: int) -> Truth:
 
 def run_batchfit(example: str, limit: str) -> MethodResult:
     workload = build_example(example)
-    started = time.perf_counter()
-    result = batchfit.find_batch_size(
-        workload,
-        "train",
-        device="cpu",
-        memory_limit=limit,
-        fraction=1.0,
-        max_batch=MAX_BATCH,
-        steps_per_trial=STEPS_PER_TRIAL,
-    )
-    seconds = time.perf_counter() - started
+    with Stopwatch() as watch:
+        result = batchfit.find_batch_size(
+            workload,
+            "train",
+            device="cpu",
+            memory_limit=limit,
+            fraction=1.0,
+            max_batch=MAX_BATCH,
+            steps_per_trial=STEPS_PER_TRIAL,
+        )
     peaks = {t.batch_size: t.peak_bytes for t in result.trials if t.fits}
-    return MethodResult(result.batch_size, [t.batch_size for t in result.trials], seconds, peaks)
+    sizes = [t.batch_size for t in result.trials]
+    return MethodResult(
+        result.batch_size, sizes, watch.seconds, watch.cpu_seconds, peaks, traces=len(result.predicted_trials)
+    )
 
 
 def run_lightning(example: str, limit: str) -> MethodResult:
@@ -198,7 +222,8 @@ def run_lightning(example: str, limit: str) -> MethodResult:
     forward pass, which keeps the previous step's gradients alive through it).
     """
     import lightning.pytorch as pl
-    from lightning.pytorch.tuner import Tuner, batch_size_scaling
+    from lightning.pytorch.tuner import batch_size_scaling
+    from lightning.pytorch.tuner.tuning import Tuner
 
     workload = build_example(example)
     state = FreshState(workload)
@@ -215,12 +240,8 @@ def run_lightning(example: str, limit: str) -> MethodResult:
                 yield self.module.host_batch
 
     class LitWorkload(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = workload.model
-            self.host_batch: Any = None
-            self.batch_size = LIGHTNING_INIT_VAL  # the first trial's batch, from its first step
-            self.automatic_optimization = False
+        host_batch: Any  # the trial's batch, made outside the cap
+        _batch_size: int
 
         # Lightning sets ``batch_size`` before it rebuilds the data loader, and its data fetcher
         # may take the first batch before the trial starts: the host batch is made right here,
@@ -233,6 +254,12 @@ def run_lightning(example: str, limit: str) -> MethodResult:
         def batch_size(self, value: int) -> None:
             self._batch_size = int(value)
             self.host_batch = workload.host_batch(self._batch_size)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = workload.model
+            self.batch_size = LIGHTNING_INIT_VAL  # the first trial's batch, from its first step
+            self.automatic_optimization = False
 
         def train_dataloader(self) -> torch.utils.data.DataLoader[Any]:
             return torch.utils.data.DataLoader(HostBatches(self), batch_size=None)
@@ -252,9 +279,9 @@ def run_lightning(example: str, limit: str) -> MethodResult:
     module = LitWorkload()
     sizes: list[int] = []
     peaks: dict[int, int] = {}
-    original: Callable[[Any, dict[str, Any]], None] = batch_size_scaling._try_loop_run
+    original = batch_size_scaling._try_loop_run
 
-    def capped_try_loop_run(trainer: Any, params: dict[str, Any]) -> None:
+    def capped_try_loop_run(trainer: pl.Trainer, params: dict[str, Any]) -> None:
         batch_size = module.batch_size
         sizes.append(batch_size)
         state.reset()
@@ -286,12 +313,11 @@ def run_lightning(example: str, limit: str) -> MethodResult:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Lightning's advice on workers, logging intervals...
-                started = time.perf_counter()
-                answer = tuner.scale_batch_size(module, **options)
-                seconds = time.perf_counter() - started
+                with Stopwatch() as watch:
+                    answer = tuner.scale_batch_size(module, **options)
         finally:
             batch_size_scaling._try_loop_run = original
-    return MethodResult(answer, sizes, seconds, peaks)
+    return MethodResult(answer, sizes, watch.seconds, watch.cpu_seconds, peaks)
 
 
 def run_accelerate(example: str, limit: str) -> MethodResult:
@@ -313,16 +339,25 @@ def run_accelerate(example: str, limit: str) -> MethodResult:
         peaks[batch_size] = tracker.peak_bytes
         return batch_size
 
-    started = time.perf_counter()
-    answer = train()
-    seconds = time.perf_counter() - started
-    return MethodResult(int(answer), sizes, seconds, peaks)
+    with Stopwatch() as watch:
+        answer = train()
+    return MethodResult(int(answer), sizes, watch.seconds, watch.cpu_seconds, peaks)
 
 
-COMPETITORS: dict[str, tuple[str, Callable[[str, str], MethodResult]]] = {
-    "lightning": ("lightning", run_lightning),
-    "accelerate": ("accelerate", run_accelerate),
+COMPETITORS: dict[str, Callable[[str, str], MethodResult]] = {
+    "lightning": run_lightning,
+    "accelerate": run_accelerate,
 }
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for package in ("torch", "batchfit", "lightning", "accelerate"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
 
 
 # -- setup checks --------------------------------------------------------------------------------
@@ -382,10 +417,7 @@ def quiet_competitors() -> None:
 def warm_up(example: str) -> None:
     """One uncapped, untimed trial so no method pays for first-call kernel setup."""
     workload = build_example(example)
-    state = FreshState(workload)
-    state.reset()
-    assert isinstance(workload.optimizer, torch.optim.Optimizer)
-    train_steps(workload, workload.optimizer, workload.host_batch(4))
+    train_steps(workload, FreshState(workload).optimizer, workload.host_batch(4))
 
 
 # -- the benchmark -------------------------------------------------------------------------------
@@ -393,28 +425,48 @@ def warm_up(example: str) -> None:
 
 def _print_method(name: str, result: MethodResult) -> None:
     print(
-        f"  {name:<12} answer {result.answer!s:>4}  {result.trials:>3} trials {result.seconds:7.2f} s  "
-        f"{result.sizes}{'  ' + result.error if result.error else ''}",
+        f"  {name:<12} answer {result.answer!s:>4}  {result.trials:>3} trials {result.seconds:7.2f} s "
+        f"({result.cpu_seconds:.2f} s CPU)  {result.sizes}{'  ' + result.error if result.error else ''}",
         flush=True,
     )
 
 
-def bench_one(example: str, limit: str, competitors: dict[str, bool]) -> Row:
-    ours = run_batchfit(example, limit)
-    _print_method("batchfit", ours)
-    results: dict[str, MethodResult | None] = {}
-    for name, (_, runner) in COMPETITORS.items():
-        if not competitors.get(name):
-            results[name] = None
-            continue
+def measure(
+    runner: Callable[[str, str], MethodResult], example: str, limit: str, repeat: int
+) -> MethodResult:
+    """Run a method ``repeat`` times; the first run's search, the median of the times.
+
+    A competitor that raises is reported in ``error`` rather than ending the benchmark.
+    """
+    runs: list[MethodResult] = []
+    for _ in range(repeat):
         try:
-            result = runner(example, limit)
-        except Exception as error:  # a competitor failing is reported, not fatal
-            result = MethodResult(None, [], 0.0, error=f"{type(error).__name__}: {error}")
-        results[name] = result
-        _print_method(name, result)
+            runs.append(runner(example, limit))
+        except Exception as error:
+            return MethodResult(None, [], 0.0, 0.0, error=f"{type(error).__name__}: {error}")
+    first = runs[0]
+    if any((run.answer, run.sizes) != (first.answer, first.sizes) for run in runs):
+        first.error = f"the runs differ: {[(run.answer, run.sizes) for run in runs]}"
+    first.all_seconds = [run.seconds for run in runs]
+    first.seconds = statistics.median(first.all_seconds)
+    first.cpu_seconds = statistics.median(run.cpu_seconds for run in runs)
+    return first
+
+
+def bench_one(example: str, limit: str, competitors: dict[str, bool], repeat: int) -> Row:
+    ours = measure(run_batchfit, example, limit, repeat)
+    _print_method("batchfit", ours)
+    if ours.answer is None:
+        raise RuntimeError(f"batchfit failed on {example} at {limit}: {ours.error}")
+    results: dict[str, MethodResult | None] = {}
+    for name, runner in COMPETITORS.items():
+        if competitors.get(name):
+            result = measure(runner, example, limit, repeat)
+            _print_method(name, result)
+            results[name] = result
+        else:
+            results[name] = None
     answers = [r.answer for r in [ours, *results.values()] if r is not None and r.answer is not None]
-    assert ours.answer is not None
     upper = min(MAX_BATCH, max([ours.answer + max(16, ours.answer // 2), *(a + 1 for a in answers)]))
     truth = run_truth(example, limit, upper)
     print(
@@ -438,6 +490,7 @@ HEADERS = (
     "batchfit",
     "exact",
     "bf trials",
+    "bf traces",
     "bf s",
     "lightning",
     "L trials/bf",
@@ -459,6 +512,7 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
             str(ours.answer),
             "yes" if ours.answer == row.truth.true_max else "NO",
             str(ours.trials),
+            str(ours.traces),
             f"{ours.seconds:.2f}",
         ]
         for name in COMPETITORS:
@@ -526,12 +580,20 @@ def print_summary(rows: list[Row]) -> None:
         seconds = [r.seconds / row.batchfit.seconds for row, r in ran]
         exact_count = sum(r.answer == row.truth.true_max for row, r in ran)
         print(f"{name}: exact {exact_count}/{len(ran)}; as multiples of batchfit's:")
-        print(f"  trials {_spread(trials)}, seconds {_spread(seconds)}")
+        cpu = [r.cpu_seconds / row.batchfit.cpu_seconds for row, r in ran]
+        print(f"  trials {_spread(trials)}, seconds {_spread(seconds)}, CPU seconds {_spread(cpu)}")
         if name == "lightning":
             met = all(ratio >= 3 for ratio in trials + seconds)
             print("  target, at most a third of Lightning's trials and time in every row:", end=" ")
             print("met" if met else "NOT met")
         print(f"  peaks minus the exhaustive scan's: {_peak_differences(rows, name)}")
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{value:.2f}" for value in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -542,36 +604,47 @@ def main(argv: list[str] | None = None) -> int:
         "--json", type=Path, default=RESULTS_PATH, help=f"results file (default {RESULTS_PATH})"
     )
     parser.add_argument("--no-json", action="store_true", help="do not write the results file")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run each search N times and report the median time"
+    )
     args = parser.parse_args(argv)
+    examples = args.examples.split(",")
+    unknown = sorted(set(examples) - set(LIMITS))
+    if unknown:
+        parser.error(f"unknown example(s) {', '.join(unknown)}: choose from {', '.join(LIMITS)}")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
 
     began = time.perf_counter()
-    print(f"torch {torch.__version__}, batchfit {batchfit.__version__}, {torch.get_num_threads()} threads")
+    found = ", ".join(f"{name} {version or 'not installed'}" for name, version in versions().items())
+    print(f"{found}; {torch.get_num_threads()} torch threads; load average {_load_average()}")
     competitors = available_competitors()
     quiet_competitors()  # after their imports, which set their loggers' levels
     limits = QUICK_LIMITS if args.quick else LIMITS
     rows: list[Row] = []
-    for example in args.examples.split(","):
+    for example in examples:
         warm_up(example)
         for limit in limits[example]:
             print(f"{example} at {limit}:", flush=True)
-            rows.append(bench_one(example, limit, competitors))
+            rows.append(bench_one(example, limit, competitors, args.repeat))
 
     print()
     print_text_table(rows)
     print()
     print_summary(rows)
     total = time.perf_counter() - began
-    print(f"total wall time {total:.0f} s")
+    print(f"total wall time {total:.0f} s; load average {_load_average()} (1, 5, 15 min)")
     print()
     print_markdown_table(rows)
     if not args.no_json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
-            "torch": torch.__version__,
-            "batchfit": batchfit.__version__,
             "steps_per_trial": STEPS_PER_TRIAL,
             "max_batch": MAX_BATCH,
+            "repeat": args.repeat,
+            "versions": versions(),
             "total_seconds": total,
+            "load_average_at_end": _load_average(),
             "rows": [asdict(row) for row in rows],
         }
         args.json.write_text(json.dumps(payload, indent=1))

@@ -193,7 +193,10 @@ def _forecast(
     """
     if not isinstance(device, CpuDevice):
         return None  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
-    tracer = FakeTracer(workload, mode, budget, warm_batch or candidates.first)
+    # Train: the real trial's last step runs with optimizer state, so the trace warms up first
+    # (unless a trial is a single, first step). Eval: as the real trial does.
+    warm = candidates.first if mode == "train" and steps > 1 else warm_batch
+    tracer = FakeTracer(workload, mode, budget, warm)
     try:
         return search(tracer, candidates, budget, forecast_only=True)
     except TraceUnavailable:

@@ -29,18 +29,15 @@ class TraceUnavailable(Exception):
 class FakeTracer:
     """``tracer(batch_size)`` is the trial the real step would make, traced on fake tensors.
 
-    One fake copy of the model and optimizer serves every call: a first, unmeasured step creates
-    the optimizer state (and, for eval inside training, the gradients), after which each call
-    traces one steady-state step, the step whose peak a real trial's second step measures.
+    One fake copy of the model and optimizer serves every call. With ``warm_batch``, a first,
+    unmeasured train step creates the optimizer state (and, for eval inside training, the
+    gradients), after which each call traces one steady-state step: the step whose peak a real
+    trial's second step measures. Without it, each call traces a first step.
     """
 
-    def __init__(self, workload: Workload, mode: Mode, budget_bytes: int, warm_batch: int) -> None:
-        self.workload, self.mode, self.budget_bytes, self.warm_batch = (
-            workload,
-            mode,
-            budget_bytes,
-            warm_batch,
-        )
+    def __init__(self, workload: Workload, mode: Mode, budget_bytes: int, warm_batch: int | None) -> None:
+        self.workload, self.mode = workload, mode
+        self.budget_bytes, self.warm_batch = budget_bytes, warm_batch
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.session: tuple[Workload, torch.optim.Optimizer | None] | None = None
 
@@ -52,6 +49,8 @@ class FakeTracer:
                 if self.mode == "train":  # a real trial's steps start after zero_grad
                     for parameter in fake.model.parameters():
                         parameter.grad = None
+                    if self.warm_batch is None and optimizer is not None:  # a first step: no state yet
+                        optimizer.state.clear()
                 measurement, _ = run_steps(
                     fake, optimizer, CpuDevice(fake=True), self.mode, host_batch, 1, None
                 )
@@ -67,7 +66,7 @@ class FakeTracer:
             model, optimizer = copy.deepcopy((workload.model, real_optimizer))
         fake = dataclasses.replace(workload, model=model, optimizer=optimizer or workload.optimizer)
         optimizer = fake.build_optimizer()
-        if optimizer is not None or fake.train_step is not None:
+        if self.warm_batch is not None and (optimizer is not None or fake.train_step is not None):
             model.train()
             fake.run_train_step(
                 optimizer, to_device(workload.host_batch(self.warm_batch), torch.device("cpu"))
