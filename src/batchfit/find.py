@@ -59,11 +59,14 @@ class SearchResult:
             "boundary": "the next larger candidate did not fit",
             "max_batch": f"max_batch={self.max_batch} was reached",
         }.get(self.stop_reason, self.stop_reason)
+        traced = (
+            f" (placed by {len(self.predicted_trials)} fake-tensor traces)" if self.predicted_trials else ""
+        )
         return (
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
-            f"{format_bytes(self.capacity_bytes)} on {self.device}); {len(self.trials)} trials in "
-            f"{self.search_seconds:.2f} s; stopped because {why}."
+            f"{format_bytes(self.capacity_bytes)} on {self.device}); {len(self.trials)} trials"
+            f"{traced} in {self.search_seconds:.2f} s; stopped because {why}."
         )
 
 
@@ -167,7 +170,7 @@ def find_batch_size(
         device=target.name,
         trials=outcome.trials,
         predicted_trials=forecast.trials if forecast else (),
-        memory_model=outcome.memory_model,
+        memory_model=outcome.memory_model or (forecast.memory_model if forecast else None),
         stop_reason=outcome.stop_reason,
         search_seconds=elapsed,
         min_batch=min_batch,
