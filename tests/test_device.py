@@ -6,6 +6,7 @@ import resource
 
 import pytest
 import torch
+from rlimit_child import vm_size_bytes
 
 from batchfit.device import (
     CappedCpuDevice,
@@ -88,16 +89,8 @@ def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:
     assert 0 < available <= int(meminfo["MemAvailable"].split()[0]) * 1024 * 1.05
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:  # headroom under an address-space limit is what counts
-        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 500 * 2**20, hard))
+        resource.setrlimit(resource.RLIMIT_AS, (vm_size_bytes() + 500 * 2**20, hard))
         try:
             assert host_available_bytes() <= 500 * 2**20
         finally:
             resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-def _vm_size() -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmSize")
