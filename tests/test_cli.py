@@ -144,7 +144,7 @@ BAD_INPUTS: dict[str, Bad] = {
     ),
     "modes-foo": _bad(
         "--example", "mlp", "--modes", "foo",
-        message=("--modes 'foo': use a comma-separated list of train and eval.",),
+        message=("--modes 'foo': use a comma-separated list of train and eval (or val).",),
     ),
     "workload-no-colon": _bad(
         "--workload", "workloads_for_cli",
@@ -452,7 +452,7 @@ def test_debug_variable_shows_the_traceback(cli: dict[str, Done | None]) -> None
         ),
         pytest.param(
             ["--example", "mlp", "--modes", ","],
-            "--modes ',': use a comma-separated list of train and eval.",
+            "--modes ',': use a comma-separated list of train and eval (or val).",
             id="modes-empty",
         ),
         pytest.param(

@@ -1,5 +1,8 @@
 """batchfit: which batch size should I train (and evaluate) with on this hardware?"""
 
+from batchfit.analyze import Analysis, AnalysisRow, analyze
+from batchfit.autobatch import apply_autobatch
+from batchfit.config import ExperimentConfig, load_config
 from batchfit.errors import (
     BatchfitError,
     ConfigurationError,
@@ -15,16 +18,22 @@ from batchfit.workload import Workload
 __version__ = "0.1.0"
 
 __all__ = [
+    "Analysis",
+    "AnalysisRow",
     "BatchfitError",
     "ConfigurationError",
     "DeviceUnavailableError",
     "DoesNotFitError",
+    "ExperimentConfig",
     "MemoryModel",
     "SearchResult",
     "Trial",
     "Workload",
     "__version__",
+    "analyze",
+    "apply_autobatch",
     "find_batch_size",
     "is_out_of_memory",
+    "load_config",
     "memory_limit",
 ]

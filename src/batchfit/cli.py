@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
 import os
 import sys
@@ -22,7 +21,7 @@ from batchfit.find import DEFAULT_MAX_BATCH, SearchResult, find_batch_size
 from batchfit.search import Candidates, Trial
 from batchfit.trial import Mode
 from batchfit.units import format_bytes
-from batchfit.workload import Workload
+from batchfit.workload import Workload, load_workload
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
 
@@ -82,6 +81,26 @@ def _parser() -> argparse.ArgumentParser:
         "--output", type=Path, default=None, help="write the result to this file instead of stdout"
     )
     find.set_defaults(handler=_find)
+    analyze = commands.add_parser(
+        "analyze",
+        help="batch sizes at several memory fractions, from an experiment config",
+        description="Run the search outside training for each fraction and mode of an experiment config.",
+    )
+    analyze.add_argument("--cfg", type=Path, required=True, help="the experiment config (YAML)")
+    analyze.add_argument(
+        "--fractions", default="0.8", help="comma-separated memory fractions (default: %(default)s)"
+    )
+    analyze.add_argument(
+        "--modes", default="train,val", help="comma-separated: train, val (default: %(default)s)"
+    )
+    analyze.add_argument("--output", type=Path, default=None, help="report.json, report.jsonl or report.csv")
+    analyze.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY VALUE",
+        help="config overrides, e.g. DATA.AUTOBATCH.STEPS_PER_TRIAL 3",
+    )
+    analyze.set_defaults(handler=_analyze)
     return parser
 
 
@@ -109,7 +128,9 @@ def _find(args: argparse.Namespace) -> int:
     modes = _parse_modes(args.modes)
     train_max = args.max_batch if args.max_batch is not None else DEFAULT_MAX_BATCH["train"]
     Candidates.between(args.min_batch, train_max, args.multiple_of)  # bad bounds fail before any work
-    workload = build_example(args.example) if args.example else load_workload(args.workload)
+    workload = (
+        build_example(args.example) if args.example else load_workload(args.workload, source="--workload")
+    )
     results: list[SearchResult] = []
     for mode in modes:
         result = find_batch_size(
@@ -136,35 +157,74 @@ def _find(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze(args: argparse.Namespace) -> int:
+    from batchfit.analyze import Bounds, analyze
+    from batchfit.autobatch import workload_from_config
+    from batchfit.config import load_config
+
+    cfg = load_config(args.cfg, args.overrides)
+    fractions = _parse_fractions(args.fractions)
+    modes = _parse_modes(args.modes)
+    if args.output is not None and args.output.suffix.lower() not in (".json", ".jsonl", ".csv"):
+        raise ConfigurationError(f"--output {str(args.output)!r} must end in .json, .jsonl or .csv.")
+    auto = cfg.DATA.AUTOBATCH
+    bounds: dict[Mode, Bounds] = {
+        "train": Bounds(auto.MIN_BATCH_SIZE, auto.MAX_BATCH_SIZE, auto.STEPS_PER_TRIAL),
+        "eval": Bounds(auto.MIN_BATCH_SIZE_VAL, auto.MAX_BATCH_SIZE_VAL, auto.STEPS_PER_TRIAL_VAL),
+    }
+    analysis = analyze(
+        workload_from_config(cfg),
+        fractions,
+        modes,
+        bounds=bounds,
+        device=cfg.DEVICE,  # type: ignore[arg-type]
+        memory_limit=cfg.MEMORY_LIMIT,
+        on_trial=lambda fraction, mode, trial: _print_trial(f"{mode}@{fraction:g}", trial),
+    )
+    print(
+        f"batchfit: {analysis.trials_run} real trials for {len(analysis.rows)} searches "
+        f"({analysis.separate_trials} if run separately), {analysis.traces_run} fake-tensor traces "
+        f"({analysis.separate_traces} if run separately).",
+        file=sys.stderr,
+    )
+    if args.output is not None:
+        analysis.write(args.output)
+        print(f"batchfit: wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(_analysis_table(analysis))
+    return 0
+
+
+def _analysis_table(analysis: Any) -> str:
+    header = ("fraction", "mode", "batch_size", "peak", "limit", "trials", "seconds")
+    lines = ["{:>8}  {:<5}  {:>10}  {:>11}  {:>11}  {:>6}  {:>7}".format(*header)]
+    for row in analysis.rows:
+        lines.append(
+            f"{row.fraction:>8g}  {row.mode:<5}  {row.batch_size:>10}  {format_bytes(row.peak_bytes):>11}  "
+            f"{format_bytes(row.limit_bytes):>11}  {row.trials:>6}  {row.seconds:>7.2f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _parse_fractions(text: str) -> list[float]:
+    try:
+        fractions = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        fractions = []
+    if not fractions or not all(0 < fraction <= 1 for fraction in fractions):
+        raise ConfigurationError(
+            f"--fractions {text!r}: give comma-separated numbers in (0, 1], e.g. 0.6,0.8."
+        )
+    return list(dict.fromkeys(fractions))
+
+
 def _parse_modes(text: str) -> list[Mode]:
     modes = [mode.strip() for mode in text.split(",") if mode.strip()]
     aliases = {"train": "train", "eval": "eval", "val": "eval"}
     unknown = [mode for mode in modes if mode not in aliases]
     if unknown or not modes:
-        raise ConfigurationError(f"--modes {text!r}: use a comma-separated list of train and eval.")
+        raise ConfigurationError(f"--modes {text!r}: use a comma-separated list of train and eval (or val).")
     return [aliases[mode] for mode in dict.fromkeys(modes)]  # type: ignore[misc]
-
-
-def load_workload(spec: str) -> Workload:
-    """Import ``module:function`` (the working directory is importable) and call it for a Workload."""
-    module_name, _, function_name = spec.partition(":")
-    if not module_name or not function_name:
-        raise ConfigurationError(f"--workload {spec!r} must be MODULE:FUNCTION, e.g. my_train:workload.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigurationError(f"--workload {spec!r}: cannot import {module_name!r} ({error}).") from error
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise ConfigurationError(f"--workload {spec!r}: {module_name} has no function {function_name!r}.")
-    workload = function()
-    if not isinstance(workload, Workload):
-        raise ConfigurationError(
-            f"--workload {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
-        )
-    return workload
 
 
 def _show_candidate(mode: str, batch_size: int) -> None:

@@ -17,7 +17,7 @@ from batchfit.search import Candidates, MemoryModel, SearchOutcome, StopReason, 
 from batchfit.state import TrainingSnapshot
 from batchfit.trace import FakeTracer, TraceUnavailable
 from batchfit.tracker import resident_tensors
-from batchfit.trial import Mode, TrialRunner
+from batchfit.trial import Mode, TrialCache, TrialRunner
 from batchfit.units import format_bytes
 from batchfit.workload import Workload
 
@@ -84,6 +84,7 @@ def find_batch_size(
     eval_with_training_state: bool = True,
     on_trial: Callable[[Trial], None] | None = None,
     on_trial_start: Callable[[int], None] | None = None,
+    cache: TrialCache | None = None,
 ) -> SearchResult:
     """Find the largest batch in [min_batch, max_batch] whose ``mode`` step peaks within
     ``fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
@@ -92,7 +93,9 @@ def find_batch_size(
     ``memory_limit`` (e.g. ``"2GiB"``) the CPU enforces that capacity on real allocations.
     For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
     gradients and optimizer state resident, as when validation runs inside a training loop.
-    ``on_trial_start(batch_size)`` and ``on_trial(trial)`` report progress.
+    ``on_trial_start(batch_size)`` and ``on_trial(trial)`` report progress. A ``cache`` shared by
+    searches of the same workload, mode and device (at other fractions, say) reuses their
+    measurements instead of running them again.
     """
     if mode not in ("train", "eval"):
         raise ConfigurationError(f"mode={mode!r} is not a mode: use 'train' or 'eval'.")
@@ -124,13 +127,21 @@ def find_batch_size(
         budget = int(fraction * capacity)
         warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
         runner = TrialRunner(workload, target, mode, steps_per_trial, budget, snapshot, warm_batch)
-        forecast = _forecast(workload, target, mode, steps_per_trial, budget, warm_batch, candidates)
+        forecast = _forecast(workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache)
 
         def run(batch_size: int) -> Trial:
+            reused = cache.lookup(cache.real, batch_size, budget) if cache is not None else None
+            if reused is not None:
+                if on_trial is not None:
+                    on_trial(reused)
+                return reused
             if on_trial_start is not None:
                 on_trial_start(batch_size)
             trial = runner.run(batch_size)
-            logger.info(
+            if cache is not None:
+                cache.real[batch_size] = trial
+                cache.runs += 1
+            logger.debug(
                 "%s trial batch_size=%d: %s, peak %s (budget %s)%s",
                 mode,
                 batch_size,
@@ -188,6 +199,7 @@ def _forecast(
     budget: int,
     warm_batch: int | None,
     candidates: Candidates,
+    cache: TrialCache | None,
 ) -> SearchOutcome | None:
     """The search run on fake-tensor traces (CPU devices only): where the real trials should go.
 
@@ -200,8 +212,19 @@ def _forecast(
     # (unless a trial is a single, first step). Eval: as the real trial does.
     warm = candidates.first if mode == "train" and steps > 1 else warm_batch
     tracer = FakeTracer(workload, mode, budget, warm)
+
+    def trace(batch_size: int) -> Trial:
+        reused = cache.lookup(cache.predicted, batch_size, budget) if cache is not None else None
+        if reused is not None:
+            return reused
+        trial = tracer(batch_size)
+        if cache is not None:
+            cache.predicted[batch_size] = trial
+            cache.traces += 1
+        return trial
+
     try:
-        return search(tracer, candidates, budget, forecast_only=True)
+        return search(trace, candidates, budget, forecast_only=True)
     except TraceUnavailable:
         return None
 

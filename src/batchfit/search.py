@@ -31,6 +31,8 @@ class Trial:
     detail: str = ""  # why it failed, in a line
     optimizer_peak_bytes: int | None = None  # peak inside optimizer.step, where measured apart
     activation_peak_bytes: int | None = None  # peak outside it (forward, backward)
+    allocator_retries: int = 0  # CUDA allocator retries: a batch that thrashes is over budget
+    reused: bool = False  # measured by an earlier search (another fraction) and judged again
 
     @property
     def fits(self) -> bool:

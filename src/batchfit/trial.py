@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -59,22 +60,47 @@ def run_steps(
 
 def judge(batch_size: int, measurement: Measurement, step_seconds: float | None, budget_bytes: int) -> Trial:
     """The trial a completed measurement makes: ok, or over budget (and why)."""
-    peak = measurement.peak_bytes
-    outcome: Outcome = "ok"
-    detail = ""
-    if measurement.allocator_retries:
-        outcome, detail = "over_budget", f"the allocator retried {measurement.allocator_retries} times"
-    elif peak > budget_bytes:
-        outcome, detail = "over_budget", f"peak {format_bytes(peak)} > budget {format_bytes(budget_bytes)}"
+    outcome, detail = _verdict(measurement.peak_bytes, measurement.allocator_retries, budget_bytes)
     return Trial(
         batch_size,
         outcome,
-        peak,
+        measurement.peak_bytes,
         step_seconds,
         detail,
         optimizer_peak_bytes=measurement.optimizer_peak_bytes,
         activation_peak_bytes=measurement.activation_peak_bytes,
+        allocator_retries=measurement.allocator_retries,
     )
+
+
+def _verdict(peak_bytes: int, allocator_retries: int, budget_bytes: int) -> tuple[Outcome, str]:
+    if allocator_retries:
+        return "over_budget", f"the allocator retried {allocator_retries} times"
+    if peak_bytes > budget_bytes:
+        return "over_budget", f"peak {format_bytes(peak_bytes)} > budget {format_bytes(budget_bytes)}"
+    return "ok", ""
+
+
+@dataclass
+class TrialCache:
+    """Trials measured on one workload, mode and device, to be judged again against another budget.
+
+    A trial's peak does not depend on the budget, only its verdict does; so searches at several
+    memory fractions can share their measurements (``find_batch_size(..., cache=...)``).
+    """
+
+    real: dict[int, Trial] = field(default_factory=dict)
+    predicted: dict[int, Trial] = field(default_factory=dict)
+    runs: int = 0  # real trials actually run
+    traces: int = 0  # fake-tensor traces actually run
+
+    def lookup(self, table: dict[int, Trial], batch_size: int, budget_bytes: int) -> Trial | None:
+        """The cached trial at ``batch_size``, judged against ``budget_bytes``; None if not measured."""
+        cached = table.get(batch_size)
+        if cached is None or cached.outcome == "oom":
+            return cached
+        outcome, detail = _verdict(cached.peak_bytes, cached.allocator_retries, budget_bytes)
+        return replace(cached, outcome=outcome, detail=detail, reused=True)
 
 
 class TrialRunner:

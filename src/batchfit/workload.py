@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 import random
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -179,3 +182,32 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return tree_map(
         lambda leaf: leaf.to(device, copy=True) if isinstance(leaf, torch.Tensor) else leaf, batch
     )
+
+
+def load_workload(spec: str, *, source: str = "workload") -> Workload:
+    """Import ``module:function`` (the working directory is importable) and call it for a Workload.
+
+    ``example:NAME`` is a built-in example. ``source`` names where the spec came from, in errors.
+    """
+    if spec.startswith("example:"):
+        from batchfit.examples import build_example
+
+        return build_example(spec.partition(":")[2])
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise ConfigurationError(f"{source} {spec!r} must be MODULE:FUNCTION, e.g. my_train:workload.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigurationError(f"{source} {spec!r}: cannot import {module_name!r} ({error}).") from error
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigurationError(f"{source} {spec!r}: {module_name} has no function {function_name!r}.")
+    workload = function()
+    if not isinstance(workload, Workload):
+        raise ConfigurationError(
+            f"{source} {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
+        )
+    return workload

@@ -1,0 +1,92 @@
+"""At the start of training: run the searches an experiment config asks for, write the sizes in."""
+
+from __future__ import annotations
+
+import logging
+
+from batchfit.config import ExperimentConfig
+from batchfit.find import SearchResult, find_batch_size
+from batchfit.search import Trial
+from batchfit.units import format_bytes
+from batchfit.workload import Workload, load_workload
+
+logger = logging.getLogger(__name__)
+
+
+def workload_from_config(cfg: ExperimentConfig) -> Workload:
+    """The config's WORKLOAD: ``example:NAME`` or ``module:function``."""
+    return load_workload(cfg.WORKLOAD, source="WORKLOAD")
+
+
+def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchResult]:
+    """Search the train (``ENABLED``) and eval (``ENABLED_VAL``) batch sizes and overwrite
+    ``DATA.BATCH_SIZE`` / ``DATA.BATCH_SIZE_VAL`` in ``cfg``; the trials are logged at
+    ``LOG_LEVEL`` (``LOG_LEVEL_VAL``) and each choice at INFO. Returns the searches' results."""
+    auto = cfg.DATA.AUTOBATCH
+    results = []
+    if auto.ENABLED:
+        result = _search(
+            cfg,
+            workload,
+            "train",
+            auto.TARGET_MEMORY_FRACTION,
+            auto.MIN_BATCH_SIZE,
+            auto.MAX_BATCH_SIZE,
+            auto.STEPS_PER_TRIAL,
+            auto.LOG_LEVEL,
+        )
+        logger.info("autobatch: DATA.BATCH_SIZE %d -> %d", cfg.DATA.BATCH_SIZE, result.batch_size)
+        cfg.DATA.BATCH_SIZE = result.batch_size
+        results.append(result)
+    if auto.ENABLED_VAL:
+        result = _search(
+            cfg,
+            workload,
+            "eval",
+            auto.TARGET_MEMORY_FRACTION_VAL,
+            auto.MIN_BATCH_SIZE_VAL,
+            auto.MAX_BATCH_SIZE_VAL,
+            auto.STEPS_PER_TRIAL_VAL,
+            auto.LOG_LEVEL_VAL,
+        )
+        logger.info("autobatch: DATA.BATCH_SIZE_VAL %d -> %d", cfg.DATA.BATCH_SIZE_VAL, result.batch_size)
+        cfg.DATA.BATCH_SIZE_VAL = result.batch_size
+        results.append(result)
+    return results
+
+
+def _search(
+    cfg: ExperimentConfig,
+    workload: Workload,
+    mode: str,
+    fraction: float,
+    min_batch: int,
+    max_batch: int,
+    steps: int,
+    level_name: str,
+) -> SearchResult:
+    level = logging.getLevelName(level_name.upper())
+
+    def log_trial(trial: Trial) -> None:
+        logger.log(
+            level,
+            "autobatch %s trial batch_size=%d: %s, peak %s",
+            mode,
+            trial.batch_size,
+            trial.outcome,
+            format_bytes(trial.peak_bytes),
+        )
+
+    result = find_batch_size(
+        workload,
+        mode,  # type: ignore[arg-type]
+        device=cfg.DEVICE,
+        memory_limit=cfg.MEMORY_LIMIT,
+        fraction=fraction,
+        min_batch=min_batch,
+        max_batch=max_batch,
+        steps_per_trial=steps,
+        on_trial=log_trial,
+    )
+    logger.log(level, "autobatch: %s", result.summary())
+    return result
