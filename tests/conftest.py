@@ -67,3 +67,19 @@ def mlp_workload() -> Workload:
 @pytest.fixture
 def cnn_workload() -> Workload:
     return build("cnn", "sgd")
+
+
+def untraceable(kind: str, optimizer: str = "sgd") -> Workload:
+    """A workload whose step reads a value (.item()): no fake-tensor forecast, every trial real."""
+    workload = build(kind, optimizer)
+
+    def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]) -> None:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        workload.losses.append(loss.item())  # type: ignore[attr-defined]  # data-dependent
+
+    workload.losses = []  # type: ignore[attr-defined]
+    workload.train_step = train_step
+    return workload

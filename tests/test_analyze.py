@@ -7,32 +7,12 @@ import io
 import json
 
 import pytest
-import torch
-from conftest import build
-from torch import nn
+from conftest import untraceable
 
 from batchfit import find_batch_size
 from batchfit.analyze import Analysis, analyze
 from batchfit.errors import ConfigurationError
 from batchfit.examples import build_example
-from batchfit.workload import Workload
-
-
-def untraceable(kind: str) -> Workload:
-    """A workload whose step reads a value (.item()), so no fake-tensor forecast: all trials real."""
-    workload = build(kind, "sgd")
-
-    def train_step(
-        model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]
-    ) -> None:
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
-        loss.backward()
-        optimizer.step()
-        assert loss.item() == loss.item()
-
-    workload.train_step = train_step
-    return workload
 
 
 def test_fractions_share_their_trials() -> None:

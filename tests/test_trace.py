@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import build
-from torch import nn
+from conftest import build, untraceable
 
 from batchfit import find_batch_size, memory_limit
 from batchfit.device import CappedCpuDevice
@@ -43,25 +41,14 @@ def test_tracing_allocates_nothing_real() -> None:
 
 
 def test_untraceable_step_falls_back_to_real_trials() -> None:
-    workload = build("mlp")
-    losses: list[float] = []
-
-    def train_step(
-        model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]
-    ) -> None:
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())  # data-dependent: a fake tensor has no value
-
-    workload.train_step = train_step
+    workload = untraceable("mlp", "adam")
     with pytest.raises(TraceUnavailable, match="DataDependentOutputException"):
         FakeTracer(workload, "train", 2**30, 1)(4)
     traced = find_batch_size(build("mlp"), device="cpu", memory_limit="2400000")
     result = find_batch_size(workload, device="cpu", memory_limit="2400000")
     assert result.predicted_trials == () and result.batch_size == traced.batch_size
     assert result.trials[0].batch_size == 2  # the real opening
+    assert workload.losses  # type: ignore[attr-defined]  # the real steps ran and read their loss
 
 
 def test_forecast_is_used_only_on_cpu_devices(mlp_workload: Workload) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from batchfit.config import ExperimentConfig
 from batchfit.find import SearchResult, find_batch_size
@@ -24,33 +25,26 @@ def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchRes
     ``LOG_LEVEL`` (``LOG_LEVEL_VAL``) and each choice at INFO. Returns the searches' results."""
     auto = cfg.DATA.AUTOBATCH
     results = []
-    if auto.ENABLED:
+    for mode, suffix, enabled in (("train", "", auto.ENABLED), ("eval", "_VAL", auto.ENABLED_VAL)):
+        if not enabled:
+            continue
+
+        def setting(key: str, suffix: str = suffix) -> Any:
+            return getattr(auto, key + suffix)
+
         result = _search(
             cfg,
             workload,
-            "train",
-            auto.TARGET_MEMORY_FRACTION,
-            auto.MIN_BATCH_SIZE,
-            auto.MAX_BATCH_SIZE,
-            auto.STEPS_PER_TRIAL,
-            auto.LOG_LEVEL,
+            mode,
+            setting("TARGET_MEMORY_FRACTION"),
+            setting("MIN_BATCH_SIZE"),
+            setting("MAX_BATCH_SIZE"),
+            setting("STEPS_PER_TRIAL"),
+            setting("LOG_LEVEL"),
         )
-        logger.info("autobatch: DATA.BATCH_SIZE %d -> %d", cfg.DATA.BATCH_SIZE, result.batch_size)
-        cfg.DATA.BATCH_SIZE = result.batch_size
-        results.append(result)
-    if auto.ENABLED_VAL:
-        result = _search(
-            cfg,
-            workload,
-            "eval",
-            auto.TARGET_MEMORY_FRACTION_VAL,
-            auto.MIN_BATCH_SIZE_VAL,
-            auto.MAX_BATCH_SIZE_VAL,
-            auto.STEPS_PER_TRIAL_VAL,
-            auto.LOG_LEVEL_VAL,
-        )
-        logger.info("autobatch: DATA.BATCH_SIZE_VAL %d -> %d", cfg.DATA.BATCH_SIZE_VAL, result.batch_size)
-        cfg.DATA.BATCH_SIZE_VAL = result.batch_size
+        key = "BATCH_SIZE" + suffix
+        logger.info("autobatch: DATA.%s %d -> %d", key, getattr(cfg.DATA, key), result.batch_size)
+        setattr(cfg.DATA, key, result.batch_size)
         results.append(result)
     return results
 
