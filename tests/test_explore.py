@@ -1,0 +1,78 @@
+"""explore on a real tiny model: the path it takes, the constraints it honours, what it writes.
+
+Throughput values are timing and not asserted; the chooser itself is tested on fixed curves in
+tests/test_choose.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from conftest import build
+
+from batchfit.errors import ConfigurationError
+from batchfit.explore import MAX_REFINEMENTS, _coarse, explore
+
+
+def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
+    workload = build("mlp", "sgd")
+    before = [p.detach().clone() for p in workload.model.parameters()]
+    updates = []
+    result = explore(
+        workload, device="cpu", memory_limit=1_600_000, windows=3, steps_per_window=2, on_update=updates.append
+    )
+    batches = [point.batch_size for point in result.points]
+    # Coarse: powers of two up to the bound that find_batch_size found, which is measured too.
+    assert {1, 2, 4, 8, 16, 32, 64} <= set(batches) and max(batches) == result.max_batch_size
+    assert len(batches) <= len(_coarse(list(range(1, result.max_batch_size + 1)), None)) + MAX_REFINEMENTS
+    assert result.recommendation.batch_size in batches and result.history[-1] == result.recommendation
+    assert len(updates) == len(result.history) >= len(batches)
+    assert all(len(point.samples_per_second) >= 3 for point in result.points)
+    assert result.stop_reason in ("confident", "exhausted")
+    assert result.recommendation.line().startswith(
+        f"Current recommended micro_batch_size: {result.recommendation.batch_size}, estimated performance: "
+    )
+    document = json.loads(result.to_json())
+    assert [p["batch_size"] for p in document["points"]] == batches
+    assert len(document["points"][0]["samples_per_second"]) == len(result.points[0].samples_per_second)
+    rows = list(csv.DictReader(io.StringIO(result.to_csv())))
+    assert [int(row["batch_size"]) for row in rows] == batches
+    assert "<- recommended" in result.table()
+    for a, b in zip(before, workload.model.parameters(), strict=True):  # the model is left as it was
+        assert a.equal(b)
+
+
+def test_global_batch_constraint_and_time_budget() -> None:
+    result = explore(
+        build("mlp"),
+        device="cpu",
+        max_batch=48,
+        world_size=2,
+        global_batch=96,
+        windows=2,
+        steps_per_window=1,
+        time_budget=0.0,
+    )
+    # 96 / 2 devices = 48 per device: every micro-batch measured divides 48.
+    assert all(48 % point.batch_size == 0 for point in result.points)
+    assert result.stop_reason == "time_budget" and len(result.points) == 1  # the budget stops it at once
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"world_size": 8, "global_batch": 1001},
+            "global_batch (1001) is not divisible by world_size (8); 1000 or 1008 would work.",
+        ),
+        ({"windows": 1}, "windows must be at least 2"),
+        ({"max_batch": 10, "multiple_of": 16}, "no micro-batch in [1, 10] satisfies the constraints"),
+    ],
+)
+def test_bad_input(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        explore(build("mlp"), device="cpu", **{"max_batch": 16, **kwargs})  # type: ignore[arg-type]
+    assert message in str(info.value)
