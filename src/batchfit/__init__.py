@@ -9,8 +9,10 @@ from batchfit.errors import (
     DeviceUnavailableError,
     DoesNotFitError,
 )
+from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.oom import is_out_of_memory
+from batchfit.plan import Plan, plan
 from batchfit.search import MemoryModel, Trial
 from batchfit.tracker import memory_limit
 from batchfit.workload import Workload
@@ -25,15 +27,19 @@ __all__ = [
     "DeviceUnavailableError",
     "DoesNotFitError",
     "ExperimentConfig",
+    "ExploreResult",
     "MemoryModel",
+    "Plan",
     "SearchResult",
     "Trial",
     "Workload",
     "__version__",
     "analyze",
     "apply_autobatch",
+    "explore",
     "find_batch_size",
     "is_out_of_memory",
     "load_config",
     "memory_limit",
+    "plan",
 ]

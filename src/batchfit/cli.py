@@ -101,6 +101,45 @@ def _parser() -> argparse.ArgumentParser:
         help="config overrides, e.g. DATA.AUTOBATCH.STEPS_PER_TRIAL 3",
     )
     analyze.set_defaults(handler=_analyze)
+    plan = commands.add_parser(
+        "plan",
+        help="micro-batch, accumulation, learning rate and warm-up for a target global batch",
+        description="Split a global batch over devices and scale the learning rate to it (no model is run).",
+    )
+    plan.add_argument("--global-batch", type=int, required=True, help="global_batch_size to train with")
+    plan.add_argument("--devices", type=int, default=1, help="world_size (default: %(default)s)")
+    plan.add_argument(
+        "--max-micro-batch", type=int, default=None, help="the largest micro_batch_size that fits a device"
+    )
+    plan.add_argument("--micro-batch", type=int, default=None, help="force this micro_batch_size")
+    plan.add_argument(
+        "--base-lr", type=float, required=True, help="base_learning_rate, tuned at --base-batch"
+    )
+    plan.add_argument("--base-batch", type=int, required=True, help="base_batch_size of --base-lr")
+    plan.add_argument(
+        "--rule",
+        choices=("linear", "sqrt"),
+        default="linear",
+        help="learning-rate scaling rule (default: %(default)s)",
+    )
+    plan.add_argument("--warmup-steps", type=int, default=None, help="default: recommended")
+    plan.add_argument(
+        "--steps-per-epoch", type=int, default=None, help="optimizer steps per epoch (caps the warm-up)"
+    )
+    plan.add_argument("--weight-decay", type=float, default=None, help="weight_decay at --base-batch")
+    plan.add_argument(
+        "--scale-weight-decay", action="store_true", help="scale --weight-decay by sqrt(global / base)"
+    )
+    plan.add_argument("--batchnorm", action="store_true", help="the model uses BatchNorm")
+    plan.add_argument("--ema", action="store_true", help="the training keeps an EMA of the weights")
+    plan.add_argument("--fine-tuning", action="store_true", help="fine-tuning a pre-trained model")
+    plan.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="output format (default: %(default)s)",
+    )
+    plan.set_defaults(handler=_plan)
     return parser
 
 
@@ -192,6 +231,29 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"batchfit: wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(_analysis_table(analysis))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from batchfit.plan import plan
+
+    result = plan(
+        args.global_batch,
+        max_micro_batch_size=args.max_micro_batch,
+        micro_batch_size=args.micro_batch,
+        world_size=args.devices,
+        base_learning_rate=args.base_lr,
+        base_batch_size=args.base_batch,
+        scaling_rule=args.rule,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        scale_weight_decay=args.scale_weight_decay,
+        uses_batchnorm=args.batchnorm,
+        uses_ema=args.ema,
+        fine_tuning=args.fine_tuning,
+        steps_per_epoch=args.steps_per_epoch,
+    )
+    sys.stdout.write((result.to_json() if args.format == "json" else result.summary()) + "\n")
     return 0
 
 

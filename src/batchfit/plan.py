@@ -1,0 +1,336 @@
+"""Plan a training run at a target global batch: micro-batch, accumulation, scaled learning rate, warm-up.
+
+Pure arithmetic (no torch), so every rule here is testable without a device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from batchfit.errors import ConfigurationError
+
+ScalingRule = Literal["linear", "sqrt"]
+SCALING_RULES: tuple[str, ...] = ("linear", "sqrt")
+
+# A chosen micro-batch must use at least this share of max_micro_batch_size (or the whole
+# per-device batch, if that is smaller); otherwise the global batch is refused with nearby ones.
+MIN_MICRO_BATCH_FRACTION = 0.5
+# Warm-up: 100 optimizer steps per unit of learning-rate scale-up (seed 002's example: 1000 steps
+# for a 10x scale-up), at most 5 epochs (Goyal et al. 2017: 5 epochs for 256 -> 8192, a 32x scale-up).
+WARMUP_STEPS_PER_LR_SCALE = 100
+WARMUP_MAX_EPOCHS = 5
+# Warning thresholds, from seed 002.
+MAX_ACCUMULATION_STEPS = 16  # "Keep accumulation <= 16x"
+NO_WARMUP_MAX_LR_SCALE = 4  # 4x: "maybe" needs warm-up; 8x: "yes"; 16x: "critical"
+BATCHNORM_MIN_MICRO_BATCH = 16  # "If using BatchNorm with small batch (< 16)"
+FINE_TUNING_MAX_GLOBAL_BATCH = 64  # "Fine-tuning requires SMALLER batch size (32-64)"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to train at ``global_batch_size = micro_batch_size x accumulation_steps x world_size``."""
+
+    micro_batch_size: int
+    accumulation_steps: int
+    world_size: int
+    global_batch_size: int
+    scale_factor: float  # global_batch_size / base_batch_size
+    learning_rate: float
+    base_learning_rate: float
+    base_batch_size: int
+    scaling_rule: ScalingRule
+    warmup_steps: int  # optimizer steps of linear warm-up from 0 to learning_rate
+    warmup_recommended: bool  # True: computed by batchfit; False: as given
+    weight_decay: float | None
+    base_weight_decay: float | None
+    warnings: tuple[str, ...]
+
+    @property
+    def learning_rate_scale(self) -> float:
+        """learning_rate / base_learning_rate: the scale factor under the linear rule, its root under sqrt."""
+        return _learning_rate_scale(self.scale_factor, self.scaling_rule)
+
+    def to_dict(self) -> dict[str, Any]:
+        document = dataclasses.asdict(self)
+        document["warnings"] = list(self.warnings)
+        return document
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def summary(self) -> str:
+        rule = (
+            f"{self.global_batch_size} / {self.base_batch_size}"
+            if self.scaling_rule == "linear"
+            else f"sqrt({self.global_batch_size} / {self.base_batch_size})"
+        )
+        lines = [
+            (
+                f"global_batch_size {self.global_batch_size} = micro_batch_size {self.micro_batch_size} "
+                f"x accumulation_steps {self.accumulation_steps} x world_size {self.world_size}"
+            ),
+            (
+                f"learning_rate {self.learning_rate:g} = base_learning_rate {self.base_learning_rate:g} "
+                f"x {rule} ({self.scaling_rule} rule)"
+            ),
+            f"warmup_steps {self.warmup_steps} ({self._warmup_reason()})",
+        ]
+        if self.weight_decay is not None:
+            scaled = self.weight_decay != self.base_weight_decay
+            how = f"= {self.base_weight_decay:g} x sqrt({self.scale_factor:g})" if scaled else "(unchanged)"
+            lines.append(f"weight_decay {self.weight_decay:g} {how}")
+        lines.extend(f"warning: {warning}" for warning in self.warnings)
+        return "\n".join(lines)
+
+    def _warmup_reason(self) -> str:
+        if not self.warmup_recommended:
+            return "as given"
+        if self.warmup_steps == 0:
+            return "recommended: the learning rate is not scaled up"
+        uncapped = math.ceil(WARMUP_STEPS_PER_LR_SCALE * self.learning_rate_scale)
+        scale = self.learning_rate_scale
+        reason = f"recommended: {WARMUP_STEPS_PER_LR_SCALE} steps x learning-rate scale-up {scale:g}"
+        return reason + (f", capped at {WARMUP_MAX_EPOCHS} epochs" if self.warmup_steps < uncapped else "")
+
+
+def plan(
+    global_batch_size: int,
+    *,
+    max_micro_batch_size: int | None = None,
+    micro_batch_size: int | None = None,
+    world_size: int = 1,
+    base_learning_rate: float,
+    base_batch_size: int,
+    scaling_rule: ScalingRule = "linear",
+    warmup_steps: int | None = None,
+    weight_decay: float | None = None,
+    scale_weight_decay: bool = False,
+    uses_batchnorm: bool = False,
+    uses_ema: bool = False,
+    fine_tuning: bool = False,
+    steps_per_epoch: int | None = None,
+) -> Plan:
+    """Split ``global_batch_size`` over ``world_size`` devices and scale the learning rate to it.
+
+    **Micro-batch.** The per-device batch ``global_batch_size / world_size`` must be whole. Unless
+    ``micro_batch_size`` forces one, the micro-batch is the largest divisor of the per-device batch
+    that is at most ``max_micro_batch_size``, so ``accumulation_steps`` is the fewest possible. A
+    divisor under half of ``max_micro_batch_size`` (when the per-device batch is larger than it) wastes
+    the memory that was measured, so that global batch is refused and the nearest ones that work
+    are named. A forced ``micro_batch_size`` must divide the per-device batch.
+
+    **Learning rate.** ``k = global_batch_size / base_batch_size``; the linear rule (Goyal et al.
+    2017) gives ``base_learning_rate x k``, the square-root rule (Krizhevsky 2014; Hoffer et al.
+    2017, often used with Adam) ``base_learning_rate x sqrt(k)``.
+
+    **Warm-up** (``warmup_steps=None``), in optimizer steps, for the learning-rate scale-up
+    ``s = learning_rate / base_learning_rate``: 0 when ``s <= 1``, else ``ceil(100 x s)`` (seed 002
+    warms up 1000 steps for a 10x scale-up), at most ``5 x steps_per_epoch`` when that is given
+    (Goyal et al. warm up over 5 epochs for their largest scale-up, 256 -> 8192). ``steps_per_epoch``
+    counts optimizer steps at ``global_batch_size``.
+
+    **Weight decay.** Unchanged, or with ``scale_weight_decay`` multiplied by ``sqrt(k)`` whatever the
+    learning-rate rule: seed 002 ("weight_decay ~ sqrt(batch_size)") and the normalized weight decay
+    of Loshchilov & Hutter (2019, AdamW) both grow it with the square root of the batch.
+
+    The warnings (seed 002) are in ``Plan.warnings``: over 16 accumulation steps; a 4x or larger
+    learning-rate jump with ``warmup_steps=0``; BatchNorm with a micro-batch under 16; EMA with
+    accumulation; fine-tuning with a global batch over 64 or a scaled-up learning rate.
+    """
+    _check_positive_int("global_batch_size", global_batch_size)
+    _check_positive_int("world_size", world_size)
+    _check_positive_int("base_batch_size", base_batch_size)
+    _check_positive_number("base_learning_rate", base_learning_rate)
+    if max_micro_batch_size is not None:
+        _check_positive_int("max_micro_batch_size", max_micro_batch_size)
+    if micro_batch_size is not None:
+        _check_positive_int("micro_batch_size", micro_batch_size)
+    if (
+        micro_batch_size is not None
+        and max_micro_batch_size is not None
+        and micro_batch_size > max_micro_batch_size
+    ):
+        raise ConfigurationError(
+            f"micro_batch_size ({micro_batch_size}) is larger than max_micro_batch_size "
+            f"({max_micro_batch_size}); lower micro_batch_size or raise max_micro_batch_size."
+        )
+    if scaling_rule not in SCALING_RULES:
+        raise ConfigurationError(f"scaling_rule must be 'linear' or 'sqrt', got {scaling_rule!r}.")
+    if warmup_steps is not None:
+        _check_positive_int("warmup_steps", warmup_steps, minimum=0)
+    if steps_per_epoch is not None:
+        _check_positive_int("steps_per_epoch", steps_per_epoch)
+    if weight_decay is not None:
+        _check_positive_number("weight_decay", weight_decay, allow_zero=True)
+    elif scale_weight_decay:
+        raise ConfigurationError("scale_weight_decay needs weight_decay (the value at base_batch_size).")
+
+    if micro_batch_size is not None:
+        micro = _forced_micro_batch(global_batch_size, world_size, micro_batch_size)
+    elif max_micro_batch_size is not None:
+        micro = _chosen_micro_batch(global_batch_size, world_size, max_micro_batch_size)
+    else:
+        raise ConfigurationError(
+            "plan needs max_micro_batch_size (the largest micro-batch that fits) or micro_batch_size."
+        )
+    accumulation = global_batch_size // (world_size * micro)
+    scale = global_batch_size / base_batch_size
+    lr_scale = _learning_rate_scale(scale, scaling_rule)
+    learning_rate = base_learning_rate * lr_scale
+    recommended = warmup_steps is None
+    if warmup_steps is None:
+        warmup_steps = 0 if lr_scale <= 1 else math.ceil(WARMUP_STEPS_PER_LR_SCALE * lr_scale)
+        if steps_per_epoch is not None:
+            warmup_steps = min(warmup_steps, WARMUP_MAX_EPOCHS * steps_per_epoch)
+    scaled_decay = weight_decay
+    if weight_decay is not None and scale_weight_decay:
+        scaled_decay = weight_decay * math.sqrt(scale)
+
+    warnings: list[str] = []
+    if accumulation > MAX_ACCUMULATION_STEPS:
+        warnings.append(
+            f"accumulation_steps {accumulation} is above {MAX_ACCUMULATION_STEPS}: every optimizer step runs "
+            f"{accumulation} forward and backward passes one after another; keep it at "
+            f"{MAX_ACCUMULATION_STEPS} or less with a larger micro-batch (if memory allows), more devices "
+            f"or a smaller global_batch_size."
+        )
+    if not recommended and warmup_steps == 0 and lr_scale >= NO_WARMUP_MAX_LR_SCALE:
+        advice = min(
+            math.ceil(WARMUP_STEPS_PER_LR_SCALE * lr_scale),
+            WARMUP_MAX_EPOCHS * steps_per_epoch if steps_per_epoch is not None else math.inf,
+        )
+        warnings.append(
+            f"learning_rate {learning_rate:g} is {lr_scale:g}x base_learning_rate with warmup_steps 0: "
+            f"a jump this large can diverge in the first steps; warm up linearly over about {advice} "
+            f"steps (leave warmup_steps unset for this recommendation)."
+        )
+    if uses_batchnorm and micro < BATCHNORM_MIN_MICRO_BATCH:
+        fix = (
+            f"convert the model with torch.nn.SyncBatchNorm.convert_sync_batchnorm (statistics over "
+            f"{micro} x {world_size} = {micro * world_size} samples) or use GroupNorm"
+            if world_size > 1
+            else "use GroupNorm (SyncBatchNorm only pools across devices, and there is one)"
+        )
+        warnings.append(
+            f"uses_batchnorm with micro_batch_size {micro}: BatchNorm statistics see only the {micro} "
+            f"samples of one forward pass, not the global batch, and under {BATCHNORM_MIN_MICRO_BATCH} "
+            f"they are noisy; {fix}."
+        )
+    if uses_ema and accumulation > 1:
+        warnings.append(
+            f"uses_ema with accumulation_steps {accumulation}: update the EMA once per optimizer step "
+            f"(right after optimizer.step()), not after each of the {accumulation} backward passes, "
+            f"or it decays {accumulation} times per update."
+        )
+    if fine_tuning and (global_batch_size > FINE_TUNING_MAX_GLOBAL_BATCH or lr_scale > 1):
+        warnings.append(
+            f"fine_tuning with global_batch_size {global_batch_size} and learning_rate {learning_rate:g} "
+            f"({lr_scale:g}x base_learning_rate): large batches and large steps overwrite pre-trained "
+            f"weights quickly; fine-tune with a global batch of {FINE_TUNING_MAX_GLOBAL_BATCH} or less "
+            f"and a learning rate 10-100x below the pre-training one."
+        )
+    return Plan(
+        micro_batch_size=micro,
+        accumulation_steps=accumulation,
+        world_size=world_size,
+        global_batch_size=global_batch_size,
+        scale_factor=scale,
+        learning_rate=learning_rate,
+        base_learning_rate=base_learning_rate,
+        base_batch_size=base_batch_size,
+        scaling_rule=scaling_rule,
+        warmup_steps=warmup_steps,
+        warmup_recommended=recommended,
+        weight_decay=scaled_decay,
+        base_weight_decay=weight_decay,
+        warnings=tuple(warnings),
+    )
+
+
+def _learning_rate_scale(scale: float, scaling_rule: str) -> float:
+    return scale if scaling_rule == "linear" else math.sqrt(scale)
+
+
+def _forced_micro_batch(global_batch_size: int, world_size: int, micro_batch_size: int) -> int:
+    step = world_size * micro_batch_size
+    if global_batch_size % step:
+        below = global_batch_size // step * step
+        nearby = f"{below} or {below + step}" if below else f"{step}"
+        raise ConfigurationError(
+            f"global_batch_size ({global_batch_size}) is not divisible by world_size x micro_batch_size "
+            f"({world_size} x {micro_batch_size} = {step}); {nearby} would work."
+        )
+    return micro_batch_size
+
+
+def _chosen_micro_batch(global_batch_size: int, world_size: int, max_micro_batch_size: int) -> int:
+    micro = _good_micro_batch(global_batch_size, world_size, max_micro_batch_size)
+    if micro is not None:
+        return micro
+    below = next(
+        (
+            size
+            for size in range(global_batch_size - 1, 0, -1)
+            if _good_micro_batch(size, world_size, max_micro_batch_size)
+        ),
+        None,
+    )
+    above = next(
+        size
+        for size in range(global_batch_size + 1, global_batch_size + world_size * max_micro_batch_size + 1)
+        if _good_micro_batch(size, world_size, max_micro_batch_size)
+    )  # a multiple of world_size x max_micro_batch_size always works
+    nearby = f"{below} or {above}" if below else f"{above}"
+    if global_batch_size % world_size:
+        raise ConfigurationError(
+            f"global_batch_size ({global_batch_size}) is not divisible by world_size ({world_size}); "
+            f"{nearby} would work."
+        )
+    per_device = global_batch_size // world_size
+    largest = _largest_divisor(per_device, max_micro_batch_size)
+    raise ConfigurationError(
+        f"global_batch_size ({global_batch_size}) is {per_device} samples per device on world_size "
+        f"{world_size}, and the largest micro_batch_size up to max_micro_batch_size "
+        f"({max_micro_batch_size}) that divides {per_device} is {largest} "
+        f"({per_device // largest} accumulation_steps), under half of {max_micro_batch_size}; {nearby} "
+        f"would work, or pass micro_batch_size to force one."
+    )
+
+
+def _good_micro_batch(global_batch_size: int, world_size: int, max_micro_batch_size: int) -> int | None:
+    """The largest divisor of the per-device batch up to the maximum, if it is not too small."""
+    if global_batch_size % world_size:
+        return None
+    per_device = global_batch_size // world_size
+    micro = _largest_divisor(per_device, max_micro_batch_size)
+    enough = MIN_MICRO_BATCH_FRACTION * min(per_device, max_micro_batch_size)
+    return micro if micro >= enough else None
+
+
+def _largest_divisor(number: int, limit: int) -> int:
+    if number <= limit:
+        return number
+    best = 1
+    for small in range(1, math.isqrt(number) + 1):
+        if number % small == 0:
+            for divisor in (small, number // small):
+                if best < divisor <= limit:
+                    best = divisor
+    return best
+
+
+def _check_positive_int(name: str, value: object, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigurationError(f"{name} must be {kind}, got {value!r}.")
+
+
+def _check_positive_number(name: str, value: object, allow_zero: bool = False) -> None:
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    if not (number > 0 or (allow_zero and number == 0)) or math.isinf(number):
+        kind = "a non-negative number" if allow_zero else "a positive number"
+        raise ConfigurationError(f"{name} must be {kind}, got {value!r}.")
