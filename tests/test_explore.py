@@ -22,7 +22,12 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
     before = [p.detach().clone() for p in workload.model.parameters()]
     updates = []
     result = explore(
-        workload, device="cpu", memory_limit=1_600_000, windows=3, steps_per_window=2, on_update=updates.append
+        workload,
+        device="cpu",
+        memory_limit=1_600_000,
+        windows=3,
+        steps_per_window=2,
+        on_update=updates.append,
     )
     batches = [point.batch_size for point in result.points]
     # Coarse: powers of two up to the bound that find_batch_size found, which is measured too.

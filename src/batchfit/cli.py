@@ -81,6 +81,71 @@ def _parser() -> argparse.ArgumentParser:
         "--output", type=Path, default=None, help="write the result to this file instead of stdout"
     )
     find.set_defaults(handler=_find)
+    explore = commands.add_parser(
+        "explore",
+        help="training throughput against batch size, with a recommendation",
+        description="Measure training throughput up to the memory-safe maximum and recommend a micro-batch.",
+    )
+    source = explore.add_mutually_exclusive_group(required=True)
+    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in workload")
+    source.add_argument(
+        "--workload", metavar="MODULE:FUNCTION", help="a function returning a batchfit.Workload"
+    )
+    explore.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
+    explore.add_argument("--memory-limit", default=None, help="a capacity such as 2GiB (caps the CPU)")
+    explore.add_argument(
+        "--fraction", type=float, default=0.8, help="memory fraction for the bound (default: %(default)s)"
+    )
+    explore.add_argument(
+        "--min-batch", type=int, default=1, help="smallest batch to measure (default: %(default)s)"
+    )
+    explore.add_argument(
+        "--max-batch", type=int, default=None, help="largest (default: the memory-safe maximum)"
+    )
+    explore.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.03,
+        help="within this of the best counts as as fast (default: %(default)s)",
+    )
+    explore.add_argument(
+        "--objective",
+        choices=("smallest-within-tolerance", "max-throughput"),
+        default="smallest-within-tolerance",
+    )
+    explore.add_argument(
+        "--base-batch", type=int, default=None, help="the speed-up's base (default: the smallest measured)"
+    )
+    explore.add_argument("--devices", type=int, default=1, help="world size, with --global-batch")
+    explore.add_argument(
+        "--global-batch", type=int, default=None, help="the micro-batch must divide global-batch / devices"
+    )
+    explore.add_argument(
+        "--multiple-of", type=int, default=None, help="only micro-batches that are multiples of N"
+    )
+    explore.add_argument(
+        "--windows", type=int, default=5, help="timing windows per batch size (default: %(default)s)"
+    )
+    explore.add_argument(
+        "--steps-per-window", type=int, default=3, help="steps per window (default: %(default)s)"
+    )
+    explore.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds")
+    explore.add_argument(
+        "--confidence",
+        type=int,
+        default=90,
+        help="stop once the confidence reaches this (default: %(default)s)",
+    )
+    explore.add_argument(
+        "--format",
+        choices=("text", "json", "csv"),
+        default="text",
+        help="output format (default: %(default)s)",
+    )
+    explore.add_argument(
+        "--output", type=Path, default=None, help="write the result to this file instead of stdout"
+    )
+    explore.set_defaults(handler=_explore)
     analyze = commands.add_parser(
         "analyze",
         help="batch sizes at several memory fractions, from an experiment config",
@@ -188,6 +253,43 @@ def _find(args: argparse.Namespace) -> int:
         print(f"batchfit: {result.summary()}", file=sys.stderr)
         results.append(result)
     text = _render(workload, results, args.format)
+    if args.output is not None:
+        args.output.write_text(text)
+        print(f"batchfit: wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _explore(args: argparse.Namespace) -> int:
+    from batchfit.explore import explore
+
+    workload = (
+        build_example(args.example) if args.example else load_workload(args.workload, source="--workload")
+    )
+    result = explore(
+        workload,
+        device=args.device,
+        memory_limit=args.memory_limit,
+        fraction=args.fraction,
+        min_batch=args.min_batch,
+        max_batch=args.max_batch,
+        tolerance=args.tolerance,
+        objective=args.objective,
+        base_batch=args.base_batch,
+        world_size=args.devices,
+        global_batch=args.global_batch,
+        multiple_of=args.multiple_of,
+        windows=args.windows,
+        steps_per_window=args.steps_per_window,
+        time_budget=args.time_budget,
+        confidence_target=args.confidence,
+        on_update=lambda recommendation: print(
+            f"batchfit: {recommendation.line()}", file=sys.stderr, flush=True
+        ),
+    )
+    print(f"batchfit: stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.", file=sys.stderr)
+    text = {"text": result.table, "json": result.to_json, "csv": result.to_csv}[args.format]()
     if args.output is not None:
         args.output.write_text(text)
         print(f"batchfit: wrote {args.output}", file=sys.stderr)

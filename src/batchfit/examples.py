@@ -102,6 +102,7 @@ def transformer(vocab: int = 512, seq_len: int = 128) -> Workload:
         optimizer=torch.optim.AdamW(model.parameters(), lr=3e-4),
         make_batch=make_batch,
         loss_fn=loss_fn,
+        tokens_per_sample=seq_len,
         name="transformer",
     )
 

@@ -149,6 +149,7 @@ def explore(
             f"no micro-batch in [{min_batch}, {max_batch}] satisfies the constraints "
             f"(multiple_of={multiple_of}, global_batch={global_batch}, world_size={world_size})."
         )
+    tokens_per_sample = tokens_per_sample or workload.tokens_per_sample
     meter = _Meter(workload, target, steps_per_window, tokens_per_sample)
     measured: dict[int, list[float]] = {}
     history: list[Recommendation] = []

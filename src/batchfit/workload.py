@@ -42,6 +42,7 @@ class Workload:
     train_step: Callable[[torch.nn.Module, Any, Any], Any] | None = None
     eval_step: Callable[[torch.nn.Module, Any], Any] | None = None
     batch_dim: int = 0
+    tokens_per_sample: int | None = None  # for throughput in tokens/s (sequence models)
     name: str = "workload"
     _order: list[int] | None = field(default=None, init=False, repr=False)
 
