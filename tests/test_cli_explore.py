@@ -1,0 +1,63 @@
+"""`batchfit explore` end to end in a subprocess: live lines on stderr, JSON and CSV on stdout."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def explore(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchfit",
+            "explore",
+            "--workload",
+            "workloads_for_cli:tiny",
+            "--device",
+            "cpu",
+            "--max-batch",
+            "32",
+            "--windows",
+            "2",
+            "--steps-per-window",
+            "1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=TESTS,
+        check=False,
+    )
+
+
+def test_json_and_live_recommendations() -> None:
+    done = explore("--format", "json", "--devices", "2", "--global-batch", "48")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    batches = [point["batch_size"] for point in document["points"]]
+    assert batches and all(24 % batch == 0 for batch in batches)  # 48 / 2 devices
+    assert all(len(point["samples_per_second"]) >= 2 for point in document["points"])
+    live = [line for line in done.stderr.splitlines() if "Current recommended micro_batch_size:" in line]
+    assert len(live) == len(document["history"]) >= len(batches)
+    assert live[-1].endswith(f"confidence score: {document['recommendation']['confidence']} (out of 100)")
+    assert document["recommendation"]["batch_size"] in batches and document["unit"] == "samples/s"
+
+
+def test_csv_and_bad_input() -> None:
+    done = explore("--format", "csv", "--time-budget", "0")
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert len(rows) == 1 and rows[0]["batch_size"] == "1"  # the budget allows only the first point
+    bad = explore("--devices", "8", "--global-batch", "1001")
+    assert bad.returncode == 1 and bad.stderr.startswith(
+        "batchfit: error: global_batch (1001) is not divisible by world_size (8); 1000 or 1008 would work."
+    )
