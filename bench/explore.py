@@ -1,0 +1,402 @@
+"""Benchmark ``batchfit.explore`` against an exhaustive throughput sweep.
+
+For each built-in example, on the CPU, with a fixed ``max_batch`` per example that both share:
+
+* the truth: a sweep over the powers of two and the midpoints between consecutive powers
+  (1, 2, 3, 4, 6, 8, 12, 16, 24, ...) up to ``max_batch``, each batch size measured with
+  ``SWEEP_WINDOWS`` windows of ``STEPS_PER_WINDOW`` training steps, after a warm-up step and a
+  discarded window -- exactly as batchfit measures (the same ``batchfit.explore._Meter``). The
+  truth's best is the highest median throughput of the sweep; its time is the sweep's wall time;
+* batchfit: ``explore(workload, device="cpu", max_batch=B)`` with its defaults (tolerance 0.03,
+  5 windows), on a freshly built workload; its time is the wall time of the call.
+
+Two ratios per example:
+
+* quality: the sweep's median throughput at batchfit's recommended batch size over the sweep's
+  best (the recommendation is measured with the sweep's windows when it is not a sweep point;
+  that extra measurement is not counted in the sweep's time). Target: at least 0.97;
+* time: batchfit's seconds over the sweep's seconds. Target: at most 0.40.
+
+The machine may be shared: the load average is printed at the start and the end, and nothing
+else runs in this process while a measurement is taken. Each example gets one untimed warm-up
+step first, so neither method pays for first-call setup.
+
+Run: ``.venv/bin/python bench/explore.py`` (``--quick``: smaller bounds and fewer sweep windows,
+a smoke test whose ratios are not the benchmark's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import batchfit
+from batchfit.device import resolve_device
+from batchfit.examples import build_example
+from batchfit.explore import ExploreResult, _Meter
+
+STEPS_PER_WINDOW = 3  # batchfit's default steps_per_window
+SWEEP_WINDOWS = 9
+QUICK_SWEEP_WINDOWS = 5
+QUALITY_TARGET = 0.97
+TIME_TARGET = 0.40
+
+#: The shared bound per example, chosen so each sweep takes about a minute or less on a quiet
+#: 2-core CPU (several times longer when the machine is busy).
+MAX_BATCH: dict[str, int] = {"mlp": 512, "cnn": 64, "transformer": 128}
+QUICK_MAX_BATCH: dict[str, int] = {"mlp": 128, "cnn": 16, "transformer": 32}
+RESULTS_PATH = Path(__file__).resolve().parent / "results" / "explore.json"
+QUICK_RESULTS_PATH = RESULTS_PATH.with_name("explore-quick.json")
+NOISE_NOTE = (
+    "NOTE: wall-clock throughput on a shared, possibly busy machine; other processes can slow "
+    "any window. Compare the load averages; rerun when they are high."
+)
+
+
+class Stopwatch:
+    """Wall-clock (``time.perf_counter``) and process CPU seconds of a block."""
+
+    def __enter__(self) -> Stopwatch:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        self.seconds = self.cpu_seconds = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._wall
+        self.cpu_seconds = time.process_time() - self._cpu
+
+
+@dataclass
+class SweepPoint:
+    batch_size: int
+    windows: list[float]  # throughput of each window (samples/s, or tokens/s for the transformer)
+    median: float
+    seconds: float  # wall time of this point's measurement
+
+
+@dataclass
+class Sweep:
+    points: dict[int, SweepPoint]  # the sweep's batch sizes (the truth)
+    seconds: float  # wall time of the sweep (the extra points are not counted)
+    cpu_seconds: float
+    extra: dict[int, SweepPoint]  # recommendations that are not sweep points, measured alike
+
+    @property
+    def best_batch(self) -> int:
+        return max(self.points, key=lambda batch: self.points[batch].median)
+
+    @property
+    def best(self) -> float:
+        return self.points[self.best_batch].median
+
+    def median_at(self, batch: int) -> float:
+        return (self.points.get(batch) or self.extra[batch]).median
+
+
+@dataclass
+class BatchfitRun:
+    recommended: int
+    best_batch: int  # the fastest batch batchfit measured
+    confidence: int
+    stop_reason: str
+    measured: dict[int, list[float]]  # batch size -> its windows, in batchfit's own run
+    seconds: float
+    cpu_seconds: float
+
+
+@dataclass
+class Row:
+    example: str
+    max_batch: int
+    unit: str
+    sweep: Sweep
+    batchfit: BatchfitRun
+    quality: float  # sweep median at batchfit's recommendation / sweep best
+    time_ratio: float  # batchfit seconds / sweep seconds
+    truth_pick: int  # the smallest sweep batch within 3% of the sweep's best
+
+    @property
+    def quality_met(self) -> bool:
+        return self.quality >= QUALITY_TARGET
+
+    @property
+    def time_met(self) -> bool:
+        return self.time_ratio <= TIME_TARGET
+
+
+def sweep_sizes(max_batch: int) -> list[int]:
+    """Powers of two and the midpoints between consecutive powers, up to and with ``max_batch``."""
+    sizes = {max_batch}
+    power = 1
+    while power <= max_batch:
+        sizes.add(power)
+        if power >= 2 and power * 3 // 2 <= max_batch:
+            sizes.add(power * 3 // 2)
+        power *= 2
+    return sorted(sizes)
+
+
+def measure_point(meter: _Meter, batch: int, windows: int) -> SweepPoint:
+    with Stopwatch() as watch:
+        rates = meter.windows(batch, windows)
+    return SweepPoint(batch, rates, statistics.median(rates), watch.seconds)
+
+
+def run_sweep(example: str, max_batch: int, windows: int, extra: list[int]) -> Sweep:
+    workload = build_example(example)
+    meter = _Meter(workload, resolve_device("cpu", None), STEPS_PER_WINDOW, workload.tokens_per_sample)
+    points: dict[int, SweepPoint] = {}
+    extras: dict[int, SweepPoint] = {}
+    try:
+        with Stopwatch() as watch:
+            for batch in sweep_sizes(max_batch):
+                points[batch] = point = measure_point(meter, batch, windows)
+                print(
+                    f"    sweep {batch:>4}: median {point.median:>10.1f}  "
+                    f"spread {spread(point.windows):>5.1%}  {point.seconds:5.1f} s",
+                    flush=True,
+                )
+        for batch in extra:
+            if batch not in points:
+                extras[batch] = point = measure_point(meter, batch, windows)
+                print(
+                    f"    extra {batch:>4}: median {point.median:>10.1f}  "
+                    f"spread {spread(point.windows):>5.1%}  {point.seconds:5.1f} s (not in the sweep's time)",
+                    flush=True,
+                )
+    finally:
+        meter.close()
+    return Sweep(points, watch.seconds, watch.cpu_seconds, extras)
+
+
+def run_batchfit(example: str, max_batch: int) -> tuple[BatchfitRun, ExploreResult]:
+    workload = build_example(example)
+    with Stopwatch() as watch:
+        result = batchfit.explore(workload, device="cpu", max_batch=max_batch)
+    run = BatchfitRun(
+        recommended=result.recommendation.batch_size,
+        best_batch=result.recommendation.best_batch_size,
+        confidence=result.recommendation.confidence,
+        stop_reason=result.stop_reason,
+        measured={point.batch_size: list(point.samples_per_second) for point in result.points},
+        seconds=watch.seconds,
+        cpu_seconds=watch.cpu_seconds,
+    )
+    return run, result
+
+
+def spread(values: list[float]) -> float:
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle > 0 else 0.0
+
+
+def warm_up(example: str) -> None:
+    """One untimed training window so neither method pays for first-call kernel setup."""
+    workload = build_example(example)
+    meter = _Meter(workload, resolve_device("cpu", None), 1, workload.tokens_per_sample)
+    try:
+        meter.windows(4, 1)
+    finally:
+        meter.close()
+
+
+def bench_one(example: str, max_batch: int, windows: int) -> Row:
+    warm_up(example)
+    ours, result = run_batchfit(example, max_batch)
+    print(
+        f"  batchfit: recommends {ours.recommended} (fastest measured {ours.best_batch}, confidence "
+        f"{ours.confidence}, {ours.stop_reason}) in {ours.seconds:.1f} s; measured "
+        + ", ".join(f"{b}x{len(v)}" for b, v in ours.measured.items()),
+        flush=True,
+    )
+    sweep = run_sweep(example, max_batch, windows, [ours.recommended])
+    quality = sweep.median_at(ours.recommended) / sweep.best
+    truth_pick = min(b for b, p in sweep.points.items() if p.median >= (1 - 0.03) * sweep.best)
+    row = Row(
+        example,
+        max_batch,
+        result.unit,
+        sweep,
+        ours,
+        quality,
+        ours.seconds / sweep.seconds,
+        truth_pick,
+    )
+    print(
+        f"  sweep: best {sweep.best:.1f} {result.unit} at {sweep.best_batch}, smallest within 3% "
+        f"{truth_pick}, {len(sweep.points)} sizes in {sweep.seconds:.1f} s; quality {quality:.3f}, "
+        f"time {row.time_ratio:.3f}",
+        flush=True,
+    )
+    return row
+
+
+HEADERS = (
+    "example",
+    "max_batch",
+    "unit",
+    "sweep best (batch)",
+    "sweep 3% pick",
+    "bf pick",
+    "bf conf",
+    "bf stop",
+    "quality",
+    "bf s",
+    "sweep s",
+    "time ratio",
+    "targets",
+)
+
+
+def table_rows(rows: list[Row]) -> list[list[str]]:
+    lines = []
+    for row in rows:
+        targets = f"{'ok' if row.quality_met else 'MISS'}/{'ok' if row.time_met else 'MISS'}"
+        lines.append(
+            [
+                row.example,
+                str(row.max_batch),
+                row.unit,
+                f"{row.sweep.best:.0f} ({row.sweep.best_batch})",
+                str(row.truth_pick),
+                str(row.batchfit.recommended),
+                str(row.batchfit.confidence),
+                row.batchfit.stop_reason,
+                f"{row.quality:.3f}",
+                f"{row.batchfit.seconds:.1f}",
+                f"{row.sweep.seconds:.1f}",
+                f"{row.time_ratio:.3f}",
+                targets,
+            ]
+        )
+    return lines
+
+
+def print_text_table(rows: list[Row]) -> None:
+    cells = [list(HEADERS), *table_rows(rows)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(HEADERS))]
+    for index, line in enumerate(cells):
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def print_markdown_table(rows: list[Row]) -> None:
+    print("| " + " | ".join(HEADERS) + " |")
+    print("|" + "|".join("---" if i in (0, 2, 7, 12) else "---:" for i in range(len(HEADERS))) + "|")
+    for line in table_rows(rows):
+        print("| " + " | ".join(line) + " |")
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{value:.2f}" for value in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for package in ("torch", "batchfit"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def row_dict(row: Row) -> dict[str, Any]:
+    return {
+        **asdict(row),
+        "quality_met": row.quality_met,
+        "time_met": row.time_met,
+        "sweep_best": row.sweep.best,
+        "sweep_best_batch": row.sweep.best_batch,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="smaller bounds, fewer sweep windows")
+    parser.add_argument("--examples", default="mlp,cnn,transformer", help="comma-separated examples")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help=f"results file (default {RESULTS_PATH}, with --quick {QUICK_RESULTS_PATH.name})",
+    )
+    parser.add_argument("--no-json", action="store_true", help="do not write the results file")
+    args = parser.parse_args(argv)
+    json_path: Path = args.json or (QUICK_RESULTS_PATH if args.quick else RESULTS_PATH)
+    bounds = QUICK_MAX_BATCH if args.quick else MAX_BATCH
+    windows = QUICK_SWEEP_WINDOWS if args.quick else SWEEP_WINDOWS
+    examples = args.examples.split(",")
+    unknown = sorted(set(examples) - set(bounds))
+    if unknown:
+        parser.error(f"unknown example(s) {', '.join(unknown)}: choose from {', '.join(bounds)}")
+
+    began = time.perf_counter()
+    load_at_start = _load_average()
+    found = ", ".join(f"{name} {version or 'not installed'}" for name, version in versions().items())
+    print(f"{found}; {torch.get_num_threads()} torch threads; load average {load_at_start} (1, 5, 15 min)")
+    print(NOISE_NOTE)
+    print(
+        f"sweep: powers of two and midpoints, {windows} windows of {STEPS_PER_WINDOW} steps each; "
+        f"batchfit: explore defaults (tolerance 0.03, 5 windows){'; --quick' if args.quick else ''}"
+    )
+    rows: list[Row] = []
+    for example in examples:
+        print(f"{example} (max_batch {bounds[example]}):", flush=True)
+        rows.append(bench_one(example, bounds[example], windows))
+
+    print()
+    print_text_table(rows)
+    print()
+    all_quality = all(row.quality_met for row in rows)
+    all_time = all(row.time_met for row in rows)
+    for row in rows:
+        print(
+            f"{row.example}: quality {row.quality:.3f} (target >= {QUALITY_TARGET}: "
+            f"{'met' if row.quality_met else 'NOT met'}), time ratio {row.time_ratio:.3f} "
+            f"(target <= {TIME_TARGET}: {'met' if row.time_met else 'NOT met'})"
+        )
+    met_quality, met_time = sum(row.quality_met for row in rows), sum(row.time_met for row in rows)
+    print(f"quality target (>= {QUALITY_TARGET}) met in {met_quality}/{len(rows)} examples")
+    print(f"time target (<= {TIME_TARGET}) met in {met_time}/{len(rows)} examples")
+    total = time.perf_counter() - began
+    load_at_end = _load_average()
+    print(f"total wall time {total:.0f} s; load average {load_at_start} at start, {load_at_end} at end")
+    print(NOISE_NOTE)
+    print()
+    print_markdown_table(rows)
+    if not args.no_json:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "quick": args.quick,
+            "steps_per_window": STEPS_PER_WINDOW,
+            "sweep_windows": windows,
+            "targets": {"quality": QUALITY_TARGET, "time_ratio": TIME_TARGET},
+            "versions": versions(),
+            "torch_threads": torch.get_num_threads(),
+            "total_seconds": total,
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": load_at_end,
+            "rows": [row_dict(row) for row in rows],
+        }
+        json_path.write_text(json.dumps(payload, indent=1))
+        print(f"\nwrote {json_path}")
+    return 0 if all_quality and all_time else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
