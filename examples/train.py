@@ -52,21 +52,25 @@ def main(argv: list[str] | None = None) -> int:
 def train(cfg: ExperimentConfig, workload: batchfit.Workload, steps: int) -> dict[str, object]:
     """A few real training steps and one evaluation batch, at the config's batch sizes."""
     model, optimizer = workload.model, workload.build_optimizer()
-    assert optimizer is not None, "examples/train.py trains workloads that have an optimizer"
+    if optimizer is None or workload.loss_fn is None:
+        raise batchfit.ConfigurationError(
+            f"WORKLOAD {cfg.WORKLOAD!r} has no optimizer or loss_fn; examples/train.py trains "
+            f"workloads that have both."
+        )
     losses = []
     with _capped(cfg.MEMORY_LIMIT, model, optimizer):
         model.train()
         for _ in range(steps):
             inputs, target = workload.host_batch(cfg.DATA.BATCH_SIZE)
             optimizer.zero_grad(set_to_none=True)
-            loss = workload.loss_fn(model(inputs.clone()), target.clone())  # type: ignore[misc]
+            loss = workload.loss_fn(model(inputs.clone()), target.clone())
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
         model.eval()
         with torch.no_grad():
             inputs, target = workload.host_batch(cfg.DATA.BATCH_SIZE_VAL)
-            val_loss = workload.loss_fn(model(inputs.clone()), target.clone()).item()  # type: ignore[misc]
+            val_loss = workload.loss_fn(model(inputs.clone()), target.clone()).item()
     return {
         "batch_size": cfg.DATA.BATCH_SIZE,
         "batch_size_val": cfg.DATA.BATCH_SIZE_VAL,
