@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _tables as tables  # bench/ is the script's directory, so on sys.path
 import torch
 
 import batchfit
@@ -530,19 +531,11 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
 
 
 def print_text_table(rows: list[Row]) -> None:
-    cells = [list(HEADERS), *table_rows(rows)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(HEADERS))]
-    for index, line in enumerate(cells):
-        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
-        if index == 0:
-            print("  ".join("-" * width for width in widths))
+    tables.print_text_table(HEADERS, table_rows(rows))
 
 
 def print_markdown_table(rows: list[Row]) -> None:
-    print("| " + " | ".join(HEADERS) + " |")
-    print("|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADERS))) + "|")
-    for line in table_rows(rows):
-        print("| " + " | ".join(line) + " |")
+    tables.print_markdown_table(HEADERS, table_rows(rows), text_columns=(0, 1))
 
 
 def _peak_differences(rows: list[Row], method: str) -> str:

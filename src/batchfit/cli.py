@@ -38,11 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the largest memory-safe batch size for training and evaluation",
         description="Find the largest batch whose train (and eval) step fits a fraction of device memory.",
     )
-    source = find.add_mutually_exclusive_group(required=True)
-    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in workload")
-    source.add_argument(
-        "--workload", metavar="MODULE:FUNCTION", help="a function returning a batchfit.Workload"
-    )
+    _add_source(find)
     find.add_argument(
         "--modes", default="train,eval", help="comma-separated: train, eval (default: %(default)s)"
     )
@@ -71,26 +67,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="a capacity such as 2GiB (on cpu: enforced on real allocations)",
     )
-    find.add_argument(
-        "--format",
-        choices=("text", "json"),
-        default="text",
-        help="output format (default: %(default)s)",
-    )
-    find.add_argument(
-        "--output", type=Path, default=None, help="write the result to this file instead of stdout"
-    )
+    _add_output(find, ("text", "json"))
     find.set_defaults(handler=_find)
     explore = commands.add_parser(
         "explore",
         help="training throughput against batch size, with a recommendation",
         description="Measure training throughput up to the memory-safe maximum and recommend a micro-batch.",
     )
-    source = explore.add_mutually_exclusive_group(required=True)
-    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in workload")
-    source.add_argument(
-        "--workload", metavar="MODULE:FUNCTION", help="a function returning a batchfit.Workload"
-    )
+    _add_source(explore)
     explore.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
     explore.add_argument("--memory-limit", default=None, help="a capacity such as 2GiB (caps the CPU)")
     explore.add_argument(
@@ -136,15 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         default=90,
         help="stop once the confidence reaches this (default: %(default)s)",
     )
-    explore.add_argument(
-        "--format",
-        choices=("text", "json", "csv"),
-        default="text",
-        help="output format (default: %(default)s)",
-    )
-    explore.add_argument(
-        "--output", type=Path, default=None, help="write the result to this file instead of stdout"
-    )
+    _add_output(explore, ("text", "json", "csv"))
     explore.set_defaults(handler=_explore)
     analyze = commands.add_parser(
         "analyze",
@@ -206,6 +182,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.set_defaults(handler=_plan)
     return parser
+
+
+def _add_source(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in workload")
+    source.add_argument(
+        "--workload", metavar="MODULE:FUNCTION", help="a function returning a batchfit.Workload"
+    )
+
+
+def _add_output(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -> None:
+    parser.add_argument(
+        "--format", choices=formats, default="text", help="output format (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=None, help="write the result to this file instead of stdout"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
