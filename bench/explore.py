@@ -38,8 +38,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import _tables as tables  # bench/ is the script's directory, so on sys.path
+import _common as tables  # bench/ is the script's directory, so on sys.path
 import torch
+from _common import Stopwatch
 
 import batchfit
 from batchfit.device import resolve_device
@@ -62,19 +63,6 @@ NOISE_NOTE = (
     "NOTE: wall-clock throughput on a shared, possibly busy machine; other processes can slow "
     "any window. Compare the load averages; rerun when they are high."
 )
-
-
-class Stopwatch:
-    """Wall-clock (``time.perf_counter``) and process CPU seconds of a block."""
-
-    def __enter__(self) -> Stopwatch:
-        self._wall, self._cpu = time.perf_counter(), time.process_time()
-        self.seconds = self.cpu_seconds = 0.0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self._wall
-        self.cpu_seconds = time.process_time() - self._cpu
 
 
 @dataclass

@@ -46,8 +46,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _tables as tables  # bench/ is the script's directory, so on sys.path
+import _common as tables  # bench/ is the script's directory, so on sys.path
 import torch
+from _common import Stopwatch
 
 import batchfit
 from batchfit.examples import build_example
@@ -113,19 +114,6 @@ class Row:
     truth: Truth
     batchfit: MethodResult
     competitors: dict[str, MethodResult | None]  # None: the tool is not installed
-
-
-class Stopwatch:
-    """Wall-clock (``time.perf_counter``) and process CPU seconds of a block."""
-
-    def __enter__(self) -> Stopwatch:
-        self._wall, self._cpu = time.perf_counter(), time.process_time()
-        self.seconds = self.cpu_seconds = 0.0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self._wall
-        self.cpu_seconds = time.process_time() - self._cpu
 
 
 class FreshState:

@@ -184,6 +184,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _workload(args: argparse.Namespace) -> Workload:
+    return build_example(args.example) if args.example else load_workload(args.workload, source="--workload")
+
+
+def _emit(text: str, output: Path | None) -> None:
+    """The result to ``--output`` (saying so on stderr) or to stdout."""
+    if output is not None:
+        output.write_text(text)
+        print(f"batchfit: wrote {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+
+
 def _add_source(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in workload")
@@ -225,9 +238,7 @@ def _find(args: argparse.Namespace) -> int:
     modes = _parse_modes(args.modes)
     train_max = args.max_batch if args.max_batch is not None else DEFAULT_MAX_BATCH["train"]
     Candidates.between(args.min_batch, train_max, args.multiple_of)  # bad bounds fail before any work
-    workload = (
-        build_example(args.example) if args.example else load_workload(args.workload, source="--workload")
-    )
+    workload = _workload(args)
     results: list[SearchResult] = []
     for mode in modes:
         result = find_batch_size(
@@ -246,22 +257,15 @@ def _find(args: argparse.Namespace) -> int:
         print(f"batchfit: {result.summary()}", file=sys.stderr)
         results.append(result)
     text = _render(workload, results, args.format)
-    if args.output is not None:
-        args.output.write_text(text)
-        print(f"batchfit: wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    _emit(text, args.output)
     return 0
 
 
 def _explore(args: argparse.Namespace) -> int:
     from batchfit.explore import explore
 
-    workload = (
-        build_example(args.example) if args.example else load_workload(args.workload, source="--workload")
-    )
     result = explore(
-        workload,
+        _workload(args),
         device=args.device,
         memory_limit=args.memory_limit,
         fraction=args.fraction,
@@ -283,11 +287,7 @@ def _explore(args: argparse.Namespace) -> int:
     )
     print(f"batchfit: stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.", file=sys.stderr)
     text = {"text": result.table, "json": result.to_json, "csv": result.to_csv}[args.format]()
-    if args.output is not None:
-        args.output.write_text(text)
-        print(f"batchfit: wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    _emit(text, args.output)
     return 0
 
 
@@ -321,11 +321,8 @@ def _analyze(args: argparse.Namespace) -> int:
         f"({analysis.separate_traces} if run separately).",
         file=sys.stderr,
     )
-    if args.output is not None:
-        analysis.write(args.output)
-        print(f"batchfit: wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(_analysis_table(analysis))
+    suffix = args.output.suffix.lower() if args.output is not None else None
+    _emit(analysis.render(suffix) if suffix else _analysis_table(analysis), args.output)
     return 0
 
 

@@ -1,8 +1,22 @@
-"""Table printing shared by the benchmarks: aligned text, and Markdown for the README."""
+"""What the benchmarks share: a stopwatch, aligned text tables, and Markdown for the README."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
+
+
+class Stopwatch:
+    """Wall-clock (``time.perf_counter``) and process CPU seconds of a block."""
+
+    def __enter__(self) -> Stopwatch:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        self.seconds = self.cpu_seconds = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._wall
+        self.cpu_seconds = time.process_time() - self._cpu
 
 
 def print_text_table(headers: Sequence[str], lines: list[list[str]]) -> None:
