@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +84,19 @@ def test_constraints_and_base() -> None:
 def test_bad_input(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         recommend(curve(PLATEAU), **kwargs)  # type: ignore[arg-type]
+
+
+def test_recorded_curve_from_a_real_run() -> None:
+    """A curve `batchfit explore --example cnn --max-batch 64` recorded on this 2-core CPU: a knee
+    near 32, then noise larger than the 3% tolerance (35 read 492 samples/s, 36 read 383)."""
+    recorded = json.loads((Path(__file__).parent / "data" / "explore_cnn_cpu.json").read_text())
+    points = [Point(p["batch_size"], tuple(p["samples_per_second"])) for p in recorded["points"]]
+    pick = recommend(points)
+    assert pick is not None and pick.to_dict() == recorded["recommendation"]  # what explore reported
+    medians = {point.batch_size: point.median for point in points}
+    best = max(medians.values())
+    assert pick.batch_size == min(b for b, m in medians.items() if m >= 0.97 * best)  # the rule, recomputed
+    assert pick.speedup == pytest.approx(medians[pick.batch_size] / medians[1])
+    # With a wider tolerance the smallest batch near the knee qualifies, at lower confidence.
+    wide = recommend(points, tolerance=0.15)
+    assert wide is not None and wide.batch_size == 32 and wide.confidence < pick.confidence
