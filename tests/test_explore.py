@@ -13,8 +13,9 @@ import json
 import pytest
 from conftest import build
 
+from batchfit.choose import Recommendation
 from batchfit.errors import ConfigurationError
-from batchfit.explore import MAX_REFINEMENTS, _coarse, explore
+from batchfit.explore import MAX_FOCUS_ROUNDS, MAX_REFINEMENTS, _coarse, _focus, _refinement, explore
 
 
 def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
@@ -35,19 +36,52 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
     assert len(batches) <= len(_coarse(list(range(1, result.max_batch_size + 1)), None)) + MAX_REFINEMENTS
     assert result.recommendation.batch_size in batches and result.history[-1] == result.recommendation
     assert len(updates) == len(result.history) >= len(batches)
-    assert all(len(point.samples_per_second) >= 3 for point in result.points)
+    coarse = _coarse(list(range(1, result.max_batch_size + 1)), None)
+    # The coarse pass: each size alone, 3 windows in a row, in a round of its own.
+    for point in result.points:
+        if point.batch_size in coarse:
+            assert len(point.samples_per_second) >= 3 and len(set(point.rounds[:3])) == 1
+    # Then rounds over the contenders: one window each, at least two sizes per round (so the drift
+    # can be taken out), never more rounds than the cap.
+    members: dict[int, list[int]] = {}
+    for point in result.points:
+        for index, r in enumerate(point.rounds):
+            if point.batch_size not in coarse or index >= 3:
+                members.setdefault(r, []).append(point.batch_size)
+    assert len(members) <= MAX_FOCUS_ROUNDS
+    assert all(len(sizes) == len(set(sizes)) >= 2 for sizes in members.values())
     assert result.stop_reason in ("confident", "exhausted")
+    if result.stop_reason == "exhausted":
+        assert len(members) == MAX_FOCUS_ROUNDS
     assert result.recommendation.line().startswith(
         f"Current recommended micro_batch_size: {result.recommendation.batch_size}, estimated performance: "
     )
     document = json.loads(result.to_json())
     assert [p["batch_size"] for p in document["points"]] == batches
+    assert [p["rounds"] for p in document["points"]] == [list(point.rounds) for point in result.points]
+    assert {p["batch_size"]: p["estimate"] for p in document["points"]} == result.estimates()
     assert len(document["points"][0]["samples_per_second"]) == len(result.points[0].samples_per_second)
     rows = list(csv.DictReader(io.StringIO(result.to_csv())))
     assert [int(row["batch_size"]) for row in rows] == batches
     assert "<- recommended" in result.table()
     for a, b in zip(before, workload.model.parameters(), strict=True):  # the model is left as it was
         assert a.equal(b)
+
+
+def test_contenders_and_refinements() -> None:
+    measured = [1, 2, 4, 8, 16, 32, 64]
+    current = Recommendation(batch_size=8, best_batch_size=32, base_batch_size=1, speedup=3.0, confidence=50)
+    # The recommendation and the size below it; the fastest and the size above it.
+    assert _focus(measured, current) == {4, 8, 32, 64}
+    top = Recommendation(batch_size=64, best_batch_size=64, base_batch_size=1, speedup=3.0, confidence=50)
+    assert _focus(measured, top) == {32, 64}
+    candidates = list(range(1, 65))
+    # The smallest-within rule refines below the recommendation only (where its answer may lie) ...
+    assert _refinement(candidates, measured, 16, "smallest-within-tolerance") == 11
+    assert _refinement(candidates, [4, 5, 16], 5, "smallest-within-tolerance") is None
+    # ... max-throughput on both sides, below first.
+    assert _refinement(candidates, [4, 5, 16], 5, "max-throughput") == 9
+    assert _refinement([1, 2, 4, 8], [1, 2, 4, 8], 2, "max-throughput") is None
 
 
 def test_global_batch_constraint_and_time_budget() -> None:

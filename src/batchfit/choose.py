@@ -1,10 +1,18 @@
 """The throughput chooser, free of torch: which measured batch to recommend, and how sure to be.
 
-Each measured batch size has several timing windows (samples per second). The rule: the smallest
-batch whose median throughput is within ``tolerance`` of the best median (as fast, more memory
-headroom, better generalisation), or the fastest with ``objective="max-throughput"``. The
-confidence is a bootstrap: windows are resampled per batch size, and it is the share of resamples
-in which the recommended batch is still within the tolerance of that resample's best.
+Each measured batch size has several timing windows (samples per second), and each window may say
+in which *round* it was measured: explore measures the contenders in turn, one window each per
+round, so a slow spell on a shared machine hits all of them alike. Such drift is taken out before
+anything is compared: a two-way median polish on the logarithms (batch-size level plus round
+effect, Tukey) estimates each round's common factor from the batch sizes measured in it.
+
+The rule: the smallest batch whose (drift-corrected median) throughput is within ``tolerance`` of
+the best (as fast, more memory headroom, better generalisation), and among those the smallest that
+is *confidently* so; or the fastest with ``objective="max-throughput"``.
+
+The confidence is a parametric bootstrap: each batch size's median is redrawn with the standard
+error that the pooled residual spread of its windows gives it, and the confidence of a batch size
+is the share of redraws in which it is still within the tolerance of that redraw's best.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -19,14 +28,28 @@ from typing import Any, Literal
 from batchfit.errors import ConfigurationError
 
 Objective = Literal["smallest-within-tolerance", "max-throughput"]
+#: A batch size whose confidence is within this of the most confident one counts as as sure, when
+#: none reaches the confidence target (the redraws' own noise is a few points).
+_AS_SURE = 0.05
+#: Pseudo-windows of the pooled spread added to each batch size's own (see _residual_noise).
+_PRIOR_WINDOWS = 3.0
 
 
 @dataclass(frozen=True)
 class Point:
-    """Throughput measured at one batch size: one value per timing window."""
+    """Throughput measured at one batch size: one value per timing window, and optionally the
+    round in which each window was measured (windows of one round were taken close in time)."""
 
     batch_size: int
     samples_per_second: tuple[float, ...]
+    rounds: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rounds and len(self.rounds) != len(self.samples_per_second):
+            raise ConfigurationError(
+                f"batch size {self.batch_size}: {len(self.rounds)} round labels for "
+                f"{len(self.samples_per_second)} windows; give one per window or none."
+            )
 
     @property
     def median(self) -> float:
@@ -47,7 +70,7 @@ class Recommendation:
     batch_size: int
     best_batch_size: int  # the fastest measured
     base_batch_size: int
-    speedup: float  # median throughput of the recommendation over the base's
+    speedup: float  # throughput of the recommendation over the base's
     confidence: int  # 0-100: bootstrap probability that the recommendation is within tolerance of the best
 
     def line(self) -> str:
@@ -60,17 +83,10 @@ class Recommendation:
         return asdict(self)
 
 
-def pick(
-    medians: dict[int, float], tolerance: float, objective: Objective, allowed: Callable[[int], bool]
-) -> int | None:
-    """The batch the rule picks from median throughputs (only ``allowed`` ones); None if none is."""
-    candidates = {batch: value for batch, value in medians.items() if allowed(batch)}
-    if not candidates:
-        return None
-    best = max(candidates.values())
-    if objective == "max-throughput":
-        return min(batch for batch, value in candidates.items() if value == best)
-    return min(batch for batch, value in candidates.items() if value >= (1 - tolerance) * best)
+def estimates(points: Sequence[Point]) -> dict[int, float]:
+    """Each batch size's throughput: the median of its windows, drift-corrected where the windows
+    carry rounds."""
+    return {batch: statistics.median(values) for batch, values in _corrected(points)[0].items()}
 
 
 def recommend(
@@ -80,52 +96,139 @@ def recommend(
     objective: Objective = "smallest-within-tolerance",
     base_batch_size: int | None = None,
     allowed: Callable[[int], bool] | None = None,
+    confidence_target: int = 90,
     resamples: int = 400,
     seed: int = 0,
 ) -> Recommendation | None:
-    """The recommendation from what has been measured so far; None when nothing allowed is measured."""
+    """The recommendation from what has been measured so far; None when nothing allowed is measured.
+
+    With the default objective: of the batch sizes within ``tolerance`` of the best, the smallest
+    whose confidence reaches ``confidence_target``; while none does, the smallest of those about as
+    sure as the surest.
+    """
     if not 0 <= tolerance < 1:
         raise ConfigurationError(f"tolerance={tolerance!r} must be in [0, 1), e.g. 0.03 for 3%.")
     if objective not in ("smallest-within-tolerance", "max-throughput"):
         raise ConfigurationError(
             f"objective={objective!r}: use 'smallest-within-tolerance' or 'max-throughput'."
         )
+    if not 0 <= confidence_target <= 100:
+        raise ConfigurationError(f"confidence_target={confidence_target!r} must be in [0, 100].")
     allowed = allowed or (lambda batch: True)
-    measured = [point for point in points if point.samples_per_second]
-    medians = {point.batch_size: point.median for point in measured}
-    chosen = pick(medians, tolerance, objective, allowed)
-    if chosen is None:
+    corrected, fitted_rounds = _corrected([point for point in points if point.samples_per_second])
+    medians = {batch: statistics.median(values) for batch, values in corrected.items()}
+    eligible = {batch: value for batch, value in medians.items() if allowed(batch)}
+    if not eligible:
         return None
+    top = max(eligible.values())
+    best = min(batch for batch, value in eligible.items() if value == top)
+    within = sorted(batch for batch, value in eligible.items() if value >= (1 - tolerance) * top)
+    noise = _residual_noise(corrected, medians, fitted_rounds)
+    sure = (
+        None
+        if noise is None
+        else _confidences(corrected, medians, set(eligible), noise, tolerance, resamples, seed)
+    )
+    if objective == "max-throughput":
+        chosen = best
+    elif sure is None:  # no spread measured yet: the rule on the medians alone
+        chosen = within[0]
+    else:
+        threshold = min(confidence_target / 100, max(sure[batch] for batch in within) - _AS_SURE)
+        chosen = next(batch for batch in within if sure[batch] >= threshold)
     base = base_batch_size if base_batch_size in medians else min(medians)
-    best = max((b for b in medians if allowed(b)), key=lambda b: medians[b])
-    noise = _pooled_relative_noise(measured)
-    rng = random.Random(seed)  # private: the user's random state is left alone
-    hits = 0
-    for _ in range(resamples if noise is not None else 0):
-        # The standard error of a median is about 1.2533 x that of a mean of the same windows.
-        sample = {
-            point.batch_size: point.median
-            * (1 + rng.gauss(0, 1) * 1.2533 * (noise or 0) / math.sqrt(len(point.samples_per_second)))
-            for point in measured
-        }
-        top = max(value for batch, value in sample.items() if allowed(batch))
-        hits += sample[chosen] >= (1 - tolerance) * top
     return Recommendation(
         batch_size=chosen,
         best_batch_size=best,
         base_batch_size=base,
         speedup=medians[chosen] / medians[base] if medians[base] > 0 else 0.0,
-        confidence=round(100 * hits / resamples) if noise is not None else 0,
+        confidence=round(100 * sure[chosen]) if sure is not None else 0,
     )
 
 
-def _pooled_relative_noise(points: Sequence[Point]) -> float | None:
-    """The windows' relative standard deviation around their batch size's median, pooled; None
-    when no batch size has two windows (no spread measured, no confidence)."""
-    squares, degrees = 0.0, 0
-    for point in points:
-        if len(point.samples_per_second) < 2 or point.median <= 0:
-            continue
-        squares += sum(((value - point.median) / point.median) ** 2 for value in point.samples_per_second)
-        degrees += len(point.samples_per_second) - 1
-    return math.sqrt(squares / degrees) if degrees else None
+def _corrected(points: Sequence[Point]) -> tuple[dict[int, list[float]], int]:
+    """Windows with each round's common factor divided out (a median polish on the logarithms),
+    and how many round effects were fitted; the windows as measured when any lacks a round or a
+    positive value."""
+    raw = {point.batch_size: list(point.samples_per_second) for point in points}
+    if not points or any(not point.rounds or min(point.samples_per_second) <= 0 for point in points):
+        return raw, 0
+    logs = {
+        point.batch_size: [
+            (r, math.log(v)) for r, v in zip(point.rounds, point.samples_per_second, strict=True)
+        ]
+        for point in points
+    }
+    sizes_in_round: dict[int, set[int]] = defaultdict(set)
+    for batch, pairs in logs.items():
+        for r, _ in pairs:
+            sizes_in_round[r].add(batch)
+    level = {batch: statistics.median(value for _, value in pairs) for batch, pairs in logs.items()}
+    effect: dict[int, float] = dict.fromkeys(sizes_in_round, 0.0)
+    for _ in range(4):
+        residuals: dict[int, list[float]] = defaultdict(list)
+        for batch, pairs in logs.items():
+            for r, value in pairs:
+                residuals[r].append(value - level[batch] - effect[r])
+        for r, values in residuals.items():
+            if len(sizes_in_round[r]) >= 2:  # one batch size alone cannot tell drift from itself
+                effect[r] += statistics.median(values)
+        centre = statistics.median(effect.values())
+        effect = {r: value - centre for r, value in effect.items()}
+        level = {
+            batch: statistics.median(value - effect[r] for r, value in pairs) for batch, pairs in logs.items()
+        }
+    fitted = sum(len(sizes) >= 2 for sizes in sizes_in_round.values())
+    corrected = {batch: [math.exp(value - effect[r]) for r, value in pairs] for batch, pairs in logs.items()}
+    return corrected, fitted
+
+
+def _confidences(
+    corrected: dict[int, list[float]],
+    medians: dict[int, float],
+    eligible: set[int],
+    noise: dict[int, float],
+    tolerance: float,
+    resamples: int,
+    seed: int,
+) -> dict[int, float]:
+    """For each eligible batch size, the share of redraws in which it is within ``tolerance`` of the
+    redraw's best."""
+    rng = random.Random(seed)  # private: the user's random state is left alone
+    # The standard error of a median is about 1.2533 x that of a mean of the same windows.
+    error = {batch: 1.2533 * noise[batch] / math.sqrt(len(corrected[batch])) for batch in eligible}
+    hits = dict.fromkeys(eligible, 0)
+    for _ in range(resamples):
+        sample = {batch: medians[batch] * math.exp(rng.gauss(0, 1) * error[batch]) for batch in eligible}
+        bar = (1 - tolerance) * max(sample.values())
+        for batch in eligible:
+            hits[batch] += sample[batch] >= bar
+    return {batch: count / resamples for batch, count in hits.items()}
+
+
+def _residual_noise(
+    corrected: dict[int, list[float]], medians: dict[int, float], fitted_rounds: int
+) -> dict[int, float] | None:
+    """Each batch size's relative window spread (a standard deviation of logarithms); None when
+    no degrees of freedom are left.
+
+    Short steps are noisier than long ones, so the spread is per batch size, shrunk towards the
+    typical one (the median over batch sizes, which the noisiest do not drag up) by
+    ``_PRIOR_WINDOWS`` pseudo-windows: three windows alone say little. The degrees of freedom that
+    the fitted round effects took are taken from all batch sizes alike.
+    """
+    squares = {
+        batch: sum(math.log(value / medians[batch]) ** 2 for value in values if value > 0)
+        for batch, values in corrected.items()
+        if medians[batch] > 0
+    }
+    degrees = {batch: len(corrected[batch]) - 1.0 for batch in squares}
+    total = sum(degrees.values())
+    kept = (total - max(0, fitted_rounds - 1)) / total if total else 0.0
+    if kept <= 0:
+        return None
+    typical = statistics.median(squares[b] / (degrees[b] * kept) for b in squares if degrees[b])
+    return {
+        b: math.sqrt((squares[b] + _PRIOR_WINDOWS * typical) / (degrees[b] * kept + _PRIOR_WINDOWS))
+        for b in squares
+    }

@@ -108,10 +108,16 @@ def _parser() -> argparse.ArgumentParser:
         "--multiple-of", type=int, default=None, help="only micro-batches that are multiples of N"
     )
     explore.add_argument(
-        "--windows", type=int, default=5, help="timing windows per batch size (default: %(default)s)"
+        "--windows",
+        type=int,
+        default=3,
+        help="timing windows per batch size in the coarse pass; contenders get more (default: %(default)s)",
     )
     explore.add_argument(
-        "--steps-per-window", type=int, default=3, help="steps per window (default: %(default)s)"
+        "--steps-per-window",
+        type=int,
+        default=None,
+        help="steps per window (default: the fewest that last 20 ms)",
     )
     explore.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds")
     explore.add_argument(

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from batchfit.choose import Objective, Point, Recommendation, recommend
+from batchfit.choose import Objective, Point, Recommendation, estimates, recommend
 from batchfit.device import Device, resolve_device
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_batch_size
@@ -22,10 +22,12 @@ from batchfit.state import TrainingSnapshot
 from batchfit.workload import Workload, to_device
 
 StopReason = Literal["confident", "time_budget", "exhausted"]
-#: New batch sizes measured around the recommendation after the coarse pass, and rounds of extra
-#: windows for the contenders, before the exploration stops unsettled ("exhausted").
-MAX_REFINEMENTS = 4
-MAX_EXTRA_ROUNDS = 3
+#: Batch sizes added between the recommendation and its measured neighbours after the coarse
+#: pass, and rounds over the contenders after it, before the exploration stops unsettled.
+MAX_REFINEMENTS = 2
+MAX_FOCUS_ROUNDS = 8
+#: With ``steps_per_window=None``, a window is the fewest steps that last at least this long.
+MIN_WINDOW_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,14 @@ class ExploreResult:
     stop_reason: StopReason
     explore_seconds: float
 
+    def estimates(self) -> dict[int, float]:
+        """Each batch size's throughput with the rounds' drift divided out (what the rule compares)."""
+        return estimates(self.points)
+
     def to_dict(self) -> dict[str, Any]:
+        corrected = self.estimates()
         return {
-            "points": [point.to_dict() for point in self.points],
+            "points": [{**point.to_dict(), "estimate": corrected[point.batch_size]} for point in self.points],
             "recommendation": self.recommendation.to_dict(),
             "history": [entry.to_dict() for entry in self.history],
             "max_batch_size": self.max_batch_size,
@@ -57,11 +64,13 @@ class ExploreResult:
     def to_csv(self) -> str:
         buffer = io.StringIO()
         writer = csv.writer(buffer)
-        writer.writerow(["batch_size", f"median_{self.unit}", "spread", "windows"])
+        writer.writerow(["batch_size", f"estimate_{self.unit}", f"median_{self.unit}", "spread", "windows"])
+        corrected = self.estimates()
         for point in self.points:
             writer.writerow(
                 [
                     point.batch_size,
+                    f"{corrected[point.batch_size]:.3f}",
                     f"{point.median:.3f}",
                     f"{point.spread:.4f}",
                     len(point.samples_per_second),
@@ -70,11 +79,13 @@ class ExploreResult:
         return buffer.getvalue()
 
     def table(self) -> str:
-        lines = [f"{'batch_size':>10}  {self.unit:>12}  {'spread':>7}  {'windows':>7}"]
+        corrected = self.estimates()
+        lines = [f"{'batch_size':>10}  {self.unit:>12}  {'raw median':>12}  {'spread':>7}  {'windows':>7}"]
         for point in self.points:
             mark = "  <- recommended" if point.batch_size == self.recommendation.batch_size else ""
             lines.append(
-                f"{point.batch_size:>10}  {point.median:>12.1f}  {point.spread:>6.1%}  "
+                f"{point.batch_size:>10}  {corrected[point.batch_size]:>12.1f}  {point.median:>12.1f}  "
+                f"{point.spread:>6.1%}  "
                 f"{len(point.samples_per_second):>7}{mark}"
             )
         lines.append(self.recommendation.line())
@@ -95,8 +106,8 @@ def explore(
     world_size: int = 1,
     global_batch: int | None = None,
     multiple_of: int | None = None,
-    windows: int = 5,
-    steps_per_window: int = 3,
+    windows: int = 3,
+    steps_per_window: int | None = None,
     time_budget: float | None = None,
     confidence_target: int = 90,
     tokens_per_sample: int | None = None,
@@ -105,15 +116,23 @@ def explore(
     """Measure training throughput against batch size and recommend one.
 
     The bound is ``max_batch`` or, when not given, the memory-safe maximum ``find_batch_size``
-    finds at ``fraction``. Batch sizes are measured coarsely (powers of two and the bound), then
-    refined around the recommendation, until its confidence reaches ``confidence_target`` or
-    ``time_budget`` seconds run out. With ``world_size`` and ``global_batch``, the micro-batch must
-    divide ``global_batch / world_size``; with ``multiple_of``, be a multiple of it.
+    finds at ``fraction``. Each batch size gets a warm-up step and a discarded first window. A
+    coarse pass measures the powers of two, the bound and the base, ``windows`` windows each in a
+    row. Then the contenders (the recommendation and the batch size below it, the fastest and the
+    one above it) are measured in rounds, one window each per round after one untimed step (the
+    first step after another shape runs slower), so that a slow spell on the machine hits them
+    alike and the chooser can divide each round's common factor out. Up to ``MAX_REFINEMENTS``
+    batch sizes are added between the recommendation and its neighbour. It stops when the
+    confidence reaches ``confidence_target``, ``time_budget`` seconds
+    run out, or ``MAX_FOCUS_ROUNDS`` rounds are spent. A window is ``steps_per_window`` steps, or,
+    when None, the fewest steps that last ``MIN_WINDOW_SECONDS``. With ``world_size`` and
+    ``global_batch``, the micro-batch must divide ``global_batch / world_size``; with
+    ``multiple_of``, be a multiple of it.
     """
     started = time.perf_counter()
     for name, value in (
         ("windows", windows),
-        ("steps_per_window", steps_per_window),
+        ("steps_per_window", 1 if steps_per_window is None else steps_per_window),
         ("world_size", world_size),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -151,49 +170,93 @@ def explore(
         )
     tokens_per_sample = tokens_per_sample or workload.tokens_per_sample
     meter = _Meter(workload, target, steps_per_window, tokens_per_sample)
-    measured: dict[int, list[float]] = {}
+    measured: dict[int, list[tuple[int, float]]] = {}  # batch size -> (round, throughput) per window
     history: list[Recommendation] = []
+    rounds = 0
 
     def points() -> list[Point]:
-        return [Point(batch, tuple(values)) for batch, values in sorted(measured.items())]
-
-    def measure(batch: int, count: int) -> None:
-        measured.setdefault(batch, []).extend(meter.windows(batch, count))
-        current = recommend(points(), tolerance=tolerance, objective=objective, base_batch_size=base_batch)
-        if current is not None:
-            history.append(current)
-            if on_update is not None:
-                on_update(current)
+        return [
+            Point(batch, tuple(rate for _, rate in windows_), tuple(r for r, _ in windows_))
+            for batch, windows_ in sorted(measured.items())
+            if windows_
+        ]
 
     def out_of_time() -> bool:
         return time_budget is not None and time.perf_counter() - started > time_budget
 
-    coarse = _coarse(candidates, base_batch)
+    def update(finished: bool) -> None:
+        current = recommend(
+            points(),
+            tolerance=tolerance,
+            objective=objective,
+            base_batch_size=base_batch,
+            confidence_target=confidence_target,
+        )
+        if current is not None and (not history or current != history[-1] or finished):
+            history.append(current)
+            if on_update is not None:
+                on_update(current)
+
+    def visit(batch: int, count: int) -> bool:
+        """``count`` windows at ``batch`` in the current round (a warm-up and a discarded window
+        on the first visit, one untimed step on the later ones: the first step after another
+        shape runs slower); False when the time budget ran out before."""
+        if measured and out_of_time():  # the first window is always measured
+            return False
+        if batch not in measured:
+            meter.warm_up(batch)
+            measured[batch] = []
+        else:
+            meter.rewarm(batch)
+        for _ in range(count):
+            measured[batch].append((rounds, meter.window(batch)))
+        return True
+
+    def coarse_pass(batches: list[int]) -> bool:
+        """Each batch size on its own, ``windows`` windows in a row."""
+        nonlocal rounds
+        for batch in batches:
+            finished = visit(batch, windows)
+            meter.reset()
+            rounds += 1
+            update(finished)
+            if not finished:
+                return False
+        return True
+
+    def run_round(batches: set[int]) -> bool:
+        """One window per batch size, in alternating order (a drift within the round hits both
+        ends alike), so the chooser can divide the round's common factor out."""
+        nonlocal rounds
+        finished = all(visit(batch, 1) for batch in sorted(batches, reverse=rounds % 2 == 1))
+        meter.reset()
+        rounds += 1
+        update(finished)
+        return finished
+
     reason: StopReason = "exhausted"
     try:
-        for batch in coarse:
-            if history and out_of_time():  # the first point is always measured
-                reason = "time_budget"
-                break
-            measure(batch, windows)
-        rounds = refinements = 0
+        if not coarse_pass(_coarse(candidates, base_batch)):
+            reason = "time_budget"
+        refinements = focus_rounds = 0
         while reason != "time_budget":
             current = history[-1]
-            gap = _refinement(candidates, sorted(measured), current.batch_size)
+            fresh = {batch for batch, values in measured.items() if len(values) < windows}
+            gap = _refinement(candidates, sorted(measured), current.batch_size, objective)
             if out_of_time():
                 reason = "time_budget"
-            elif gap is not None and refinements < MAX_REFINEMENTS:
+                break
+            if gap is not None and refinements < MAX_REFINEMENTS:
                 refinements += 1
-                measure(gap, windows)
-            elif current.confidence >= confidence_target:
+                fresh.add(gap)
+            elif not fresh and current.confidence >= confidence_target:
                 reason = "confident"
                 break
-            elif rounds >= MAX_EXTRA_ROUNDS:
+            elif focus_rounds >= MAX_FOCUS_ROUNDS:
                 break
-            else:  # more evidence where the decision is made
-                rounds += 1
-                for batch in {current.batch_size, current.best_batch_size}:
-                    measure(batch, windows)
+            focus_rounds += 1
+            if not run_round(_focus(sorted(measured), current) | fresh):
+                reason = "time_budget"
     finally:
         meter.close()
     return ExploreResult(
@@ -219,13 +282,30 @@ def _coarse(candidates: list[int], base_batch: int | None) -> list[int]:
     return sorted(chosen)
 
 
-def _refinement(candidates: list[int], measured: list[int], recommended: int) -> int | None:
-    """An unmeasured candidate halfway between the recommendation and a measured neighbour."""
+def _focus(measured: list[int], current: Recommendation) -> set[int]:
+    """The contenders: the recommendation and the batch size measured just below it (the one the
+    rule would take if it came within the tolerance), the fastest and the one just above it (which
+    a slow spell during its first windows may have put behind)."""
+    chosen: set[int] = set()
+    for batch, step in ((current.batch_size, -1), (current.best_batch_size, 1)):
+        index = measured.index(batch)
+        chosen.add(batch)
+        if 0 <= index + step < len(measured):
+            chosen.add(measured[index + step])
+    return chosen
+
+
+def _refinement(
+    candidates: list[int], measured: list[int], recommended: int, objective: Objective
+) -> int | None:
+    """An unmeasured candidate halfway (geometrically) between the recommendation and a measured
+    neighbour: below it for the smallest-within-tolerance rule (where the smallest such batch
+    lies), on either side for max-throughput."""
     index = measured.index(recommended)
-    for neighbour in (
-        measured[index + 1] if index + 1 < len(measured) else None,
-        measured[index - 1] if index > 0 else None,
-    ):
+    neighbours = [measured[index - 1] if index > 0 else None]
+    if objective == "max-throughput":
+        neighbours.append(measured[index + 1] if index + 1 < len(measured) else None)
+    for neighbour in neighbours:
         if neighbour is None:
             continue
         low, high = sorted((recommended, neighbour))
@@ -237,39 +317,54 @@ def _refinement(candidates: list[int], measured: list[int], recommended: int) ->
 
 
 class _Meter:
-    """Times training windows at a batch size, restoring the model and optimizer afterwards."""
+    """Times training windows at several batch sizes in turn, restoring the model and optimizer
+    after every round and at the end."""
 
-    def __init__(self, workload: Workload, device: Device, steps: int, tokens_per_sample: int | None) -> None:
-        self.workload, self.device, self.steps = workload, device, steps
+    def __init__(
+        self, workload: Workload, device: Device, steps_per_window: int | None, tokens_per_sample: int | None
+    ) -> None:
+        self.workload, self.device, self.fixed_steps = workload, device, steps_per_window
         self.tokens = tokens_per_sample or 1
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
         self.snapshot = TrainingSnapshot.capture(workload.model, optimizer)
         self.snapshot.set_gradients_aside()
+        self.optimizer = workload.build_optimizer()
+        self.batches: dict[int, Any] = {}
+        self.steps: dict[int, int] = {}
 
-    def windows(self, batch_size: int, count: int) -> list[float]:
-        """``count`` windows of throughput at ``batch_size``, after a warm-up step and a discarded window."""
-        workload = self.workload
-        host_batch = workload.host_batch(batch_size)
-        optimizer = workload.build_optimizer()
-        workload.model.train()
-        rates = []
-        try:
-            self._steps(host_batch, optimizer, 1)  # a warm-up step for this shape
-            self._steps(host_batch, optimizer, self.steps)  # the first window is discarded
-            for _ in range(count):
-                begin = time.perf_counter()
-                self._steps(host_batch, optimizer, self.steps)
-                rates.append(batch_size * self.tokens * self.steps / (time.perf_counter() - begin))
-        finally:
-            self.snapshot.restore(gradients=False)
-        return rates
+    def warm_up(self, batch_size: int) -> None:
+        """A warm-up step for this shape, then a first window that is discarded; it also sets the
+        window's length in steps (the fewest that last ``MIN_WINDOW_SECONDS``, unless fixed)."""
+        self.workload.model.train()
+        self.batches[batch_size] = self.workload.host_batch(batch_size)
+        self._timed(batch_size, 1)
+        first = self.fixed_steps or 1
+        seconds = self._timed(batch_size, first)
+        self.steps[batch_size] = self.fixed_steps or max(1, math.ceil(MIN_WINDOW_SECONDS * first / seconds))
 
-    def _steps(self, host_batch: Any, optimizer: torch.optim.Optimizer | None, count: int) -> None:
+    def rewarm(self, batch_size: int) -> None:
+        """One untimed step, when coming back to this shape from another."""
+        self._timed(batch_size, 1)
+
+    def window(self, batch_size: int) -> float:
+        """The throughput of one window at ``batch_size`` (after ``warm_up``)."""
+        steps = self.steps[batch_size]
+        return batch_size * self.tokens * steps / self._timed(batch_size, steps)
+
+    def _timed(self, batch_size: int, count: int) -> float:
+        host_batch = self.batches[batch_size]
         self.device.synchronize()
+        begin = time.perf_counter()
         for _ in range(count):
-            self.workload.run_train_step(optimizer, to_device(host_batch, self.device.torch_device))
+            self.workload.run_train_step(self.optimizer, to_device(host_batch, self.device.torch_device))
         self.device.synchronize()
+        return max(time.perf_counter() - begin, 1e-9)
+
+    def reset(self) -> None:
+        """Put the weights back (a long exploration must not train the model into another regime)."""
+        self.snapshot.restore(gradients=False)
 
     def close(self) -> None:
+        self.batches.clear()
         self.snapshot.restore(gradients=True)
         self.device.release()
