@@ -77,10 +77,14 @@ def test_contenders_and_refinements() -> None:
     assert _focus(measured, top) == {32, 64}
     candidates = list(range(1, 65))
     # The smallest-within rule refines below the recommendation only (where its answer may lie) ...
-    assert _refinement(candidates, measured, 16, "smallest-within-tolerance") == 11
+    # The roundest size in between, nearest the geometric middle: 12 between 8 and 16, 48 between
+    # 32 and 64, 36 among multiples of 3 between 24 and 48.
+    assert _refinement(candidates, measured, 16, "smallest-within-tolerance") == 12
+    assert _refinement(candidates, measured, 64, "smallest-within-tolerance") == 48
+    assert _refinement(list(range(3, 49, 3)), [24, 48], 48, "smallest-within-tolerance") == 36
     assert _refinement(candidates, [4, 5, 16], 5, "smallest-within-tolerance") is None
     # ... max-throughput on both sides, below first.
-    assert _refinement(candidates, [4, 5, 16], 5, "max-throughput") == 9
+    assert _refinement(candidates, [4, 5, 16], 5, "max-throughput") == 8
     assert _refinement([1, 2, 4, 8], [1, 2, 4, 8], 2, "max-throughput") is None
 
 
@@ -108,6 +112,8 @@ def test_global_batch_constraint_and_time_budget() -> None:
             "global_batch (1001) is not divisible by world_size (8); 1000 or 1008 would work.",
         ),
         ({"windows": 1}, "windows must be at least 2"),
+        ({"tolerance": 3}, "tolerance=3 must be in [0, 1)"),
+        ({"confidence_target": 101}, "confidence_target=101 must be in [0, 100]"),
         ({"max_batch": 10, "multiple_of": 16}, "no micro-batch in [1, 10] satisfies the constraints"),
     ],
 )

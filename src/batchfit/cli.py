@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         "--confidence",
         type=int,
         default=90,
-        help="stop once the confidence reaches this (default: %(default)s)",
+        help="the confidence asked of the recommendation; stop once it is reached (default: %(default)s)",
     )
     _add_output(explore, ("text", "json", "csv"))
     explore.set_defaults(handler=_explore)

@@ -9,7 +9,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -138,7 +138,9 @@ def explore(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigurationError(f"{name} must be a positive integer, got {value!r}.")
     if windows < 2:
-        raise ConfigurationError(f"windows must be at least 2 (one is discarded as warm-up), got {windows}.")
+        raise ConfigurationError(f"windows must be at least 2 (a spread needs two), got {windows}.")
+    # The chooser's own checks (tolerance, objective, confidence target), before any work is done.
+    recommend((), tolerance=tolerance, objective=objective, confidence_target=confidence_target)
     if global_batch is not None and global_batch % world_size:
         raise ConfigurationError(
             f"global_batch ({global_batch}) is not divisible by world_size ({world_size}); "
@@ -184,7 +186,7 @@ def explore(
     def out_of_time() -> bool:
         return time_budget is not None and time.perf_counter() - started > time_budget
 
-    def update(finished: bool) -> None:
+    def update(finished: bool, covered: bool = True) -> None:
         current = recommend(
             points(),
             tolerance=tolerance,
@@ -192,6 +194,8 @@ def explore(
             base_batch_size=base_batch,
             confidence_target=confidence_target,
         )
+        if current is not None and not covered:  # the best may lie in what is not measured yet
+            current = replace(current, confidence=0)
         if current is not None and (not history or current != history[-1] or finished):
             history.append(current)
             if on_update is not None:
@@ -219,7 +223,7 @@ def explore(
             finished = visit(batch, windows)
             meter.reset()
             rounds += 1
-            update(finished)
+            update(finished, covered=batch == batches[-1])
             if not finished:
                 return False
         return True
@@ -298,9 +302,9 @@ def _focus(measured: list[int], current: Recommendation) -> set[int]:
 def _refinement(
     candidates: list[int], measured: list[int], recommended: int, objective: Objective
 ) -> int | None:
-    """An unmeasured candidate halfway (geometrically) between the recommendation and a measured
-    neighbour: below it for the smallest-within-tolerance rule (where the smallest such batch
-    lies), on either side for max-throughput."""
+    """An unmeasured candidate between the recommendation and a measured neighbour (the roundest,
+    then the nearest the geometric middle): below it for the smallest-within-tolerance rule
+    (where the smallest such batch lies), on either side for max-throughput."""
     index = measured.index(recommended)
     neighbours = [measured[index - 1] if index > 0 else None]
     if objective == "max-throughput":
@@ -311,8 +315,10 @@ def _refinement(
         low, high = sorted((recommended, neighbour))
         between = [batch for batch in candidates if low < batch < high]
         if between:
+            # The roundest size (most factors of two: 48 between 32 and 64, 12 between 8 and 16),
+            # nearest the geometric middle: kernels tile by powers of two, and users want such sizes.
             middle = math.sqrt(low * high)
-            return min(between, key=lambda batch: abs(batch - middle))
+            return min(between, key=lambda batch: (-(batch & -batch), abs(batch - middle)))
     return None
 
 
