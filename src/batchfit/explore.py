@@ -26,6 +26,11 @@ StopReason = Literal["confident", "time_budget", "exhausted"]
 #: pass, and rounds over the contenders after it, before the exploration stops unsettled.
 MAX_REFINEMENTS = 2
 MAX_FOCUS_ROUNDS = 8
+#: ... and the rounds stop once they have taken this many times as long as the coarse pass (what a
+#: look over the whole range costs on this model and machine).
+FOCUS_TIME_FACTOR = 1.0
+#: Training steps between two restores of the weights during the exploration.
+RESTORE_EVERY = 32
 #: With ``steps_per_window=None``, a window is the fewest steps that last at least this long.
 MIN_WINDOW_SECONDS = 0.02
 
@@ -121,10 +126,11 @@ def explore(
     row. Then the contenders (the recommendation and the batch size below it, the fastest and the
     one above it) are measured in rounds, one window each per round after one untimed step (the
     first step after another shape runs slower), so that a slow spell on the machine hits them
-    alike and the chooser can divide each round's common factor out. Up to ``MAX_REFINEMENTS``
-    batch sizes are added between the recommendation and its neighbour. It stops when the
+    alike and the chooser can divide each round's common factor out. After the first round, up to
+    ``MAX_REFINEMENTS`` batch sizes are added between the recommendation and its neighbour. It stops when the
     confidence reaches ``confidence_target``, ``time_budget`` seconds
-    run out, or ``MAX_FOCUS_ROUNDS`` rounds are spent. A window is ``steps_per_window`` steps, or,
+    run out, or ``MAX_FOCUS_ROUNDS`` rounds or ``FOCUS_TIME_FACTOR`` times the coarse pass's time
+    are spent. A window is ``steps_per_window`` steps, or,
     when None, the fewest steps that last ``MIN_WINDOW_SECONDS``. With ``world_size`` and
     ``global_batch``, the micro-batch must divide ``global_batch / world_size``; with
     ``multiple_of``, be a multiple of it.
@@ -240,8 +246,10 @@ def explore(
 
     reason: StopReason = "exhausted"
     try:
+        coarse_started = time.perf_counter()
         if not coarse_pass(_coarse(candidates, base_batch)):
             reason = "time_budget"
+        focus_ends = time.perf_counter() + FOCUS_TIME_FACTOR * (time.perf_counter() - coarse_started)
         refinements = focus_rounds = 0
         while reason != "time_budget":
             current = history[-1]
@@ -250,13 +258,15 @@ def explore(
             if out_of_time():
                 reason = "time_budget"
                 break
-            if gap is not None and refinements < MAX_REFINEMENTS:
+            # Refine, or stop confident, only once the coarse answer has been compared with the
+            # fastest in a round: a slow spell during the coarse pass must not decide either.
+            if gap is not None and refinements < MAX_REFINEMENTS and focus_rounds:
                 refinements += 1
                 fresh.add(gap)
-            elif not fresh and current.confidence >= confidence_target:
+            elif focus_rounds and not fresh and current.confidence >= confidence_target:
                 reason = "confident"
                 break
-            elif focus_rounds >= MAX_FOCUS_ROUNDS:
+            elif focus_rounds >= MAX_FOCUS_ROUNDS or time.perf_counter() > focus_ends:
                 break
             focus_rounds += 1
             if not run_round(_focus(sorted(measured), current) | fresh):
@@ -337,6 +347,7 @@ class _Meter:
         self.optimizer = workload.build_optimizer()
         self.batches: dict[int, Any] = {}
         self.steps: dict[int, int] = {}
+        self.unrestored_steps = 0
 
     def warm_up(self, batch_size: int) -> None:
         """A warm-up step for this shape, then a first window that is discarded; it also sets the
@@ -364,11 +375,16 @@ class _Meter:
         for _ in range(count):
             self.workload.run_train_step(self.optimizer, to_device(host_batch, self.device.torch_device))
         self.device.synchronize()
+        self.unrestored_steps += count
         return max(time.perf_counter() - begin, 1e-9)
 
     def reset(self) -> None:
-        """Put the weights back (a long exploration must not train the model into another regime)."""
-        self.snapshot.restore(gradients=False)
+        """Put the weights back every ``RESTORE_EVERY`` steps or so: a long exploration must not
+        train the model into another regime (a restore copies every weight and optimizer state,
+        too costly after each window of a small model)."""
+        if self.unrestored_steps >= RESTORE_EVERY:
+            self.snapshot.restore(gradients=False)
+            self.unrestored_steps = 0
 
     def close(self) -> None:
         self.batches.clear()
