@@ -111,6 +111,7 @@ class BatchfitRun:
     confidence: int
     stop_reason: str
     measured: dict[int, list[float]]  # batch size -> its windows, in batchfit's own run
+    rounds: dict[int, list[int]]  # batch size -> the round of each of those windows
     seconds: float
     cpu_seconds: float
 
@@ -207,6 +208,7 @@ def run_batchfit(example: str, max_batch: int) -> tuple[BatchfitRun, ExploreResu
         confidence=result.recommendation.confidence,
         stop_reason=result.stop_reason,
         measured={point.batch_size: list(point.samples_per_second) for point in result.points},
+        rounds={point.batch_size: list(point.rounds) for point in result.points},
         seconds=watch.seconds,
         cpu_seconds=watch.cpu_seconds,
     )

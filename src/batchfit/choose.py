@@ -6,12 +6,12 @@ round, so a slow spell on a shared machine hits all of them alike. Such drift is
 anything is compared: a two-way median polish on the logarithms (batch-size level plus round
 effect, Tukey) estimates each round's common factor from the batch sizes measured in it.
 
-The rule: the smallest batch whose (drift-corrected median) throughput is within ``tolerance`` of
-the best (as fast, more memory headroom, better generalisation), and among those the smallest that
-is *confidently* so; or the fastest with ``objective="max-throughput"``.
+The rule: of the batch sizes whose (drift-corrected median) throughput is within ``tolerance`` of
+the best (as fast, more memory headroom, better generalisation), the smallest that is
+*confidently* so, or while none is, the surest; or the fastest with ``objective="max-throughput"``.
 
 The confidence is a parametric bootstrap: each batch size's median is redrawn with the standard
-error that the pooled residual spread of its windows gives it, and the confidence of a batch size
+error that the residual spread of its windows gives it, and the confidence of a batch size
 is the share of redraws in which it is still within the tolerance of that redraw's best.
 """
 
@@ -28,9 +28,6 @@ from typing import Any, Literal
 from batchfit.errors import ConfigurationError
 
 Objective = Literal["smallest-within-tolerance", "max-throughput"]
-#: A batch size whose confidence is within this of the most confident one counts as as sure, when
-#: none reaches the confidence target (the redraws' own noise is a few points).
-_AS_SURE = 0.05
 #: Pseudo-windows of the pooled spread added to each batch size's own (see _residual_noise).
 _PRIOR_WINDOWS = 3.0
 
@@ -103,8 +100,8 @@ def recommend(
     """The recommendation from what has been measured so far; None when nothing allowed is measured.
 
     With the default objective: of the batch sizes within ``tolerance`` of the best, the smallest
-    whose confidence reaches ``confidence_target``; while none does, the smallest of those about as
-    sure as the surest.
+    whose confidence reaches ``confidence_target``; while none does, the surest (the smallest of
+    equally sure ones).
     """
     if not 0 <= tolerance < 1:
         raise ConfigurationError(f"tolerance={tolerance!r} must be in [0, 1), e.g. 0.03 for 3%.")
@@ -134,7 +131,7 @@ def recommend(
     elif sure is None:  # no spread measured yet: the rule on the medians alone
         chosen = within[0]
     else:
-        threshold = min(confidence_target / 100, max(sure[batch] for batch in within) - _AS_SURE)
+        threshold = min(confidence_target / 100, max(sure[batch] for batch in within))
         chosen = next(batch for batch in within if sure[batch] >= threshold)
     base = base_batch_size if base_batch_size in medians else min(medians)
     return Recommendation(
