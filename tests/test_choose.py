@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import statistics
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.choose import Point, Recommendation, estimates, recommend
+from batchfit.choose import Point, Recommendation, _corrected, _errors, _residual_noise, estimates, recommend
 from batchfit.errors import ConfigurationError
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -94,6 +95,41 @@ def test_rounds_take_a_common_drift_out() -> None:
     assert fast_plain.confidence < 70  # the drift looks like noise when the rounds are unknown
     with pytest.raises(ConfigurationError, match="2 round labels for 8 windows"):
         Point(8, windows[8], (0, 1))
+
+
+def lucky_and_shared(seed: int) -> tuple[Point, list[Point], list[float]]:
+    """16, 24 and 32 compared in 6 rounds while the machine drifts by up to 25%; 8 measured on
+    its own, 4% above the others' typical level: as likely a fast spell as a faster batch."""
+    rng = random.Random(seed)
+    drift = [1 + rng.uniform(-0.25, 0.25) for _ in range(6)]
+    shared = [
+        Point(b, tuple(v * d * (1 + rng.gauss(0, 0.01)) for d in drift), tuple(range(1, 7)))
+        for b, v in ((16, 100.0), (24, 101.0), (32, 102.0))
+    ]
+    level = 102.0 * statistics.median(drift) * 1.04
+    lucky = Point(8, tuple(level * (1 + rng.gauss(0, 0.01)) for _ in range(3)), (0, 0, 0))
+    return lucky, shared, drift
+
+
+def test_a_size_measured_only_on_its_own_carries_the_drift() -> None:
+    lucky, shared, drift = lucky_and_shared(0)
+    fit = _corrected([lucky, *shared])
+    spread = statistics.pstdev(math.log(d) for d in drift)
+    assert fit.fitted == 6 and fit.drift == pytest.approx(spread, rel=0.35)  # the rounds measure it
+    medians = {batch: statistics.median(values) for batch, values in fit.corrected.items()}
+    noise = _residual_noise(fit.corrected, medians, fit.fitted)
+    assert noise is not None
+    error = _errors(fit, noise, {8, 16, 24, 32})
+    assert error[8] >= 0.9 * fit.drift and max(error[b] for b in (16, 24, 32)) < 0.02
+    # So the lucky size is taken less often than when the drift is invisible (no rounds).
+    taken, taken_plain = 0, 0
+    for seed in range(20):
+        lucky, shared, _ = lucky_and_shared(seed)
+        pick = recommend([lucky, *shared])
+        plain = recommend([Point(p.batch_size, p.samples_per_second) for p in [lucky, *shared]])
+        assert pick is not None and plain is not None
+        taken, taken_plain = taken + (pick.batch_size == 8), taken_plain + (plain.batch_size == 8)
+    assert taken < taken_plain == 20
 
 
 def test_noisy_short_steps_do_not_blur_the_long_ones() -> None:

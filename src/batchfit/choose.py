@@ -83,7 +83,7 @@ class Recommendation:
 def estimates(points: Sequence[Point]) -> dict[int, float]:
     """Each batch size's throughput: the median of its windows, drift-corrected where the windows
     carry rounds."""
-    return {batch: statistics.median(values) for batch, values in _corrected(points)[0].items()}
+    return {batch: statistics.median(values) for batch, values in _corrected(points).corrected.items()}
 
 
 def recommend(
@@ -112,7 +112,8 @@ def recommend(
     if not 0 <= confidence_target <= 100:
         raise ConfigurationError(f"confidence_target={confidence_target!r} must be in [0, 100].")
     allowed = allowed or (lambda batch: True)
-    corrected, fitted_rounds = _corrected([point for point in points if point.samples_per_second])
+    fit = _corrected([point for point in points if point.samples_per_second])
+    corrected = fit.corrected
     medians = {batch: statistics.median(values) for batch, values in corrected.items()}
     eligible = {batch: value for batch, value in medians.items() if allowed(batch)}
     if not eligible:
@@ -120,19 +121,23 @@ def recommend(
     top = max(eligible.values())
     best = min(batch for batch, value in eligible.items() if value == top)
     within = sorted(batch for batch, value in eligible.items() if value >= (1 - tolerance) * top)
-    noise = _residual_noise(corrected, medians, fitted_rounds)
+    noise = _residual_noise(corrected, medians, fit.fitted)
     sure = (
         None
         if noise is None
-        else _confidences(corrected, medians, set(eligible), noise, tolerance, resamples, seed)
+        else _confidences(fit, medians, set(eligible), noise, tolerance, resamples, seed)
     )
     if objective == "max-throughput":
         chosen = best
     elif sure is None:  # no spread measured yet: the rule on the medians alone
         chosen = within[0]
     else:
-        threshold = min(confidence_target / 100, max(sure[batch] for batch in within))
-        chosen = next(batch for batch in within if sure[batch] >= threshold)
+        confident = [batch for batch in within if sure[batch] >= confidence_target / 100]
+        if confident:
+            chosen = confident[0]
+        else:  # the one most surely fast: the highest throughput less one standard error
+            error = _errors(fit, noise or {}, set(within))
+            chosen = max(within, key=lambda batch: (medians[batch] * math.exp(-error[batch]), -batch))
     base = base_batch_size if base_batch_size in medians else min(medians)
     return Recommendation(
         batch_size=chosen,
@@ -143,13 +148,22 @@ def recommend(
     )
 
 
-def _corrected(points: Sequence[Point]) -> tuple[dict[int, list[float]], int]:
-    """Windows with each round's common factor divided out (a median polish on the logarithms),
-    and how many round effects were fitted; the windows as measured when any lacks a round or a
-    positive value."""
+@dataclass
+class _Fit:
+    corrected: dict[int, list[float]]  # the windows with each fitted round's common factor divided out
+    fitted: int  # how many round effects were fitted
+    drift: float  # the round effects' spread (a standard deviation of logarithms); 0 when unknown
+    alone: dict[int, tuple[int, int]]  # batch size -> (its windows in rounds of their own, those rounds)
+
+
+def _corrected(points: Sequence[Point]) -> _Fit:
+    """A median polish on the logarithms: a level per batch size plus an effect per round, fitted
+    for the rounds that measured two batch sizes or more. Windows as measured when any lacks a
+    round or a positive value."""
+    alone = {point.batch_size: (len(point.samples_per_second), 1) for point in points}
     raw = {point.batch_size: list(point.samples_per_second) for point in points}
     if not points or any(not point.rounds or min(point.samples_per_second) <= 0 for point in points):
-        return raw, 0
+        return _Fit(raw, 0, 0.0, alone)
     logs = {
         point.batch_size: [
             (r, math.log(v)) for r, v in zip(point.rounds, point.samples_per_second, strict=True)
@@ -160,6 +174,7 @@ def _corrected(points: Sequence[Point]) -> tuple[dict[int, list[float]], int]:
     for batch, pairs in logs.items():
         for r, _ in pairs:
             sizes_in_round[r].add(batch)
+    shared = {r for r, sizes in sizes_in_round.items() if len(sizes) >= 2}  # one size cannot tell
     level = {batch: statistics.median(value for _, value in pairs) for batch, pairs in logs.items()}
     effect: dict[int, float] = dict.fromkeys(sizes_in_round, 0.0)
     for _ in range(4):
@@ -167,21 +182,24 @@ def _corrected(points: Sequence[Point]) -> tuple[dict[int, list[float]], int]:
         for batch, pairs in logs.items():
             for r, value in pairs:
                 residuals[r].append(value - level[batch] - effect[r])
-        for r, values in residuals.items():
-            if len(sizes_in_round[r]) >= 2:  # one batch size alone cannot tell drift from itself
-                effect[r] += statistics.median(values)
-        centre = statistics.median(effect.values())
-        effect = {r: value - centre for r, value in effect.items()}
+        for r in shared:
+            effect[r] += statistics.median(residuals[r])
+        if shared:  # the typical shared round is the scale
+            centre = statistics.median(effect[r] for r in shared)
+            effect = {r: value - centre if r in shared else 0.0 for r, value in effect.items()}
         level = {
             batch: statistics.median(value - effect[r] for r, value in pairs) for batch, pairs in logs.items()
         }
-    fitted = sum(len(sizes) >= 2 for sizes in sizes_in_round.values())
+    drift = math.sqrt(statistics.fmean(effect[r] ** 2 for r in shared)) if len(shared) >= 2 else 0.0
+    for batch, pairs in logs.items():
+        unshared = [r for r, _ in pairs if r not in shared]
+        alone[batch] = (len(unshared), len(set(unshared)))
     corrected = {batch: [math.exp(value - effect[r]) for r, value in pairs] for batch, pairs in logs.items()}
-    return corrected, fitted
+    return _Fit(corrected, len(shared), drift, alone)
 
 
 def _confidences(
-    corrected: dict[int, list[float]],
+    fit: _Fit,
     medians: dict[int, float],
     eligible: set[int],
     noise: dict[int, float],
@@ -192,8 +210,7 @@ def _confidences(
     """For each eligible batch size, the share of redraws in which it is within ``tolerance`` of the
     redraw's best."""
     rng = random.Random(seed)  # private: the user's random state is left alone
-    # The standard error of a median is about 1.2533 x that of a mean of the same windows.
-    error = {batch: 1.2533 * noise[batch] / math.sqrt(len(corrected[batch])) for batch in eligible}
+    error = _errors(fit, noise, eligible)
     hits = dict.fromkeys(eligible, 0)
     for _ in range(resamples):
         sample = {batch: medians[batch] * math.exp(rng.gauss(0, 1) * error[batch]) for batch in eligible}
@@ -201,6 +218,22 @@ def _confidences(
         for batch in eligible:
             hits[batch] += sample[batch] >= bar
     return {batch: count / resamples for batch, count in hits.items()}
+
+
+def _errors(fit: _Fit, noise: dict[int, float], eligible: set[int]) -> dict[int, float]:
+    """Each batch size's standard error (relative). That of a median is about 1.2533 x that of a
+    mean of the same windows; and windows in rounds of their own still carry that round's drift,
+    which the shared rounds measure: a batch size measured only on its own may have been measured
+    in a fast or a slow spell."""
+    error = {}
+    for batch in eligible:
+        windows = len(fit.corrected[batch])
+        unshared, spells = fit.alone[batch]
+        error[batch] = math.hypot(
+            1.2533 * noise[batch] / math.sqrt(windows),
+            fit.drift * unshared / windows / math.sqrt(max(spells, 1)),
+        )
+    return error
 
 
 def _residual_noise(

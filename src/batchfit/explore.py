@@ -127,13 +127,12 @@ def explore(
     one above it) are measured in rounds, one window each per round after one untimed step (the
     first step after another shape runs slower), so that a slow spell on the machine hits them
     alike and the chooser can divide each round's common factor out. After the first round, up to
-    ``MAX_REFINEMENTS`` batch sizes are added between the recommendation and its neighbour. It stops when the
-    confidence reaches ``confidence_target``, ``time_budget`` seconds
-    run out, or ``MAX_FOCUS_ROUNDS`` rounds or ``FOCUS_TIME_FACTOR`` times the coarse pass's time
-    are spent. A window is ``steps_per_window`` steps, or,
-    when None, the fewest steps that last ``MIN_WINDOW_SECONDS``. With ``world_size`` and
-    ``global_batch``, the micro-batch must divide ``global_batch / world_size``; with
-    ``multiple_of``, be a multiple of it.
+    ``MAX_REFINEMENTS`` batch sizes are added between the recommendation and its neighbour. It
+    stops when the confidence reaches ``confidence_target``, when ``time_budget`` seconds run out,
+    or after ``MAX_FOCUS_ROUNDS`` rounds or ``FOCUS_TIME_FACTOR`` times the coarse pass's time. A
+    window is ``steps_per_window`` steps or, when None, the fewest steps that last
+    ``MIN_WINDOW_SECONDS``. With ``world_size`` and ``global_batch``, the micro-batch must divide
+    ``global_batch / world_size``; with ``multiple_of``, be a multiple of it.
     """
     started = time.perf_counter()
     for name, value in (
