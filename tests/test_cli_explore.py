@@ -5,14 +5,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
+from batchfit.device import PINNED_MALLOC
+
 TESTS = Path(__file__).resolve().parent
 
 
-def explore(*args: str) -> subprocess.CompletedProcess[str]:
+def explore(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -36,6 +40,7 @@ def explore(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=300,
         cwd=TESTS,
         check=False,
+        env=env,
     )
 
 
@@ -61,3 +66,19 @@ def test_csv_and_bad_input() -> None:
     assert bad.returncode == 1 and bad.stderr.startswith(
         "batchfit: error: global_batch (1001) is not divisible by world_size (8); 1000 or 1008 would work."
     )
+
+
+def test_note_on_glibc_malloc_only_while_its_thresholds_move() -> None:
+    unpinned = {*PINNED_MALLOC, "GLIBC_TUNABLES"}
+    native = {key: value for key, value in os.environ.items() if key not in unpinned}
+    moving = explore("--time-budget", "0", env=native)
+    assert moving.returncode == 0, moving.stderr
+    pinned = explore("--time-budget", "0", env={**native, **PINNED_MALLOC})
+    assert pinned.returncode == 0, pinned.stderr
+    assert "MALLOC_MMAP_THRESHOLD_" not in pinned.stderr
+    if platform.libc_ver()[0] == "glibc":
+        assert "batchfit: note: glibc's malloc moves its thresholds" in moving.stderr
+        assert " ".join(f"{key}={value}" for key, value in PINNED_MALLOC.items()) in moving.stderr
+        assert moving.stderr.index("note:") < moving.stderr.index("Current recommended")
+    else:
+        assert "glibc" not in moving.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import resource
 
 import pytest
@@ -9,11 +10,13 @@ import torch
 from rlimit_child import vm_size_bytes
 
 from batchfit.device import (
+    PINNED_MALLOC,
     CappedCpuDevice,
     CpuDevice,
     CudaDevice,
     _cuda_call,
     host_available_bytes,
+    malloc_thresholds_move,
     resolve_device,
 )
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
@@ -94,3 +97,13 @@ def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:
             assert host_available_bytes() <= 500 * 2**20
         finally:
             resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_malloc_thresholds_move_only_on_glibc_left_to_its_defaults() -> None:
+    on_glibc = platform.libc_ver()[0] == "glibc"
+    assert malloc_thresholds_move({}) is on_glibc
+    assert malloc_thresholds_move({"PATH": "/usr/bin"}) is on_glibc
+    assert not malloc_thresholds_move(dict(PINNED_MALLOC))
+    assert not malloc_thresholds_move({"MALLOC_MMAP_THRESHOLD_": "1048576"})
+    assert not malloc_thresholds_move({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1073741824"})
+    assert malloc_thresholds_move({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}) is on_glibc

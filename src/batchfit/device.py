@@ -12,6 +12,7 @@ import ctypes.util
 import functools
 import gc
 import os
+import platform
 import resource
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -205,6 +206,28 @@ def _malloc_trim() -> None:
     trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+#: glibc malloc settings that keep CPU throughput independent of what the process ran before: a
+#: fixed mmap threshold (32 MiB, the largest glibc accepts) and a trim threshold above any heap
+#: the step uses. glibc reads them from the environment once, at start-up.
+PINNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
+
+
+def malloc_thresholds_move(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process runs on glibc's malloc with its dynamic mmap threshold: the threshold
+    rises each time a large block is freed, so whether a step's tensors come from the heap or from
+    fresh, page-faulted mappings depends on which batch sizes ran before. Setting either threshold
+    (``MALLOC_*_THRESHOLD_`` or ``GLIBC_TUNABLES``) fixes it."""
+    environ = dict(os.environ) if environ is None else environ
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    if any(key in environ for key in PINNED_MALLOC):
+        return False
+    return not any(
+        name in environ.get("GLIBC_TUNABLES", "")
+        for name in ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
+    )
 
 
 def resolve_device(device: str | torch.device | None, memory_limit: str | int | None) -> Device:
