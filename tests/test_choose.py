@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.choose import Point, Recommendation, _corrected, _errors, _residual_noise, estimates, recommend
+from batchfit.choose import Point, Recommendation, _assess, _corrected, estimates, recommend
 from batchfit.errors import ConfigurationError
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -116,10 +116,8 @@ def test_a_size_measured_only_on_its_own_carries_the_drift() -> None:
     fit = _corrected([lucky, *shared])
     spread = statistics.pstdev(math.log(d) for d in drift)
     assert fit.fitted == 6 and fit.drift == pytest.approx(spread, rel=0.35)  # the rounds measure it
-    medians = {batch: statistics.median(values) for batch, values in fit.corrected.items()}
-    noise = _residual_noise(fit.corrected, medians, fit.fitted)
-    assert noise is not None
-    error = _errors(fit, noise, {8, 16, 24, 32})
+    _, error = _assess([lucky, *shared])
+    assert error is not None
     assert error[8] >= 0.9 * fit.drift and max(error[b] for b in (16, 24, 32)) < 0.02
     # So the lucky size is taken less often than when the drift is invisible (no rounds).
     taken, taken_plain = 0, 0
@@ -130,6 +128,36 @@ def test_a_size_measured_only_on_its_own_carries_the_drift() -> None:
         assert pick is not None and plain is not None
         taken, taken_plain = taken + (pick.batch_size == 8), taken_plain + (plain.batch_size == 8)
     assert taken < taken_plain == 20
+
+
+def test_a_lone_fast_spell_does_not_outvote_windows_compared_in_rounds() -> None:
+    """32 and 64 (3% faster) each get 3 coarse windows in a round of their own, 32's in a spell 10%
+    faster than usual, then 3 rounds together while the machine drifts by up to 20%. As many lone
+    windows as compared ones: a median of all of them would put 32 ahead; weighed by what each
+    group can tell (a lone spell carries the drift the rounds measured), 64 stays ahead."""
+    rng = random.Random(4)
+    drift = [1.0, 0.8, 1.2]  # the typical round runs at the usual speed
+    true = {32: 100.0, 64: 103.0}
+    spell = {32: 1.10, 64: 1.0}
+
+    def jitter() -> float:
+        return 1 + rng.gauss(0, 0.004)
+
+    points = [
+        Point(
+            batch,
+            (*(value * spell[batch] * jitter() for _ in range(3)), *(value * d * jitter() for d in drift)),
+            (index, index, index, 2, 3, 4),
+        )
+        for index, (batch, value) in enumerate(true.items())
+    ]
+    fit = _corrected(points)
+    pooled = {batch: statistics.median(values) for batch, values in fit.corrected.items()}
+    assert pooled[32] > pooled[64]  # what a plain median of every window would say
+    corrected = estimates(points)
+    assert corrected[64] / corrected[32] == pytest.approx(1.03, abs=0.01)
+    pick = recommend(points, objective="max-throughput", tolerance=0.01)
+    assert pick is not None and pick.batch_size == 64
 
 
 def test_noisy_short_steps_do_not_blur_the_long_ones() -> None:

@@ -4,15 +4,18 @@ Each measured batch size has several timing windows (samples per second), and ea
 in which *round* it was measured: explore measures the contenders in turn, one window each per
 round, so a slow spell on a shared machine hits all of them alike. Such drift is taken out before
 anything is compared: a two-way median polish on the logarithms (batch-size level plus round
-effect, Tukey) estimates each round's common factor from the batch sizes measured in it.
+effect, Tukey) estimates each round's common factor from the batch sizes measured in it. Windows
+in a round of their own (explore's coarse pass) carry a drift nothing measured: their median is
+weighed against that of the compared windows by the inverse of their variances.
 
 The rule: of the batch sizes whose (drift-corrected median) throughput is within ``tolerance`` of
 the best (as fast, more memory headroom, better generalisation), the smallest that is
 *confidently* so, or while none is, the surest; or the fastest with ``objective="max-throughput"``.
 
-The confidence is a parametric bootstrap: each batch size's median is redrawn with the standard
-error that the residual spread of its windows gives it, and the confidence of a batch size
-is the share of redraws in which it is still within the tolerance of that redraw's best.
+The confidence is a parametric bootstrap: each batch size's estimate is redrawn with the standard
+error that the residual spread of its windows (and the drift, for lone rounds) gives it, and the
+confidence of a batch size is the share of redraws in which it is still within the tolerance of
+that redraw's best.
 """
 
 from __future__ import annotations
@@ -81,9 +84,10 @@ class Recommendation:
 
 
 def estimates(points: Sequence[Point]) -> dict[int, float]:
-    """Each batch size's throughput: the median of its windows, drift-corrected where the windows
-    carry rounds."""
-    return {batch: statistics.median(values) for batch, values in _corrected(points).corrected.items()}
+    """Each batch size's throughput, drift-corrected where the windows carry rounds: the median of
+    its windows compared in shared rounds, weighed against those of any round of its own (which
+    carry that round's drift)."""
+    return _assess([point for point in points if point.samples_per_second])[0]
 
 
 def recommend(
@@ -112,20 +116,17 @@ def recommend(
     if not 0 <= confidence_target <= 100:
         raise ConfigurationError(f"confidence_target={confidence_target!r} must be in [0, 100].")
     allowed = allowed or (lambda batch: True)
-    fit = _corrected([point for point in points if point.samples_per_second])
-    corrected = fit.corrected
-    medians = {batch: statistics.median(values) for batch, values in corrected.items()}
+    medians, error = _assess([point for point in points if point.samples_per_second])
     eligible = {batch: value for batch, value in medians.items() if allowed(batch)}
     if not eligible:
         return None
     top = max(eligible.values())
     best = min(batch for batch, value in eligible.items() if value == top)
     within = sorted(batch for batch, value in eligible.items() if value >= (1 - tolerance) * top)
-    noise = _residual_noise(corrected, medians, fit.fitted)
     sure = (
         None
-        if noise is None
-        else _confidences(fit, medians, set(eligible), noise, tolerance, resamples, seed)
+        if error is None
+        else _confidences({b: medians[b] for b in eligible}, error, tolerance, resamples, seed)
     )
     if objective == "max-throughput":
         chosen = best
@@ -136,7 +137,7 @@ def recommend(
         if confident:
             chosen = confident[0]
         else:  # the one most surely fast: the highest throughput less one standard error
-            error = _errors(fit, noise or {}, set(within))
+            assert error is not None
             chosen = max(within, key=lambda batch: (medians[batch] * math.exp(-error[batch]), -batch))
     base = base_batch_size if base_batch_size in medians else min(medians)
     return Recommendation(
@@ -153,17 +154,21 @@ class _Fit:
     corrected: dict[int, list[float]]  # the windows with each fitted round's common factor divided out
     fitted: int  # how many round effects were fitted
     drift: float  # the round effects' spread (a standard deviation of logarithms); 0 when unknown
-    alone: dict[int, tuple[int, int]]  # batch size -> (its windows in rounds of their own, those rounds)
+    # batch size -> its windows' logarithms (drift-corrected) in groups: those of shared rounds
+    # first (an empty group when none), then one group per round of its own
+    groups: dict[int, list[list[float]]]
 
 
 def _corrected(points: Sequence[Point]) -> _Fit:
     """A median polish on the logarithms: a level per batch size plus an effect per round, fitted
-    for the rounds that measured two batch sizes or more. Windows as measured when any lacks a
-    round or a positive value."""
-    alone = {point.batch_size: (len(point.samples_per_second), 1) for point in points}
+    on the rounds that measured two batch sizes or more (one size alone cannot tell its level from
+    its round's). Windows as measured, in one group each, when any lacks a round or a positive
+    value."""
     raw = {point.batch_size: list(point.samples_per_second) for point in points}
     if not points or any(not point.rounds or min(point.samples_per_second) <= 0 for point in points):
-        return _Fit(raw, 0, 0.0, alone)
+        return _Fit(
+            raw, 0, 0.0, {b: [[], [math.log(v) for v in values if v > 0]] for b, values in raw.items()}
+        )
     logs = {
         point.batch_size: [
             (r, math.log(v)) for r, v in zip(point.rounds, point.samples_per_second, strict=True)
@@ -174,12 +179,15 @@ def _corrected(points: Sequence[Point]) -> _Fit:
     for batch, pairs in logs.items():
         for r, _ in pairs:
             sizes_in_round[r].add(batch)
-    shared = {r for r, sizes in sizes_in_round.items() if len(sizes) >= 2}  # one size cannot tell
-    level = {batch: statistics.median(value for _, value in pairs) for batch, pairs in logs.items()}
+    shared = {r for r, sizes in sizes_in_round.items() if len(sizes) >= 2}
+    # The polish runs on the shared rounds only: a window in a round of its own carries a drift
+    # that nothing measured, and must not pull the level the round effects are fitted against.
+    in_shared = {batch: [(r, v) for r, v in pairs if r in shared] for batch, pairs in logs.items()}
+    level = {batch: statistics.median(v for _, v in pairs) for batch, pairs in in_shared.items() if pairs}
     effect: dict[int, float] = dict.fromkeys(sizes_in_round, 0.0)
     for _ in range(4):
         residuals: dict[int, list[float]] = defaultdict(list)
-        for batch, pairs in logs.items():
+        for batch, pairs in in_shared.items():
             for r, value in pairs:
                 residuals[r].append(value - level[batch] - effect[r])
         for r in shared:
@@ -188,73 +196,85 @@ def _corrected(points: Sequence[Point]) -> _Fit:
             centre = statistics.median(effect[r] for r in shared)
             effect = {r: value - centre if r in shared else 0.0 for r, value in effect.items()}
         level = {
-            batch: statistics.median(value - effect[r] for r, value in pairs) for batch, pairs in logs.items()
+            batch: statistics.median(value - effect[r] for r, value in pairs)
+            for batch, pairs in in_shared.items()
+            if pairs
         }
     drift = math.sqrt(statistics.fmean(effect[r] ** 2 for r in shared)) if len(shared) >= 2 else 0.0
+    groups: dict[int, list[list[float]]] = {}
     for batch, pairs in logs.items():
-        unshared = [r for r, _ in pairs if r not in shared]
-        alone[batch] = (len(unshared), len(set(unshared)))
+        own: dict[int, list[float]] = defaultdict(list)
+        for r, value in pairs:
+            if r not in shared:
+                own[r].append(value)
+        groups[batch] = [[value - effect[r] for r, value in pairs if r in shared], *own.values()]
     corrected = {batch: [math.exp(value - effect[r]) for r, value in pairs] for batch, pairs in logs.items()}
-    return _Fit(corrected, len(shared), drift, alone)
+    return _Fit(corrected, len(shared), drift, groups)
+
+
+def _assess(points: Sequence[Point]) -> tuple[dict[int, float], dict[int, float] | None]:
+    """Each batch size's throughput and its standard error (relative; None while no spread is
+    measured).
+
+    The windows of a batch size fall in groups: those compared in shared rounds (their drift taken
+    out) and those of each round of its own. Each group's median has an error: 1.2533 x that of a
+    mean of its windows, plus, for a round of its own, that round's drift, which the shared rounds
+    measure (a batch size measured only on its own may have been measured in a fast or a slow
+    spell). The estimate weighs the group medians by the inverse of their variances, so three
+    windows in a lone spell count about as one compared window, not as three.
+    """
+    fit = _corrected(points)
+    noise = _residual_noise(fit)
+    if noise is None:
+        plain = {batch: statistics.median(values) for batch, values in fit.corrected.items()}
+        return plain, None
+    levels, errors = {}, {}
+    for batch, groups in fit.groups.items():
+        weight = total = 0.0
+        for index, group in enumerate(groups):
+            if not group:
+                continue
+            variance = (1.2533 * noise[batch]) ** 2 / len(group) + (fit.drift**2 if index else 0.0)
+            variance = max(variance, 1e-12)
+            weight += 1 / variance
+            total += statistics.median(group) / variance
+        levels[batch] = math.exp(total / weight)
+        errors[batch] = 1 / math.sqrt(weight)
+    return levels, errors
 
 
 def _confidences(
-    fit: _Fit,
-    medians: dict[int, float],
-    eligible: set[int],
-    noise: dict[int, float],
-    tolerance: float,
-    resamples: int,
-    seed: int,
+    medians: dict[int, float], error: dict[int, float], tolerance: float, resamples: int, seed: int
 ) -> dict[int, float]:
-    """For each eligible batch size, the share of redraws in which it is within ``tolerance`` of the
+    """For each batch size, the share of redraws in which it is within ``tolerance`` of the
     redraw's best."""
     rng = random.Random(seed)  # private: the user's random state is left alone
-    error = _errors(fit, noise, eligible)
-    hits = dict.fromkeys(eligible, 0)
+    hits = dict.fromkeys(medians, 0)
     for _ in range(resamples):
-        sample = {batch: medians[batch] * math.exp(rng.gauss(0, 1) * error[batch]) for batch in eligible}
+        sample = {batch: value * math.exp(rng.gauss(0, 1) * error[batch]) for batch, value in medians.items()}
         bar = (1 - tolerance) * max(sample.values())
-        for batch in eligible:
+        for batch in medians:
             hits[batch] += sample[batch] >= bar
     return {batch: count / resamples for batch, count in hits.items()}
 
 
-def _errors(fit: _Fit, noise: dict[int, float], eligible: set[int]) -> dict[int, float]:
-    """Each batch size's standard error (relative). That of a median is about 1.2533 x that of a
-    mean of the same windows; and windows in rounds of their own still carry that round's drift,
-    which the shared rounds measure: a batch size measured only on its own may have been measured
-    in a fast or a slow spell."""
-    error = {}
-    for batch in eligible:
-        windows = len(fit.corrected[batch])
-        unshared, spells = fit.alone[batch]
-        error[batch] = math.hypot(
-            1.2533 * noise[batch] / math.sqrt(windows),
-            fit.drift * unshared / windows / math.sqrt(max(spells, 1)),
-        )
-    return error
-
-
-def _residual_noise(
-    corrected: dict[int, list[float]], medians: dict[int, float], fitted_rounds: int
-) -> dict[int, float] | None:
-    """Each batch size's relative window spread (a standard deviation of logarithms); None when
-    no degrees of freedom are left.
+def _residual_noise(fit: _Fit) -> dict[int, float] | None:
+    """Each batch size's relative window spread (a standard deviation of logarithms, about each
+    group's median); None when no degrees of freedom are left.
 
     Short steps are noisier than long ones, so the spread is per batch size, shrunk towards the
     typical one (the median over batch sizes, which the noisiest do not drag up) by
     ``_PRIOR_WINDOWS`` pseudo-windows: three windows alone say little. The degrees of freedom that
     the fitted round effects took are taken from all batch sizes alike.
     """
-    squares = {
-        batch: sum(math.log(value / medians[batch]) ** 2 for value in values if value > 0)
-        for batch, values in corrected.items()
-        if medians[batch] > 0
-    }
-    degrees = {batch: len(corrected[batch]) - 1.0 for batch in squares}
+    squares: dict[int, float] = {}
+    degrees: dict[int, float] = {}
+    for batch, groups in fit.groups.items():
+        filled = [group for group in groups if group]
+        squares[batch] = sum((value - statistics.median(group)) ** 2 for group in filled for value in group)
+        degrees[batch] = float(sum(len(group) - 1 for group in filled))
     total = sum(degrees.values())
-    kept = (total - max(0, fitted_rounds - 1)) / total if total else 0.0
+    kept = (total - max(0, fit.fitted - 1)) / total if total else 0.0
     if kept <= 0:
         return None
     typical = statistics.median(squares[b] / (degrees[b] * kept) for b in squares if degrees[b])
