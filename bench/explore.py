@@ -23,18 +23,20 @@ Two ratios per example:
 
 * quality: the sweep's median throughput at batchfit's recommended batch size over the sweep's
   best (the recommendation is measured within the sweep's passes when it is not a sweep point;
-  that extra measurement is not counted in the sweep's time). Target: at least 0.97;
+  that extra measurement is not counted in the sweep's time). Target: at least 0.97. Printed
+  with its own standard error (``quality +-``, the truth's passes redrawn): a quality a standard
+  error or less below the target is within what the truth can tell;
 * time: batchfit's seconds over the sweep's seconds. Target: at most 0.40.
 
-glibc's malloc is pinned for the whole run (``PINNED_MALLOC``, set in the environment before the
-process starts; ``--native-malloc`` leaves glibc's defaults). By default glibc raises its mmap
-threshold each time it frees a large block, so which batch sizes ran before decides whether a
-step's tensors come from the heap or from fresh, page-faulted mappings: measured on the cnn,
-batch 32 ran at 375-455 samples/s in a process that had run 16, 32 and 48 in turn and at 469
-after one step at 64; batch 16 was the fastest of 16-48 in one order and the slowest in another.
-The truth would then be a property of the order the sizes ran in, not of the batch size. With
-the thresholds pinned, each size ran alike alone in a process and in either order (cnn 16-48:
-479-541 samples/s, within 6%).
+glibc's malloc is pinned for the whole run (``batchfit.device.PINNED_MALLOC``, set in the
+environment before the process starts; ``--native-malloc`` leaves glibc's defaults). By default
+glibc raises its mmap threshold each time it frees a large block, so which batch sizes ran
+before decides whether a step's tensors come from the heap or from fresh, page-faulted
+mappings: measured on the cnn, batch 32 ran at 375-455 samples/s in a process that had run 16,
+32 and 48 in turn and at 469 after one step at 64; batch 16 was the fastest of 16-48 in one
+order and the slowest in another. The truth would then be a property of the order the sizes ran
+in, not of the batch size. With the thresholds pinned, each size ran alike alone in a process
+and in either order (cnn 16-48: 479-541 samples/s, within 6%).
 
 The machine may be shared: the load average is printed at the start and the end, and nothing
 else runs in this process while a measurement is taken. Each example gets one untimed warm-up
@@ -51,6 +53,7 @@ import importlib.metadata
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -63,7 +66,7 @@ import torch
 from _common import Stopwatch
 
 import batchfit
-from batchfit.device import resolve_device
+from batchfit.device import PINNED_MALLOC, resolve_device
 from batchfit.examples import build_example
 from batchfit.explore import ExploreResult, _Meter
 
@@ -81,10 +84,6 @@ MAX_BATCH: dict[str, int] = {"mlp": 512, "cnn": 64, "transformer": 128}
 QUICK_MAX_BATCH: dict[str, int] = {"mlp": 128, "cnn": 16, "transformer": 32}
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "explore.json"
 QUICK_RESULTS_PATH = RESULTS_PATH.with_name("explore-quick.json")
-#: glibc malloc settings for the run (see the module's docstring): a fixed mmap threshold (32 MiB,
-#: glibc's largest) and a trim threshold above any heap the examples use, so neither moves with
-#: the history of the process.
-PINNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
 NOISE_NOTE = (
     "NOTE: wall-clock throughput on a shared, possibly busy machine; other processes can slow "
     "any window. Compare the load averages; rerun when they are high."
@@ -142,6 +141,7 @@ class Row:
     truth_pick: int  # the smallest sweep batch within 3% of the sweep's best
     truth_error: float  # relative standard error of the truth's median at its best
     half_quality: float  # the truth's own 3% pick from its odd windows, scored on its even ones
+    quality_error: float  # the quality's relative standard error, from the truth's own windows
 
     @property
     def quality_met(self) -> bool:
@@ -236,6 +236,21 @@ def median_error(values: list[float]) -> float:
     return 1.2533 * statistics.stdev(logs) / math.sqrt(len(values))
 
 
+def quality_error(sweep: Sweep, recommended: int, resamples: int = 400) -> float:
+    """How far the quality itself may be off: the standard deviation of the logarithm of the ratio
+    of the two medians when the truth's passes are redrawn with replacement (a pass's windows stay
+    together, as they were measured close in time)."""
+    pick = (sweep.points.get(recommended) or sweep.extra[recommended]).windows
+    best = sweep.points[sweep.best_batch].windows
+    rng = random.Random(0)
+    logs = []
+    for _ in range(resamples):
+        passes = [rng.randrange(len(best)) for _ in best]
+        ratio = statistics.median(pick[i] for i in passes) / statistics.median(best[i] for i in passes)
+        logs.append(math.log(ratio))
+    return statistics.stdev(logs)
+
+
 def half_quality(sweep: Sweep) -> float:
     """How well the truth agrees with itself: the 3% rule applied to the medians of its odd
     windows, scored like batchfit's pick on the medians of its even windows. Below the quality
@@ -285,12 +300,13 @@ def bench_one(example: str, max_batch: int, counted: int, windows: int) -> Row:
         truth_pick,
         median_error(sweep.points[sweep.best_batch].windows),
         half_quality(sweep),
+        quality_error(sweep, ours.recommended),
     )
     print(
         f"  sweep: best {sweep.best:.1f} {result.unit} at {sweep.best_batch} (+-{row.truth_error:.1%}), "
         f"smallest within 3% {truth_pick}, {len(sweep.points)} sizes in {sweep.seconds:.1f} s; "
-        f"quality {quality:.3f}, time {row.time_ratio:.3f}; the truth's own pick from half its "
-        f"windows scores {row.half_quality:.3f} on the other half",
+        f"quality {quality:.3f} (+-{row.quality_error:.1%}), time {row.time_ratio:.3f}; the truth's own "
+        f"pick from half its windows scores {row.half_quality:.3f} on the other half",
         flush=True,
     )
     return row
@@ -308,6 +324,7 @@ HEADERS = (
     "bf conf",
     "bf stop",
     "quality",
+    "quality +-",
     "bf s",
     "sweep s",
     "time ratio",
@@ -332,6 +349,7 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
                 str(row.batchfit.confidence),
                 row.batchfit.stop_reason,
                 f"{row.quality:.3f}",
+                f"{row.quality_error:.1%}",
                 f"{row.batchfit.seconds:.1f}",
                 f"{row.sweep.seconds:.1f}",
                 f"{row.time_ratio:.3f}",
@@ -346,7 +364,7 @@ def print_text_table(rows: list[Row]) -> None:
 
 
 def print_markdown_table(rows: list[Row]) -> None:
-    tables.print_markdown_table(HEADERS, table_rows(rows), text_columns=(0, 2, 9, 14))
+    tables.print_markdown_table(HEADERS, table_rows(rows), text_columns=(0, 2, 9, 15))
 
 
 def _load_average() -> str:

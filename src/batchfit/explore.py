@@ -25,10 +25,10 @@ StopReason = Literal["confident", "time_budget", "exhausted"]
 #: Batch sizes added between the recommendation and its measured neighbours after the coarse
 #: pass, and rounds over the contenders after it, before the exploration stops unsettled.
 MAX_REFINEMENTS = 2
-MAX_FOCUS_ROUNDS = 8
+MAX_FOCUS_ROUNDS = 16
 #: ... and the rounds stop once they have taken this many times as long as the coarse pass (what a
 #: look over the whole range costs on this model and machine).
-FOCUS_TIME_FACTOR = 1.0
+FOCUS_TIME_FACTOR = 1.5
 #: Training steps between two restores of the weights during the exploration.
 RESTORE_EVERY = 32
 #: With ``steps_per_window=None``, a window is the fewest steps that last at least this long.
