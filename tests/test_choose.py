@@ -185,6 +185,17 @@ def test_constraints_and_base() -> None:
     assert recommend(points, allowed=lambda b: b > 1000) is None
 
 
+@pytest.mark.parametrize("rounds", [False, True])
+def test_a_batch_size_with_no_throughput_is_never_chosen(rounds: bool) -> None:
+    points = [
+        Point(batch, values, (0, 1) if rounds else ())
+        for batch, values in ((1, (0.0, 0.0)), (2, (10.0, 11.0)), (4, (19.0, 21.0)))
+    ]
+    pick = recommend(points)
+    assert pick is not None and pick.batch_size == 4 and pick.base_batch_size == 1
+    assert estimates(points)[1] == 0.0
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"tolerance": 1.5}, "tolerance=1.5 must be in [0, 1)"), ({"objective": "fast"}, "objective='fast'")],

@@ -238,8 +238,10 @@ def _assess(points: Sequence[Point]) -> tuple[dict[int, float], dict[int, float]
             variance = max(variance, 1e-12)
             weight += 1 / variance
             total += statistics.median(group) / variance
-        levels[batch] = math.exp(total / weight)
-        errors[batch] = 1 / math.sqrt(weight)
+        if weight:
+            levels[batch], errors[batch] = math.exp(total / weight), 1 / math.sqrt(weight)
+        else:  # no positive window (nothing got through): as measured, and known to be unsure
+            levels[batch], errors[batch] = statistics.median(fit.corrected[batch]), 1.0
     return levels, errors
 
 
