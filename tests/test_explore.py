@@ -13,9 +13,18 @@ import json
 import pytest
 from conftest import build
 
-from batchfit.choose import Recommendation
+from batchfit.choose import Point, Recommendation
 from batchfit.errors import ConfigurationError
-from batchfit.explore import MAX_FOCUS_ROUNDS, MAX_REFINEMENTS, _coarse, _focus, _refinement, explore
+from batchfit.explore import (
+    MAX_FOCUS_ROUNDS,
+    MAX_REFINEMENTS,
+    _coarse,
+    _focus,
+    _lone_dips,
+    _Meter,
+    _refinement,
+    explore,
+)
 
 
 def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
@@ -84,6 +93,54 @@ def test_contenders_and_refinements() -> None:
     # ... max-throughput on both sides, below first.
     assert _refinement(candidates, [4, 5, 16], 5, "max-throughput") == 8
     assert _refinement([1, 2, 4, 8], [1, 2, 4, 8], 2, "max-throughput") is None
+
+
+def test_a_lone_dip_is_compared_again() -> None:
+    """The transformer's coarse pass in one bench run: 32 read 0.84 of the best in a round of its
+    own, between 16 and 64 (compared in rounds, 0.92). A dip that recovers is more likely a slow
+    spell than the batch size: it is flagged, and no longer once compared in a round."""
+    coarse = {8: 30000.0, 16: 31000.0, 32: 26000.0, 64: 30500.0, 128: 27000.0}
+
+    def points(checked: bool) -> list[Point]:
+        found = []
+        for index, (batch, rate) in enumerate(coarse.items()):
+            rounds = (index, index)
+            if batch in (16, 64) or (checked and batch == 32):
+                rounds = (index, 10)  # the second window in a shared round
+            found.append(Point(batch, (rate, rate * 1.01), rounds))
+        return found
+
+    assert _lone_dips(points(checked=False)) == {32}
+    assert _lone_dips(points(checked=True)) == set()
+    # The ends of the range and sizes on a falling or rising stretch are not dips.
+    falling = ((1, 5.0), (2, 9.0), (4, 8.0), (8, 7.0))
+    assert _lone_dips([Point(b, (r,), (i,)) for i, (b, r) in enumerate(falling)]) == set()
+
+
+def test_explore_compares_a_lone_dip_before_it_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real loop on a real model, with the throughput readings scripted (a slow spell cannot be
+    summoned on demand): a plateau from 8 to 64, where 32's coarse windows ran in a spell 20%
+    slow. 32 is neither a contender nor next to one, yet it is compared in a round."""
+
+    def plateau(batch: int) -> float:
+        return 1000.0 * min(1.0, batch / 8) ** 0.7 * (0.9 if batch >= 128 else 0.99 if batch >= 64 else 1.0)
+
+    readings: dict[int, int] = {}
+    real_window = _Meter.window
+
+    def scripted(meter: _Meter, batch_size: int) -> float:
+        real_window(meter, batch_size)  # the step still runs on the real model
+        count = readings[batch_size] = readings.get(batch_size, 0) + 1
+        spell = 0.8 if batch_size == 32 and count <= 2 else 1.0
+        return plateau(batch_size) * spell * (1 + 0.002 * (count % 3 - 1))
+
+    monkeypatch.setattr(_Meter, "window", scripted)
+    result = explore(build("mlp"), device="cpu", max_batch=128, windows=2, steps_per_window=1)
+    rounds = {point.batch_size: set(point.rounds) for point in result.points}
+    others = set().union(*(own for batch, own in rounds.items() if batch != 32))
+    assert rounds[32] & others  # compared with others in a round
+    assert readings[32] > 2
+    assert result.recommendation.batch_size == 8
 
 
 def test_global_batch_constraint_and_time_budget() -> None:

@@ -127,7 +127,8 @@ def explore(
     one above it) are measured in rounds, one window each per round after one untimed step (the
     first step after another shape runs slower), so that a slow spell on the machine hits them
     alike and the chooser can divide each round's common factor out. After the first round, up to
-    ``MAX_REFINEMENTS`` batch sizes are added between the recommendation and its neighbour. It
+    ``MAX_REFINEMENTS`` batch sizes are added between the recommendation and its neighbour, and a
+    size seen only in the coarse pass that reads slower than both neighbours joins a round. It
     stops when the confidence reaches ``confidence_target``, when ``time_budget`` seconds run out,
     or after ``MAX_FOCUS_ROUNDS`` rounds or ``FOCUS_TIME_FACTOR`` times the coarse pass's time. A
     window is ``steps_per_window`` steps or, when None, the fewest steps that last
@@ -253,6 +254,7 @@ def explore(
         while reason != "time_budget":
             current = history[-1]
             fresh = {batch for batch, values in measured.items() if len(values) < windows}
+            fresh |= _lone_dips(points())
             gap = _refinement(candidates, sorted(measured), current.batch_size, objective)
             if out_of_time():
                 reason = "time_budget"
@@ -293,6 +295,32 @@ def _coarse(candidates: list[int], base_batch: int | None) -> list[int]:
     if base_batch is not None and base_batch in candidates:
         chosen.add(base_batch)
     return sorted(chosen)
+
+
+def _lone_dips(points: list[Point]) -> set[int]:
+    """Batch sizes seen only in rounds of their own that read slower than both measured
+    neighbours. Throughput curves rise, level off and may fall, but seldom dip and recover, so
+    such a reading is more likely a slow spell than the batch size (measured: the transformer's
+    32 read 0.84 of the best in the coarse pass, between 16 and 64 at 0.92, where a sweep put it
+    at 0.99); it is compared in a round before the exploration stops confident."""
+    owners: dict[int, set[int]] = {}
+    for point in points:
+        for r in point.rounds:
+            owners.setdefault(r, set()).add(point.batch_size)
+    lone = [
+        point.batch_size
+        for point in points
+        if point.rounds and all(len(owners[r]) == 1 for r in point.rounds)
+    ]
+    level = estimates(points)
+    sizes = sorted(level)
+    dips = set()
+    for batch in lone:
+        index = sizes.index(batch)
+        neighbours = [level[size] for size in sizes[max(index - 1, 0) : index + 2] if size != batch]
+        if len(neighbours) == 2 and level[batch] < min(neighbours):
+            dips.add(batch)
+    return dips
 
 
 def _focus(measured: list[int], current: Recommendation) -> set[int]:
