@@ -22,7 +22,7 @@ import torch
 
 import batchfit
 from batchfit import find_batch_size
-from batchfit.cli import main
+from batchfit.cli import in_cli_terms, main
 from batchfit.examples import build_example
 from batchfit.units import format_bytes
 
@@ -106,31 +106,33 @@ def _bad(*args: str, message: tuple[str, ...], in_tests: bool = False) -> Bad:
 BAD_INPUTS: dict[str, Bad] = {
     "min-above-max": _bad(
         "--example", "mlp", "--min-batch", "10", "--max-batch", "5",
-        message=("min_batch (10) is larger than max_batch (5); pass min_batch <= max_batch.",),
+        message=("--min-batch (10) is larger than --max-batch (5); pass --min-batch <= --max-batch.",),
     ),
     "min-batch-0": _bad(
         "--example", "mlp", "--min-batch", "0",
-        message=("min_batch must be a positive integer, got 0.",),
+        message=("--min-batch must be a positive integer, got 0.",),
     ),
     "fraction-1.5": _bad(
         "--example", "mlp", "--fraction", "1.5",
-        message=("fraction=1.5 must be in (0, 1]: the share of device memory a batch may use.",),
+        message=("--fraction=1.5 must be in (0, 1]: the share of device memory a batch may use.",),
     ),
     "fraction-0": _bad(
         "--example", "mlp", "--fraction", "0",
-        message=("fraction=0.0 must be in (0, 1]",),
+        message=("--fraction=0.0 must be in (0, 1]",),
     ),
     "device-tpu": _bad(
         "--example", "mlp", "--device", "tpu",
-        message=("device='tpu' is not a device: use 'cpu', 'cuda' or 'cuda:N'.",),
+        message=("--device='tpu' is not a device: use 'cpu', 'cuda' or 'cuda:N'.",),
     ),
     "device-cuda-absent": _bad(
         "--example", "mlp", "--device", "cuda",
-        message=("device='cuda' was asked for, but CUDA is not available in this process", "device='cpu'"),
+        message=(
+            "--device='cuda' was asked for, but CUDA is not available in this process", "--device='cpu'"
+        ),
     ),
     "memory-limit-lots": _bad(
         "--example", "mlp", "--memory-limit", "lots",
-        message=("memory_limit='lots' is not a size: write a number with an optional unit",),
+        message=("--memory-limit='lots' is not a size: write a number with an optional unit",),
     ),
     "does-not-fit": _bad(
         "--example", "mlp", "--memory-limit", "1MiB",
@@ -432,22 +434,22 @@ def test_debug_variable_shows_the_traceback(cli: dict[str, Done | None]) -> None
     [
         pytest.param(
             ["--example", "mlp", "--multiple-of", "0"],
-            "multiple_of must be a positive integer, got 0.",
+            "--multiple-of must be a positive integer, got 0.",
             id="multiple-of-0",
         ),
         pytest.param(
             ["--example", "mlp", "--steps-per-trial", "0"],
-            "steps_per_trial must be a positive integer, got 0.",
+            "--steps-per-trial must be a positive integer, got 0.",
             id="steps-per-trial-0",
         ),
         pytest.param(
             ["--example", "mlp", "--max-batch", "0"],
-            "max_batch must be a positive integer, got 0.",
+            "--max-batch must be a positive integer, got 0.",
             id="max-batch-0",
         ),
         pytest.param(
             ["--example", "mlp", "--device", "meta"],
-            "device='meta' is not supported: batchfit measures 'cpu' and 'cuda' devices.",
+            "--device='meta' is not supported: batchfit measures 'cpu' and 'cuda' devices.",
             id="device-meta",
         ),
         pytest.param(
@@ -462,7 +464,7 @@ def test_debug_variable_shows_the_traceback(cli: dict[str, Done | None]) -> None
         ),
         pytest.param(
             ["--example", "mlp", "--modes", "eval", "--min-batch", "10", "--max-batch", "5"],
-            "min_batch (10) is larger than max_batch (5); pass min_batch <= max_batch.",
+            "--min-batch (10) is larger than --max-batch (5); pass --min-batch <= --max-batch.",
             id="eval-only-with-contradictory-bounds",
         ),
         pytest.param(
@@ -498,3 +500,88 @@ def test_debug_variable_off_values_show_no_traceback(
     monkeypatch.setenv("BATCHFIT_DEBUG", value)
     assert main(["find", "--example", "mlp", "--fraction", "2"]) == 1
     assert "Traceback" not in capsys.readouterr().err
+
+
+# -- the library's parameter names said as the command line's flags --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "message", "said"),
+    [
+        pytest.param(
+            "explore",
+            "tolerance=2.0 must be in [0, 1), e.g. 0.03 for 3%.",
+            "--tolerance=2.0 must be in [0, 1), e.g. 0.03 for 3%.",
+            id="plain-word-with-value",
+        ),
+        pytest.param(
+            "explore",
+            "windows must be at least 2 (a spread needs two), got 1.",
+            "--windows must be at least 2 (a spread needs two), got 1.",
+            id="plain-word-opening-the-message",
+        ),
+        pytest.param(
+            "find",
+            "the train step does not fit on cpu: the device memory per device. Raise memory_limit, or "
+            "fraction=0.8 toward 1.",
+            "the train step does not fit on cpu: the device memory per device. Raise --memory-limit, or "
+            "--fraction=0.8 toward 1.",
+            id="prose-words-stay",
+        ),
+        pytest.param(
+            "plan",
+            "micro_batch_size (64) is larger than max_micro_batch_size (48); lower micro_batch_size.",
+            "--micro-batch (64) is larger than --max-micro-batch (48); lower --micro-batch.",
+            id="longest-name-first",
+        ),
+        pytest.param(
+            "explore",
+            "Workload.device and --device and batch_size=1 stay.",
+            "Workload.device and --device and batch_size=1 stay.",
+            id="attributes-flags-and-other-names-stay",
+        ),
+        pytest.param(
+            "analyze", "fraction=2 in min_batch", "fraction=2 in min_batch", id="no-flags-for-analyze"
+        ),
+    ],
+)
+def test_errors_say_the_flags(command: str, message: str, said: str) -> None:
+    assert in_cli_terms(message, command) == said
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(
+            ["--max-batch", "0"], "--max-batch must be a positive integer, got 0.", id="max-batch-0"
+        ),
+        pytest.param(
+            ["--min-batch", "20", "--max-batch", "16"],
+            "--min-batch (20) is larger than --max-batch (16); pass --min-batch <= --max-batch.",
+            id="min-above-max",
+        ),
+        pytest.param(
+            ["--max-batch", "16", "--tolerance", "2"],
+            "--tolerance=2.0 must be in [0, 1), e.g. 0.03 for 3%.",
+            id="tolerance-2",
+        ),
+        pytest.param(
+            ["--max-batch", "16", "--confidence", "101"],
+            "--confidence=101 must be in [0, 100].",
+            id="confidence-101",
+        ),
+        pytest.param(
+            ["--max-batch", "10", "--multiple-of", "16"],
+            "no micro-batch in [1, 10] satisfies --multiple-of=16; loosen one or widen the range.",
+            id="no-candidate",
+        ),
+    ],
+)
+def test_explore_errors_name_its_flags(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BATCHFIT_DEBUG", raising=False)
+    assert main(["explore", "--example", "mlp", "--device", "cpu", *args]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"batchfit: error: {message}\n{HINT}\n"

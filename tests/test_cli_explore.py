@@ -64,7 +64,7 @@ def test_csv_and_bad_input() -> None:
     assert len(rows) == 1 and rows[0]["batch_size"] == "1"  # the budget allows only the first point
     bad = explore("--devices", "8", "--global-batch", "1001")
     assert bad.returncode == 1 and bad.stderr.startswith(
-        "batchfit: error: global_batch (1001) is not divisible by world_size (8); 1000 or 1008 would work."
+        "batchfit: error: --global-batch (1001) is not divisible by --devices (8); 1000 or 1008 would work."
     )
 
 

@@ -169,7 +169,19 @@ def test_global_batch_constraint_and_time_budget() -> None:
         ({"windows": 1}, "windows must be at least 2"),
         ({"tolerance": 3}, "tolerance=3 must be in [0, 1)"),
         ({"confidence_target": 101}, "confidence_target=101 must be in [0, 100]"),
-        ({"max_batch": 10, "multiple_of": 16}, "no micro-batch in [1, 10] satisfies the constraints"),
+        (
+            {"max_batch": 10, "multiple_of": 16},
+            "no micro-batch in [1, 10] satisfies multiple_of=16; loosen one or widen the range.",
+        ),
+        (
+            {"max_batch": 10, "multiple_of": 4, "world_size": 2, "global_batch": 36},
+            "no micro-batch in [1, 10] satisfies multiple_of=4 and global_batch=36 / world_size=2;",
+        ),
+        ({"max_batch": 0}, "max_batch must be a positive integer, got 0."),
+        ({"min_batch": 0}, "min_batch must be a positive integer, got 0."),
+        ({"min_batch": 20}, "min_batch (20) is larger than max_batch (16); pass min_batch <= max_batch."),
+        ({"multiple_of": -8}, "multiple_of must be a positive integer, got -8."),
+        ({"global_batch": 0}, "global_batch must be a positive integer, got 0."),
     ],
 )
 def test_bad_input(kwargs: dict[str, object], message: str) -> None:

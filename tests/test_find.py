@@ -334,7 +334,7 @@ def test_model_that_does_not_fit_at_batch_one(mlp_workload: Workload) -> None:
     )
     assert "The fixed part alone, parameters and buffers, takes 332.04 KiB" in message
     assert "against a budget of 320.00 KiB (0.8 x 400.00 KiB)" in message
-    assert "Raise memory_limit or fraction" in message
+    assert "Raise memory_limit, or fraction=0.8 toward 1, or shrink" in message
 
 
 def test_workload_errors() -> None:

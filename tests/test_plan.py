@@ -486,12 +486,12 @@ def test_cli_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
         (
             ["--global-batch", "1000", "--micro-batch", "48"],
             (
-                "global_batch_size (1000) is not divisible by world_size x micro_batch_size (8 x 48 = 384); "
+                "--global-batch (1000) is not divisible by --devices x --micro-batch (8 x 48 = 384); "
                 "768 or 1152 would work."
             ),
         ),
-        (["--base-lr", "0"], "base_learning_rate must be a positive number, got 0.0."),
-        (["--devices", "0"], "world_size must be a positive integer, got 0."),
+        (["--base-lr", "0"], "--base-lr must be a positive number, got 0.0."),
+        (["--devices", "0"], "--devices must be a positive integer, got 0."),
     ],
 )
 def test_cli_plan_error_is_one_line(

@@ -6,6 +6,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -24,6 +25,64 @@ from batchfit.units import format_bytes
 from batchfit.workload import Workload, load_workload
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
+
+#: The library's errors name its parameters; on the command line they are said as the flags that
+#: set them. Per subcommand: parameter -> flag.
+_SHARED_FLAGS = {
+    "min_batch": "--min-batch",
+    "max_batch": "--max-batch",
+    "multiple_of": "--multiple-of",
+    "fraction": "--fraction",
+    "device": "--device",
+    "memory_limit": "--memory-limit",
+}
+CLI_FLAGS: dict[str, dict[str, str]] = {
+    "find": {**_SHARED_FLAGS, "steps_per_trial": "--steps-per-trial"},
+    "explore": {
+        **_SHARED_FLAGS,
+        "tolerance": "--tolerance",
+        "objective": "--objective",
+        "confidence_target": "--confidence",
+        "base_batch": "--base-batch",
+        "global_batch": "--global-batch",
+        "world_size": "--devices",
+        "windows": "--windows",
+        "steps_per_window": "--steps-per-window",
+        "time_budget": "--time-budget",
+    },
+    "plan": {
+        "global_batch_size": "--global-batch",
+        "world_size": "--devices",
+        "max_micro_batch_size": "--max-micro-batch",
+        "micro_batch_size": "--micro-batch",
+        "base_learning_rate": "--base-lr",
+        "base_batch_size": "--base-batch",
+        "scaling_rule": "--rule",
+        "warmup_steps": "--warmup-steps",
+        "steps_per_epoch": "--steps-per-epoch",
+        "weight_decay": "--weight-decay",
+        "scale_weight_decay": "--scale-weight-decay",
+    },
+}
+
+
+def in_cli_terms(message: str, command: str) -> str:
+    """``message`` with the API's parameter names said as ``command``'s flags. A name with an
+    underscore is a parameter wherever it stands; a plain word (``fraction``, ``device``) only
+    where it opens the message or is followed by ``=``, as words such as "device" are also prose."""
+    flags = CLI_FLAGS.get(command, {})
+    if not flags:
+        return message
+    names = "|".join(re.escape(name) for name in sorted(flags, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.-])({names})(?![\w-])(=?)")
+
+    def said(match: re.Match[str]) -> str:
+        name, equals = match.group(1), match.group(2)
+        if "_" in name or equals or match.start() == 0:
+            return flags[name] + equals
+        return match.group(0)
+
+    return pattern.sub(said, message)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -228,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BatchfitError, OSError) as error:
         if debug:
             traceback.print_exc()
-        print(f"batchfit: error: {error}", file=sys.stderr)
+        message = in_cli_terms(str(error), args.command) if isinstance(error, BatchfitError) else str(error)
+        print(f"batchfit: error: {message}", file=sys.stderr)
         if not debug:
             print(f"(set {DEBUG_VARIABLE}=1 to see the traceback)", file=sys.stderr)
         return 1

@@ -140,11 +140,19 @@ def explore(
         ("windows", windows),
         ("steps_per_window", 1 if steps_per_window is None else steps_per_window),
         ("world_size", world_size),
+        ("min_batch", min_batch),
+        ("max_batch", 1 if max_batch is None else max_batch),
+        ("multiple_of", 1 if multiple_of is None else multiple_of),
+        ("global_batch", 1 if global_batch is None else global_batch),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigurationError(f"{name} must be a positive integer, got {value!r}.")
     if windows < 2:
         raise ConfigurationError(f"windows must be at least 2 (a spread needs two), got {windows}.")
+    if max_batch is not None and min_batch > max_batch:
+        raise ConfigurationError(
+            f"min_batch ({min_batch}) is larger than max_batch ({max_batch}); pass min_batch <= max_batch."
+        )
     # The chooser's own checks (tolerance, objective, confidence target), before any work is done.
     recommend((), tolerance=tolerance, objective=objective, confidence_target=confidence_target)
     if global_batch is not None and global_batch % world_size:
@@ -172,9 +180,12 @@ def explore(
 
     candidates = [batch for batch in range(min_batch, max_batch + 1) if allowed(batch)]
     if not candidates:
+        constraints = [f"multiple_of={multiple_of}"] if multiple_of else []
+        if global_batch is not None:
+            constraints.append(f"global_batch={global_batch} / world_size={world_size}")
         raise ConfigurationError(
-            f"no micro-batch in [{min_batch}, {max_batch}] satisfies the constraints "
-            f"(multiple_of={multiple_of}, global_batch={global_batch}, world_size={world_size})."
+            f"no micro-batch in [{min_batch}, {max_batch}] satisfies {' and '.join(constraints)}; "
+            f"loosen one or widen the range."
         )
     tokens_per_sample = tokens_per_sample or workload.tokens_per_sample
     meter = _Meter(workload, target, steps_per_window, tokens_per_sample)

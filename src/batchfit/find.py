@@ -289,6 +289,6 @@ def _does_not_fit(
         f"{measured}, against a budget of {format_bytes(budget)} ({fraction:g} x "
         f"{format_bytes(capacity)}). The fixed part alone, parameters and buffers, takes "
         f"{format_bytes(weights)} before gradients, optimizer state and activations. Raise "
-        f"memory_limit or fraction, or shrink the fixed part (mixed precision, a lighter "
-        f"optimizer, activation checkpointing)."
+        f"memory_limit, or fraction={fraction:g} toward 1, or shrink the fixed part (mixed precision, "
+        f"a lighter optimizer, activation checkpointing)."
     )
