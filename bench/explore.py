@@ -112,7 +112,9 @@ NOISE_NOTE = (
 class SweepPoint:
     batch_size: int
     windows: list[float]  # throughput of each window (samples/s, or tokens/s for the transformer)
-    median: float
+    passes: list[int]  # the pass each window was measured in
+    median: float  # the plain median of the windows
+    level: float  # the throughput with each pass's common factor divided out (see ``polish``)
     seconds: float  # time of this point's warm-up and counted windows
 
 
@@ -127,14 +129,14 @@ class Sweep:
 
     @property
     def best_batch(self) -> int:
-        return max(self.points, key=lambda batch: self.points[batch].median)
+        return max(self.points, key=lambda batch: self.points[batch].level)
 
     @property
     def best(self) -> float:
-        return self.points[self.best_batch].median
+        return self.points[self.best_batch].level
 
-    def median_at(self, batch: int) -> float:
-        return (self.points.get(batch) or self.extra[batch]).median
+    def point(self, batch: int) -> SweepPoint:
+        return self.points.get(batch) or self.extra[batch]
 
 
 @dataclass
@@ -156,10 +158,10 @@ class Row:
     unit: str
     sweep: Sweep
     batchfit: BatchfitRun
-    quality: float  # sweep median at batchfit's recommendation / sweep best
+    quality: float  # the truth at batchfit's recommendation / the truth's best
     time_ratio: float  # batchfit seconds / sweep seconds
     truth_pick: int  # the smallest sweep batch within 3% of the sweep's best
-    truth_error: float  # relative standard error of the truth's median at its best
+    truth_error: float  # relative standard error of the truth's level at its best
     half_quality: float  # the truth's own 3% pick from its odd windows, scored on its even ones
     quality_error: float  # the quality's relative standard error, from the truth's own windows
 
@@ -184,6 +186,38 @@ def sweep_sizes(max_batch: int) -> list[int]:
     return sorted(sizes)
 
 
+Table = dict[int, dict[int, float]]  # batch size -> pass -> log-throughput of its window
+
+
+def table_of(rates: dict[int, list[float]], passes: dict[int, list[int]], keep: Any = None) -> Table:
+    """The log-throughputs by batch size and pass (only the passes ``keep`` accepts, if given)."""
+    return {
+        batch: {p: math.log(v) for p, v in zip(passes[batch], values, strict=True) if keep is None or keep(p)}
+        for batch, values in rates.items()
+    }
+
+
+def polish(table: Table, sweeps: int = 8) -> tuple[dict[int, float], dict[int, float]]:
+    """Tukey's median polish of ``table``: log-throughput = level of the batch size + effect of
+    the pass + residual. A pass's effect is what slowed or sped up every size measured in it (the
+    machine's drift over the few seconds a pass takes), so levels are comparable between sizes
+    measured in different passes: the contenders' own passes may run in a slower spell than the
+    passes over every size did. Returns the levels (log) and the pass effects (centred on the
+    typical pass)."""
+    passes = sorted({p for row in table.values() for p in row})
+    level = {batch: statistics.median(row.values()) for batch, row in table.items()}
+    effect = dict.fromkeys(passes, 0.0)
+    for _ in range(sweeps):
+        for p in passes:
+            effect[p] = statistics.median(row[p] - level[batch] for batch, row in table.items() if p in row)
+        centre = statistics.median(effect.values())
+        effect = {p: value - centre for p, value in effect.items()}
+        level = {
+            batch: statistics.median(v - effect[p] for p, v in row.items()) for batch, row in table.items()
+        }
+    return level, effect
+
+
 def run_sweep(
     example: str, max_batch: int, counted: int, windows: int, extra: list[int], sharpen: Sharpen
 ) -> Sweep:
@@ -198,6 +232,7 @@ def run_sweep(
     sizes = sweep_sizes(max_batch)
     everything = sorted(set(sizes) | set(extra))
     rates: dict[int, list[float]] = {batch: [] for batch in everything}
+    passes: dict[int, list[int]] = {batch: [] for batch in everything}
     seconds = dict.fromkeys(everything, 0.0)
 
     def one_pass(batches: list[int], round_: int) -> None:
@@ -211,6 +246,7 @@ def run_sweep(
             if round_ == 0:
                 meter.warm_up(batch)  # a warm-up step and a discarded first window
             rates[batch].append(meter.window(batch))
+            passes[batch].append(round_)
             if round_ < counted:
                 seconds[batch] += time.perf_counter() - begin
         meter.reset()
@@ -220,9 +256,12 @@ def run_sweep(
         with Stopwatch() as watch:
             for round_ in range(windows):
                 one_pass(everything, round_)
-            best = max(statistics.median(rates[batch]) for batch in sizes)
-            floor = (1 - CONTENDER_MARGIN) * best
-            contenders = [b for b in everything if b in extra or statistics.median(rates[b]) >= floor]
+            level, _ = polish(table_of(rates, passes))
+            ranked = sorted(sizes, key=level.__getitem__, reverse=True)
+            floor = level[ranked[0]] + math.log(1 - CONTENDER_MARGIN)
+            # At least three: a size measured in passes of its own would carry their drift alone.
+            chosen = {*ranked[:3], *extra, *(batch for batch in sizes if level[batch] >= floor)}
+            contenders = sorted(chosen)
             began = time.perf_counter()
             round_ = windows
             while round_ < sharpen.windows and time.perf_counter() - began < sharpen.seconds:
@@ -231,20 +270,30 @@ def run_sweep(
             sharpen_seconds = time.perf_counter() - began
     finally:
         meter.close()
+    level, _ = polish(table_of(rates, passes))
     points = {
-        batch: SweepPoint(batch, rates[batch], statistics.median(rates[batch]), seconds[batch])
+        batch: SweepPoint(
+            batch,
+            rates[batch],
+            passes[batch],
+            statistics.median(rates[batch]),
+            math.exp(level[batch]),
+            seconds[batch],
+        )
         for batch in everything
     }
     for batch, point in points.items():
         note = "" if batch in sizes else " (extra: not in the sweep's time)"
         print(
-            f"    sweep {batch:>4}: median {point.median:>10.1f}  spread {spread(point.windows):>5.1%}  "
-            f"{len(point.windows):>3} windows  {point.seconds:5.1f} s{note}",
+            f"    sweep {batch:>4}: level {point.level:>10.1f}  median {point.median:>10.1f}  "
+            f"spread {spread(point.windows):>5.1%}  {len(point.windows):>3} windows  "
+            f"{point.seconds:5.1f} s{note}",
             flush=True,
         )
     print(
-        f"    sharpened {', '.join(map(str, contenders))} (within {CONTENDER_MARGIN:.0%} of the best after "
-        f"{windows} passes, and batchfit's pick) to {round_} windows each in {sharpen_seconds:.0f} s",
+        f"    sharpened {', '.join(map(str, contenders))} (the top 3 and those within {CONTENDER_MARGIN:.0%} "
+        f"of the best after {windows} passes, and batchfit's pick) to {round_} windows each in "
+        f"{sharpen_seconds:.0f} s",
         flush=True,
     )
     return Sweep(
@@ -274,38 +323,46 @@ def run_batchfit(example: str, max_batch: int) -> tuple[BatchfitRun, ExploreResu
     return run, result
 
 
-def median_error(values: list[float]) -> float:
-    """The relative standard error of the median of ``values`` (1.2533 x that of their mean)."""
-    middle = statistics.median(values)
-    logs = [math.log(value / middle) for value in values]
-    return 1.2533 * statistics.stdev(logs) / math.sqrt(len(values))
+def level_error(sweep: Sweep, batch: int) -> float:
+    """The relative standard error of a size's level: 1.2533 x the spread of its windows about
+    the fit (pass effects out) over the square root of their count."""
+    everything = {**sweep.points, **sweep.extra}
+    _, effect = polish(
+        table_of({b: p.windows for b, p in everything.items()}, {b: p.passes for b, p in everything.items()})
+    )
+    point = everything[batch]
+    residuals = [
+        math.log(v / point.level) - effect[p] for p, v in zip(point.passes, point.windows, strict=True)
+    ]
+    return 1.2533 * statistics.stdev(residuals) / math.sqrt(len(residuals))
 
 
 def quality_error(sweep: Sweep, recommended: int, resamples: int = 400) -> float:
-    """How far the quality itself may be off: the standard deviation of the logarithm of the ratio
-    of the two medians when the truth's passes are redrawn with replacement (a pass's windows stay
-    together, as they were measured close in time)."""
-    pick = (sweep.points.get(recommended) or sweep.extra[recommended]).windows
-    best = sweep.points[sweep.best_batch].windows
-    shared = min(len(pick), len(best))  # the passes that measured both
-    pick, best = pick[:shared], best[:shared]
+    """How far the quality itself may be off: the standard deviation of the median of the paired
+    log-ratios (the pick's window over the best's, in each pass that measured both) when the
+    passes are redrawn with replacement."""
+    if recommended == sweep.best_batch:
+        return 0.0
+    pick, best = sweep.point(recommended), sweep.points[sweep.best_batch]
+    at_best = dict(zip(best.passes, best.windows, strict=True))
+    ratios = [
+        math.log(v / at_best[p]) for p, v in zip(pick.passes, pick.windows, strict=True) if p in at_best
+    ]
     rng = random.Random(0)
-    logs = []
-    for _ in range(resamples):
-        passes = [rng.randrange(len(best)) for _ in best]
-        ratio = statistics.median(pick[i] for i in passes) / statistics.median(best[i] for i in passes)
-        logs.append(math.log(ratio))
-    return statistics.stdev(logs)
+    medians = [statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples)]
+    return statistics.stdev(medians)
 
 
 def half_quality(sweep: Sweep) -> float:
-    """How well the truth agrees with itself: the 3% rule applied to the medians of its odd
-    windows, scored like batchfit's pick on the medians of its even windows. Below the quality
-    target, the target is within the machine's noise."""
-    odd = {batch: statistics.median(point.windows[0::2]) for batch, point in sweep.points.items()}
-    even = {batch: statistics.median(point.windows[1::2]) for batch, point in sweep.points.items()}
-    pick = min(batch for batch, value in odd.items() if value >= (1 - 0.03) * max(odd.values()))
-    return even[pick] / max(even.values())
+    """How well the truth agrees with itself: the 3% rule applied to the fit of its odd passes,
+    scored like batchfit's pick on the fit of its even passes. Below the quality target, the
+    target is within the machine's noise."""
+    rates = {batch: point.windows for batch, point in sweep.points.items()}
+    passes = {batch: point.passes for batch, point in sweep.points.items()}
+    odd, _ = polish(table_of(rates, passes, lambda p: p % 2 == 1))
+    even, _ = polish(table_of(rates, passes, lambda p: p % 2 == 0))
+    pick = min(batch for batch, value in odd.items() if value >= math.log(1 - 0.03) + max(odd.values()))
+    return math.exp(even[pick] - max(even.values()))
 
 
 def spread(values: list[float]) -> float:
@@ -334,8 +391,8 @@ def bench_one(example: str, max_batch: int, counted: int, windows: int, sharpen:
         flush=True,
     )
     sweep = run_sweep(example, max_batch, counted, windows, [ours.recommended], sharpen)
-    quality = sweep.median_at(ours.recommended) / sweep.best
-    truth_pick = min(b for b, p in sweep.points.items() if p.median >= (1 - 0.03) * sweep.best)
+    quality = sweep.point(ours.recommended).level / sweep.best
+    truth_pick = min(b for b, p in sweep.points.items() if p.level >= (1 - 0.03) * sweep.best)
     row = Row(
         example,
         max_batch,
@@ -345,7 +402,7 @@ def bench_one(example: str, max_batch: int, counted: int, windows: int, sharpen:
         quality,
         ours.seconds / sweep.seconds,
         truth_pick,
-        median_error(sweep.points[sweep.best_batch].windows),
+        level_error(sweep, sweep.best_batch),
         half_quality(sweep),
         quality_error(sweep, ours.recommended),
     )
