@@ -17,18 +17,20 @@ For each built-in example, on the CPU, with a fixed ``max_batch`` per example th
   median and batchfit's pick, get passes of their own, up to ``SHARPEN.windows`` windows each or
   ``SHARPEN.seconds`` of passes: a window's log-throughput has a standard deviation of 7-12% here,
   which leaves a median of 21 windows 2-3% uncertain, as much as the 3% being judged. The truth
-  at a batch size is the plain median of all its windows; the best is the highest of those;
+  at a batch size is its level in a median polish of the pass-by-size table (``polish``: each
+  pass's common factor divided out, as the contenders' own passes may run in a slower or faster
+  spell than the passes over every size); the best is the highest of those;
 * batchfit: ``explore(workload, device="cpu", max_batch=B)`` with its defaults (tolerance 0.03,
   3 coarse windows, 20 ms windows), on a freshly built workload; its time is the wall time of
   the call.
 
 Two ratios per example:
 
-* quality: the sweep's median throughput at batchfit's recommended batch size over the sweep's
-  best (the recommendation is measured within the sweep's passes when it is not a sweep point;
-  that extra measurement is not counted in the sweep's time). Target: at least 0.97. Printed
-  with its own standard error (``quality +-``, the truth's passes redrawn): a quality a standard
-  error or less below the target is within what the truth can tell;
+* quality: the truth at batchfit's recommended batch size over the truth's best (the
+  recommendation is measured within the sweep's passes when it is not a sweep point; that extra
+  measurement is not counted in the sweep's time). Target: at least 0.97. Printed with its own
+  standard error (``quality +-``, the paired ratios' passes redrawn): a quality a standard error
+  or less below the target is within what the truth can tell;
 * time: batchfit's seconds over the sweep's seconds. Target: at most 0.40.
 
 glibc's malloc is pinned for the whole run (``batchfit.device.PINNED_MALLOC``, set in the
@@ -164,6 +166,8 @@ class Row:
     truth_error: float  # relative standard error of the truth's level at its best
     half_quality: float  # the truth's own 3% pick from its odd windows, scored on its even ones
     quality_error: float  # the quality's relative standard error, from the truth's own windows
+    sweep_pick: int  # the sweep's own 3% pick, from the plain medians of its counted windows
+    sweep_pick_quality: float  # the truth at the sweep's own pick / the truth's best
 
     @property
     def quality_met(self) -> bool:
@@ -365,6 +369,13 @@ def half_quality(sweep: Sweep) -> float:
     return math.exp(even[pick] - max(even.values()))
 
 
+def sweep_pick(sweep: Sweep, counted: int) -> int:
+    """What the sweep whose time batchfit's is compared with would pick by the same 3% rule: the
+    plain medians of its ``counted`` windows per size."""
+    medians = {batch: statistics.median(point.windows[:counted]) for batch, point in sweep.points.items()}
+    return min(batch for batch, value in medians.items() if value >= (1 - 0.03) * max(medians.values()))
+
+
 def spread(values: list[float]) -> float:
     middle = statistics.median(values)
     return (max(values) - min(values)) / middle if middle > 0 else 0.0
@@ -393,6 +404,7 @@ def bench_one(example: str, max_batch: int, counted: int, windows: int, sharpen:
     sweep = run_sweep(example, max_batch, counted, windows, [ours.recommended], sharpen)
     quality = sweep.point(ours.recommended).level / sweep.best
     truth_pick = min(b for b, p in sweep.points.items() if p.level >= (1 - 0.03) * sweep.best)
+    counted_pick = sweep_pick(sweep, counted)
     row = Row(
         example,
         max_batch,
@@ -405,12 +417,15 @@ def bench_one(example: str, max_batch: int, counted: int, windows: int, sharpen:
         level_error(sweep, sweep.best_batch),
         half_quality(sweep),
         quality_error(sweep, ours.recommended),
+        counted_pick,
+        sweep.points[counted_pick].level / sweep.best,
     )
     print(
         f"  sweep: best {sweep.best:.1f} {result.unit} at {sweep.best_batch} (+-{row.truth_error:.1%}), "
         f"smallest within 3% {truth_pick}, {len(sweep.points)} sizes in {sweep.seconds:.1f} s; "
         f"quality {quality:.3f} (+-{row.quality_error:.1%}), time {row.time_ratio:.3f}; the truth's own "
-        f"pick from half its windows scores {row.half_quality:.3f} on the other half",
+        f"pick from half its windows scores {row.half_quality:.3f} on the other half; the "
+        f"{counted}-window sweep's own 3% pick, {row.sweep_pick}, scores {row.sweep_pick_quality:.3f}",
         flush=True,
     )
     return row
@@ -424,6 +439,7 @@ HEADERS = (
     "sweep 3% pick",
     "truth +-",
     "truth self",
+    "sweep's own pick",
     "bf pick",
     "bf conf",
     "bf stop",
@@ -449,6 +465,7 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
                 str(row.truth_pick),
                 f"{row.truth_error:.1%}",
                 f"{row.half_quality:.3f}",
+                f"{row.sweep_pick} ({row.sweep_pick_quality:.3f})",
                 str(row.batchfit.recommended),
                 str(row.batchfit.confidence),
                 row.batchfit.stop_reason,
@@ -468,7 +485,7 @@ def print_text_table(rows: list[Row]) -> None:
 
 
 def print_markdown_table(rows: list[Row]) -> None:
-    tables.print_markdown_table(HEADERS, table_rows(rows), text_columns=(0, 2, 9, 15))
+    tables.print_markdown_table(HEADERS, table_rows(rows), text_columns=(0, 2, 10, 16))
 
 
 def _load_average() -> str:
