@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import statistics
 
 import pytest
 from conftest import build
@@ -16,6 +17,8 @@ from conftest import build
 from batchfit.choose import Point, Recommendation
 from batchfit.errors import ConfigurationError
 from batchfit.explore import (
+    FAR_BELOW,
+    KEEP_CHANCE,
     MAX_FOCUS_ROUNDS,
     MAX_REFINEMENTS,
     _coarse,
@@ -46,16 +49,29 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
     assert result.recommendation.batch_size in batches and result.history[-1] == result.recommendation
     assert len(updates) == len(result.history) >= len(batches)
     coarse = _coarse(list(range(1, result.max_batch_size + 1)), None)
-    # The coarse pass: each size alone, 3 windows in a row, in a round of its own.
-    for point in result.points:
-        if point.batch_size in coarse:
-            assert len(point.samples_per_second) >= 3 and len(set(point.rounds[:3])) == 1
+    # The coarse pass: each size alone, from the largest down, in a round of its own: 3 windows in
+    # a row, or 1 when that one read below FAR_BELOW of the fastest before it (batch 1 of this
+    # mlp runs at about a fortieth of the bound's throughput).
+    first_round = {point.batch_size: point.rounds[0] for point in result.points if point.batch_size in coarse}
+    assert sorted(first_round, key=first_round.__getitem__) == sorted(coarse, reverse=True)
+    in_coarse: dict[int, int] = {}
+    fastest = 0.0
+    for batch in sorted(coarse, reverse=True):
+        point = next(p for p in result.points if p.batch_size == batch)
+        alone = [
+            v for v, r in zip(point.samples_per_second, point.rounds, strict=True) if r == point.rounds[0]
+        ]
+        in_coarse[batch] = len(alone)
+        assert len(alone) == (1 if alone[0] < FAR_BELOW * fastest else 3)
+        fastest = max(fastest, statistics.median(alone))
+    assert in_coarse[1] == 1 and in_coarse[result.max_batch_size] == 3
+    assert len(result.points[0].samples_per_second) == 1  # batch 1 is not measured again
     # Then rounds over the contenders: one window each, at least two sizes per round (so the drift
     # can be taken out), never more rounds than the cap.
     members: dict[int, list[int]] = {}
     for point in result.points:
         for index, r in enumerate(point.rounds):
-            if point.batch_size not in coarse or index >= 3:
+            if point.batch_size not in coarse or index >= in_coarse[point.batch_size]:
                 members.setdefault(r, []).append(point.batch_size)
     assert len(members) <= MAX_FOCUS_ROUNDS
     assert all(len(sizes) == len(set(sizes)) >= 2 for sizes in members.values())
@@ -82,6 +98,11 @@ def test_contenders_and_refinements() -> None:
     assert _focus(measured, current) == {4, 8, 32, 64}
     top = Recommendation(batch_size=64, best_batch_size=64, base_batch_size=1, speedup=3.0, confidence=50)
     assert _focus(measured, top) == {32, 64}
+    # And any size that may still be within the tolerance: a former fastest two sizes away stays
+    # compared with the recommendation in the same rounds.
+    middle = Recommendation(batch_size=16, best_batch_size=16, base_batch_size=1, speedup=3.0, confidence=50)
+    assert _focus(measured, middle, {8: 0.0, 16: 0.7, 32: 0.1, 64: 0.3}) == {8, 16, 32, 64}
+    assert _focus(measured, middle, {8: 0.0, 16: 0.7, 32: 0.1, 64: KEEP_CHANCE / 2}) == {8, 16, 32}
     candidates = list(range(1, 65))
     # The smallest-within rule refines below the recommendation only (where its answer may lie) ...
     # The roundest size in between, nearest the geometric middle: 12 between 8 and 16, 48 between

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from batchfit.choose import Objective, Point, Recommendation, estimates, recommend
+from batchfit.choose import Objective, Point, Recommendation, confidences, estimates, recommend
 from batchfit.device import Device, resolve_device
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_batch_size
@@ -29,6 +30,11 @@ MAX_FOCUS_ROUNDS = 16
 #: ... and the rounds stop once they have taken this many times as long as the coarse pass (what a
 #: look over the whole range costs on this model and machine).
 FOCUS_TIME_FACTOR = 1.5
+#: A size at least this likely to be within the tolerance of the best stays in the rounds.
+KEEP_CHANCE = 0.2
+#: In the coarse pass (largest first), a size whose first window reads below this share of the
+#: fastest so far gets no more windows: far from any tolerance, it only sets the scale.
+FAR_BELOW = 0.8
 #: Training steps between two restores of the weights during the exploration.
 RESTORE_EVERY = 32
 #: With ``steps_per_window=None``, a window is the fewest steps that last at least this long.
@@ -122,18 +128,20 @@ def explore(
 
     The bound is ``max_batch`` or, when not given, the memory-safe maximum ``find_batch_size``
     finds at ``fraction``. Each batch size gets a warm-up step and a discarded first window. A
-    coarse pass measures the powers of two, the bound and the base, ``windows`` windows each in a
-    row. Then the contenders (the recommendation and the batch size below it, the fastest and the
-    one above it) are measured in rounds, one window each per round after one untimed step (the
-    first step after another shape runs slower), so that a slow spell on the machine hits them
-    alike and the chooser can divide each round's common factor out. After the first round, up to
-    ``MAX_REFINEMENTS`` batch sizes are added between the recommendation and its neighbour, and a
-    size seen only in the coarse pass that reads slower than both neighbours joins a round. It
-    stops when the confidence reaches ``confidence_target``, when ``time_budget`` seconds run out,
-    or after ``MAX_FOCUS_ROUNDS`` rounds or ``FOCUS_TIME_FACTOR`` times the coarse pass's time. A
-    window is ``steps_per_window`` steps or, when None, the fewest steps that last
-    ``MIN_WINDOW_SECONDS``. With ``world_size`` and ``global_batch``, the micro-batch must divide
-    ``global_batch / world_size``; with ``multiple_of``, be a multiple of it.
+    coarse pass measures the powers of two, the bound and the base, from the largest down,
+    ``windows`` windows each in a row, or one for a size whose first reads below ``FAR_BELOW`` of
+    the fastest before it (far from any tolerance, it only sets the scale). Then the contenders
+    (the recommendation and the batch size below it, the fastest and the one above it) are measured
+    in rounds, one window each per round after one untimed step (the first step after another shape
+    runs slower), so that a slow spell on the machine hits them alike and the chooser can divide
+    each round's common factor out. After the first round, up to ``MAX_REFINEMENTS`` batch sizes
+    are added between the recommendation and its neighbour, and a size seen only in the coarse pass
+    that reads slower than both neighbours joins a round. It stops when the confidence reaches
+    ``confidence_target``, when ``time_budget`` seconds run out, or after ``MAX_FOCUS_ROUNDS``
+    rounds or ``FOCUS_TIME_FACTOR`` times the coarse pass's time. A window is ``steps_per_window``
+    steps or, when None, the fewest steps that last ``MIN_WINDOW_SECONDS``. With ``world_size`` and
+    ``global_batch``, the micro-batch must divide ``global_batch / world_size``; with
+    ``multiple_of``, be a multiple of it.
     """
     started = time.perf_counter()
     for name, value in (
@@ -191,6 +199,7 @@ def explore(
     meter = _Meter(workload, target, steps_per_window, tokens_per_sample)
     measured: dict[int, list[tuple[int, float]]] = {}  # batch size -> (round, throughput) per window
     history: list[Recommendation] = []
+    far: set[int] = set()  # sizes measured once in the coarse pass, being far slower than the fastest
     rounds = 0
 
     def points() -> list[Point]:
@@ -218,10 +227,11 @@ def explore(
             if on_update is not None:
                 on_update(current)
 
-    def visit(batch: int, count: int) -> bool:
+    def visit(batch: int, count: int, floor: float = 0.0) -> bool:
         """``count`` windows at ``batch`` in the current round (a warm-up and a discarded window
         on the first visit, one untimed step on the later ones: the first step after another
-        shape runs slower); False when the time budget ran out before."""
+        shape runs slower), or one when the first reads below ``floor``; False when the time
+        budget ran out before."""
         if measured and out_of_time():  # the first window is always measured
             return False
         if batch not in measured:
@@ -229,20 +239,26 @@ def explore(
             measured[batch] = []
         else:
             meter.rewarm(batch)
-        for _ in range(count):
+        for index in range(count):
             measured[batch].append((rounds, meter.window(batch)))
+            if index == 0 and measured[batch][-1][1] < floor:
+                far.add(batch)
+                break
         return True
 
     def coarse_pass(batches: list[int]) -> bool:
-        """Each batch size on its own, ``windows`` windows in a row."""
+        """Each batch size on its own, from the largest down, ``windows`` windows in a row, or
+        one for a size whose first reads below ``FAR_BELOW`` of the fastest so far."""
         nonlocal rounds
-        for batch in batches:
-            finished = visit(batch, windows)
+        fastest = 0.0
+        for batch in reversed(batches):
+            finished = visit(batch, windows, FAR_BELOW * fastest)
             meter.reset()
             rounds += 1
-            update(finished, covered=batch == batches[-1])
+            update(finished, covered=batch == batches[0])
             if not finished:
                 return False
+            fastest = max(fastest, statistics.median(rate for _, rate in measured[batch]))
         return True
 
     def run_round(batches: set[int]) -> bool:
@@ -265,7 +281,7 @@ def explore(
         while reason != "time_budget":
             current = history[-1]
             fresh = {batch for batch, values in measured.items() if len(values) < windows}
-            fresh |= _lone_dips(points())
+            fresh = (fresh | _lone_dips(points())) - far
             gap = _refinement(candidates, sorted(measured), current.batch_size, objective)
             if out_of_time():
                 reason = "time_budget"
@@ -281,7 +297,8 @@ def explore(
             elif focus_rounds >= MAX_FOCUS_ROUNDS or time.perf_counter() > focus_ends:
                 break
             focus_rounds += 1
-            if not run_round(_focus(sorted(measured), current) | fresh):
+            chances = confidences(points(), tolerance=tolerance)
+            if not run_round(_focus(sorted(measured), current, chances) | fresh):
                 reason = "time_budget"
     finally:
         meter.close()
@@ -323,7 +340,7 @@ def _lone_dips(points: list[Point]) -> set[int]:
         for point in points
         if point.rounds and all(len(owners[r]) == 1 for r in point.rounds)
     ]
-    level = estimates(points)
+    level = estimates(points, pooled=False)  # a dip is what the size's own windows say
     sizes = sorted(level)
     dips = set()
     for batch in lone:
@@ -334,17 +351,21 @@ def _lone_dips(points: list[Point]) -> set[int]:
     return dips
 
 
-def _focus(measured: list[int], current: Recommendation) -> set[int]:
+def _focus(measured: list[int], current: Recommendation, chances: dict[int, float] | None = None) -> set[int]:
     """The contenders: the recommendation and the batch size measured just below it (the one the
     rule would take if it came within the tolerance), the fastest and the one just above it (which
-    a slow spell during its first windows may have put behind)."""
+    a slow spell during its first windows may have put behind), and any size whose chance of being
+    within the tolerance of the best (``chances``) is ``KEEP_CHANCE`` or more: a size that was the
+    fastest and is no longer next to the recommendation must still be compared with it in the same
+    rounds (measured: the mlp's 512 left the rounds when 384 read fastest, and 384, at 0.91 of
+    512, was recommended from rounds that no longer measured 512)."""
     chosen: set[int] = set()
     for batch, step in ((current.batch_size, -1), (current.best_batch_size, 1)):
         index = measured.index(batch)
         chosen.add(batch)
         if 0 <= index + step < len(measured):
             chosen.add(measured[index + step])
-    return chosen
+    return chosen | {batch for batch, chance in (chances or {}).items() if chance >= KEEP_CHANCE}
 
 
 def _refinement(
