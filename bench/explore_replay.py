@@ -21,11 +21,10 @@ rules) hundreds of times against a model of the measurements, built from a recor
 Each replay's quality (the truth at the pick over the truth's best, as in the benchmark) and its
 time over the modelled sweep's (every sweep size, a warm-up step, a discarded window and
 ``SWEEP_WINDOWS`` windows of 3 steps) are tallied per example. What it cannot show: effects the
-model leaves out (the first step after another shape, the allocator). And it is pessimistic: a
-residual of the truth's passes holds the drift within a pass over every size (1-8 s), more than
-within one of explore's rounds over 3-5 sizes (0.2-2 s); with the same code, the mlp met the
-quality target in 65-80% of replays and in every real run but two of 18. Compare variants on the
-same curves, with a few hundred replays each (``--set``); confirm with the benchmark itself.
+model leaves out (the first step after another shape, the allocator), and a residual of the
+truth's passes holds the drift within a pass over every size (1-8 s), more than one of explore's
+rounds over 3-5 sizes (0.2-2 s) sees. So compare variants on the same curves, with a few hundred
+replays each (``--set``), and confirm with the benchmark itself.
 
 Run: ``.venv/bin/python bench/explore_replay.py bench/results/explore.json [more.json ...]
 [--replays 200] [--set batchfit.explore.FOCUS_TIME_FACTOR=2 ...]`` (about 10 s per 100 replays
