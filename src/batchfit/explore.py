@@ -131,15 +131,16 @@ def explore(
     coarse pass measures the powers of two, the bound and the base, from the largest down,
     ``windows`` windows each in a row, or one for a size whose first reads below ``FAR_BELOW`` of
     the fastest before it (far from any tolerance, it only sets the scale). Then the contenders
-    (the recommendation and the batch size below it, the fastest and the one above it) are measured
-    in rounds, one window each per round after one untimed step (the first step after another shape
-    runs slower), so that a slow spell on the machine hits them alike and the chooser can divide
-    each round's common factor out. After the first round, up to ``MAX_REFINEMENTS`` batch sizes
-    are added between the recommendation and its neighbour, and a size seen only in the coarse pass
-    that reads slower than both neighbours joins a round. It stops when the confidence reaches
-    ``confidence_target``, when ``time_budget`` seconds run out, or after ``MAX_FOCUS_ROUNDS``
-    rounds or ``FOCUS_TIME_FACTOR`` times the coarse pass's time. A window is ``steps_per_window``
-    steps or, when None, the fewest steps that last ``MIN_WINDOW_SECONDS``. With ``world_size`` and
+    (the recommendation and the batch size below it, the fastest and the one above it, and any size
+    at least ``KEEP_CHANCE`` likely to be within the tolerance) are measured in rounds, one window
+    each per round after one untimed step (the first step after another shape runs slower), so that
+    a slow spell on the machine hits them alike and the chooser can divide each round's common
+    factor out. After the first round, up to ``MAX_REFINEMENTS`` batch sizes are added between the
+    recommendation and its neighbour, and a size seen only in the coarse pass that reads slower
+    than both neighbours joins a round. It stops when the confidence reaches ``confidence_target``,
+    when ``time_budget`` seconds run out, or after ``MAX_FOCUS_ROUNDS`` rounds or
+    ``FOCUS_TIME_FACTOR`` times the coarse pass's time. A window is ``steps_per_window`` steps or,
+    when None, the fewest steps that last ``MIN_WINDOW_SECONDS``. With ``world_size`` and
     ``global_batch``, the micro-batch must divide ``global_batch / world_size``; with
     ``multiple_of``, be a multiple of it.
     """
