@@ -7,6 +7,7 @@ tests/test_choose.py.
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import statistics
@@ -21,6 +22,7 @@ from batchfit.explore import (
     KEEP_CHANCE,
     MAX_FOCUS_ROUNDS,
     MAX_REFINEMENTS,
+    SETTLED_ROUNDS,
     _coarse,
     _focus,
     _lone_dips,
@@ -162,6 +164,35 @@ def test_explore_compares_a_lone_dip_before_it_stops(monkeypatch: pytest.MonkeyP
     assert rounds[32] & others  # compared with others in a round
     assert readings[32] > 2
     assert result.recommendation.batch_size == 8
+
+
+def test_a_confident_answer_is_confirmed_by_one_more_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real loop on a real model, with the readings scripted: a clear knee at 8. The stop comes
+    SETTLED_ROUNDS rounds after the confidence first reached its target, not at that first
+    crossing (checked after every round, a single crossing is too often a lucky one)."""
+
+    def knee(batch: int) -> float:
+        return 1000.0 * min(1.0, batch / 8) ** 0.7
+
+    readings: dict[int, int] = {}
+    real_window = _Meter.window
+
+    def scripted(meter: _Meter, batch_size: int) -> float:
+        real_window(meter, batch_size)  # the step still runs on the real model
+        count = readings[batch_size] = readings.get(batch_size, 0) + 1
+        return knee(batch_size) * (1 + 0.002 * (count % 3 - 1))
+
+    monkeypatch.setattr(_Meter, "window", scripted)
+    module = importlib.import_module("batchfit.explore")  # the package's "explore" is the function
+    monkeypatch.setattr(module, "FOCUS_TIME_FACTOR", 100.0)  # the rounds' time cap is not under test
+    coarse = len(_coarse(list(range(1, 65)), None))
+    focus_rounds = {}
+    for settled in (1, SETTLED_ROUNDS):
+        monkeypatch.setattr(module, "SETTLED_ROUNDS", settled)
+        result = explore(build("mlp"), device="cpu", max_batch=64, windows=2, steps_per_window=1)
+        assert result.stop_reason == "confident" and result.recommendation.batch_size == 8
+        focus_rounds[settled] = max(r for point in result.points for r in point.rounds) + 1 - coarse
+    assert SETTLED_ROUNDS == 2 and focus_rounds[2] == focus_rounds[1] + 1
 
 
 def test_global_batch_constraint_and_time_budget() -> None:
