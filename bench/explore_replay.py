@@ -15,8 +15,10 @@ rules) hundreds of times against a model of the measurements, built from a recor
 * each window adds a residual of the recorded windows at that size (about the fit, drawn with
   replacement), scaled by the square root of 3 steps over the window's steps (the recorded
   windows were 3 steps long; shorter windows are noisier);
-* time is the model's: a step at a batch size takes batch size (x tokens) over its throughput,
-  plus the real time the exploration spends outside the meter (the chooser's own work).
+* time is the model's alone: a step at a batch size takes batch size (x tokens) over its
+  throughput, and each round adds ``ROUND_OVERHEAD_SECONDS`` for the chooser's own work. No clock
+  explore reads is the machine's, so a replay gives the same result on a loaded machine as on an
+  idle one.
 
 Each replay's quality (the truth at the pick over the truth's best, as in the benchmark) and its
 time over the modelled sweep's (every sweep size, a warm-up step, a discarded window and
@@ -41,7 +43,6 @@ import math
 import random
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,6 +60,9 @@ TOKENS = {"transformer": 128}  # tokens per sample of the built-in examples that
 #: standard deviation of logarithms, fixed per size): kernels tile unevenly, and a line would
 #: flatter an exploration that leans on one.
 UNMEASURED_BUMP = 0.02
+#: The chooser's work between two rounds (its bootstraps), in modelled seconds: about what it
+#: takes on the development machine, fixed so that the replay does not depend on the load.
+ROUND_OVERHEAD_SECONDS = 0.005
 
 
 @dataclass
@@ -132,14 +136,13 @@ class Curve:
 
 
 class Clock:
-    """The model's time: real time spent outside the meter plus the meter's modelled time."""
+    """The model's time: the modelled seconds of the steps and of the chooser's rounds, nothing real."""
 
     def __init__(self) -> None:
         self.offset = 0.0
-        self.real_begin = time.perf_counter()
 
     def perf_counter(self) -> float:
-        return time.perf_counter() - self.real_begin + self.offset
+        return self.offset
 
 
 class ModelMeter:
@@ -178,8 +181,8 @@ class ModelMeter:
         self._advance(steps * batch * self.curve.tokens / rate)
         return rate  # per second, in the curve's unit (tokens for the transformer)
 
-    def reset(self) -> None:
-        pass
+    def reset(self) -> None:  # called once a round, when the chooser runs
+        self._advance(ROUND_OVERHEAD_SECONDS)
 
     def close(self) -> None:
         pass
