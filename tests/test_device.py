@@ -79,10 +79,34 @@ def test_cpu_measures_the_peak_of_a_block() -> None:
     assert measurement.peak_bytes == 4_004_000 + 1_000_000
 
 
-def test_capped_cpu_enforces_its_limit() -> None:
-    device = CappedCpuDevice(2_000_000)
-    with pytest.raises(torch.OutOfMemoryError), device.measure([]):
-        torch.empty(600_000)
+@pytest.mark.parametrize("device", [CpuDevice(), CappedCpuDevice(2**30)], ids=["cpu", "capped-cpu"])
+def test_a_measured_block_runs_under_its_cap(device: CpuDevice) -> None:
+    model = torch.nn.Linear(500, 500)  # 1,002,000 bytes resident
+    with device.measure(list(model.parameters()), cap_bytes=2_000_000) as measurement:
+        torch.empty(240_000)  # 960,000 bytes: 1,962,000 in all, within the cap
+    assert measurement.peak_bytes == 1_962_000
+    with pytest.raises(torch.OutOfMemoryError, match="a limit of 2000000 bytes"):  # noqa: SIM117
+        with device.measure(list(model.parameters()), cap_bytes=2_000_000):
+            torch.empty(250_000)  # 1,000,000 bytes: 2,002,000 in all
+    with pytest.raises(torch.OutOfMemoryError):  # the resident tensors alone are past the cap
+        device.measure(list(model.parameters()), cap_bytes=1_000_000).__enter__()
+
+
+def test_a_measurement_keeps_the_last_step_and_its_phases() -> None:
+    device = CpuDevice()
+    with device.measure([]) as measurement:
+        measurement.begin_step()
+        first = torch.empty(1_000_000)  # a first step's spike, 4 MB
+        del first
+        measurement.begin_step()  # the steady state: 1 MB outside the optimizer step, 2 MB in it
+        outside = torch.empty(250_000)
+        measurement.enter_optimizer_step()
+        inside = torch.empty(500_000)
+        del inside
+        measurement.exit_optimizer_step()
+        del outside
+    assert (measurement.activation_peak_bytes, measurement.optimizer_peak_bytes) == (1_000_000, 3_000_000)
+    assert measurement.peak_bytes == 3_000_000 and measurement.reserved_peak_bytes is None
 
 
 def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:

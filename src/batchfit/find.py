@@ -62,12 +62,24 @@ class SearchResult:
         traced = (
             f" (placed by {len(self.predicted_trials)} fake-tensor traces)" if self.predicted_trials else ""
         )
+        retries = self.answer.allocator_retries
+        retried = (
+            f" Its steps needed {retries} allocator retries under the cap (the allocator freed its "
+            f"cache to go on, which costs time); a smaller batch may train faster."
+            if retries
+            else ""
+        )
         return (
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
             f"{format_bytes(self.capacity_bytes)} on {self.device}); {len(self.trials)} trials"
-            f"{traced} in {self.search_seconds:.2f} s; stopped because {why}."
+            f"{traced} in {self.search_seconds:.2f} s; stopped because {why}.{retried}"
         )
+
+    @property
+    def answer(self) -> Trial:
+        """The last real trial at the answer: its peaks and allocator retries are the evidence."""
+        return [trial for trial in self.trials if trial.batch_size == self.batch_size][-1]
 
 
 def find_batch_size(
@@ -130,7 +142,7 @@ def find_batch_size(
         forecast = _forecast(workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache)
 
         def run(batch_size: int) -> Trial:
-            reused = cache.lookup(cache.real, batch_size, budget) if cache is not None else None
+            reused = cache.lookup_real(batch_size, budget) if cache is not None else None
             if reused is not None:
                 if on_trial is not None:
                     on_trial(reused)
@@ -139,7 +151,7 @@ def find_batch_size(
                 on_trial_start(batch_size)
             trial = runner.run(batch_size)
             if cache is not None:
-                cache.real[batch_size] = trial
+                cache.real[batch_size] = (trial, budget)
                 cache.runs += 1
             logger.debug(
                 "%s trial batch_size=%d: %s, peak %s (budget %s)%s",
@@ -214,7 +226,7 @@ def _forecast(
     tracer = FakeTracer(workload, mode, budget, warm)
 
     def trace(batch_size: int) -> Trial:
-        reused = cache.lookup(cache.predicted, batch_size, budget) if cache is not None else None
+        reused = cache.lookup_predicted(batch_size, budget) if cache is not None else None
         if reused is not None:
             return reused
         trial = tracer(batch_size)

@@ -18,6 +18,13 @@ from batchfit.errors import ConfigurationError
 
 Outcome = Literal["ok", "oom", "over_budget"]
 StopReason = Literal["boundary", "max_batch", "min_batch_failed", "predicted"]
+#: Once the model's answer has run out of memory, its answers are held at least this share of the
+#: budget below what it predicts (twice that after a held answer fails, and so on, up to
+#: ``MAX_MARGIN``, past which the search bisects).
+FIRST_MARGIN = 0.02
+MAX_MARGIN = 0.5
+#: The most of a trial's reserved memory read as the allocator's need beside the allocated bytes.
+MAX_OVERHEAD = 0.1
 
 
 @dataclass(frozen=True)
@@ -26,12 +33,13 @@ class Trial:
 
     batch_size: int
     outcome: Outcome
-    peak_bytes: int  # the peak reached; for "oom", the peak before the failing allocation
+    peak_bytes: int  # allocated peak of the last (steady-state) step; for "oom", before the failure
     step_seconds: float | None  # seconds of the last (steady-state) step; None if it failed
     detail: str = ""  # why it failed, in a line
-    optimizer_peak_bytes: int | None = None  # peak inside optimizer.step, where measured apart
+    optimizer_peak_bytes: int | None = None  # peak inside optimizer.step
     activation_peak_bytes: int | None = None  # peak outside it (forward, backward)
-    allocator_retries: int = 0  # CUDA allocator retries: a batch that thrashes is over budget
+    allocator_retries: int = 0  # times a caching allocator freed its cache to go on (they cost speed)
+    reserved_peak_bytes: int | None = None  # what a caching allocator held at most (CUDA)
     reused: bool = False  # measured by an earlier search (another fraction) and judged again
 
     @property
@@ -189,6 +197,9 @@ def search(
     distrust = False  # the model's last guess was refuted: take a safe step (bisect or gallop)
     confirmed = 0  # "low + 1" checks that fitted: the model underestimates here
     stride = 2  # the step of an exponential search upwards from low, once the model is distrusted
+    held = False  # the model has overshot: its answers are held below what it predicts
+    held_failures = 0  # held answers that ran out of memory since the last that fitted
+    held_fitted = False  # a held answer has fitted: the margin is measured near the boundary
     while True:
         if high is None and low == candidates.count - 1:
             reason: StopReason = "max_batch"
@@ -198,22 +209,33 @@ def search(
             break
         model = _local_model(known, low, high) or model
         stalled = len(widths) >= 3 and widths[-1] > widths[-3] / 2
-        index, guided = _next_index(candidates, budget_bytes, model, low, high, distrust, stalled, stride)
+        margin = _margin(known[low], held_failures, held_fitted) if held else 0.0
+        index, guided = _next_index(
+            candidates, budget_bytes, model, low, high, distrust, stalled, stride, margin
+        )
         if forecast_only and guided and index == low + 1:
             reason = "predicted"  # the model puts the boundary at low: real trials will confirm it
             break
         trial = probe(index)
         fits = trial.fits
-        # A model that underestimates twice running, or overshoots blind, is not trusted next.
+        # A model that underestimates twice running is not trusted next; one that overshoots blind
+        # (out of memory where it predicted room) is held below, by a margin that doubles while
+        # held answers still fail: a model of allocated bytes misses what a caching allocator
+        # needs beside them (fragmentation, workspaces). A held answer that fails is a step down
+        # from the top, bounded by the doubling, so it does not count as a stalled interval.
         # (Underestimating is a property of the curve near the boundary, so that distrust stays.)
         confirmed = confirmed + 1 if guided and fits and index == low + 1 else confirmed
-        distrust = confirmed >= 2 or (guided and _overshoots(model, budget_bytes, candidates, index, trial))
+        overshot = guided and _overshoots(model, int(budget_bytes * (1 - margin)), candidates, index, trial)
+        held_failures = held_failures + 1 if held and overshot else 0
+        held_fitted = held_fitted or (held and guided and fits)
+        held = held or overshot
+        distrust = confirmed >= 2 or (overshot and margin >= MAX_MARGIN)
         if fits:
             stride = 2 * stride if not guided and distrust else stride
             low = index
         else:
             high = index
-        if high is not None:
+        if high is not None and not (held and overshot):
             widths.append(high - low)
     return SearchOutcome(candidates.batch(low), tuple(trials), model, reason)
 
@@ -263,16 +285,18 @@ def _next_index(
     distrust: bool,
     stalled: bool,
     stride: int,
+    margin: float = 0.0,
 ) -> tuple[int, bool]:
     """The next index to try in (low, high), and whether the memory model chose it.
 
-    A model that puts the boundary at ``low`` is checked by trying ``low + 1``: cheap, and decisive
-    when it fails. A guess further in is taken unless the model was just refuted or the interval
-    has stopped halving; then the step is a bisection (while no failure is known: a gallop from
-    the start, or growing strides once the model is distrusted).
+    The model's answer is for the budget less ``margin``. A model that puts the boundary at
+    ``low`` is checked by trying ``low + 1``: cheap, and decisive when it fails. A guess further in
+    is taken unless the model was just refuted or the interval has stopped halving; then the step
+    is a bisection (while no failure is known: a gallop from the start, or growing strides once
+    the model is distrusted).
     """
     upper = candidates.count - 1 if high is None else high - 1
-    predicted = None if model is None else model.max_batch_size(budget_bytes)
+    predicted = None if model is None else model.max_batch_size(int(budget_bytes * (1 - margin)))
     if predicted is not None and not distrust:
         index = candidates.index_at_most(predicted)
         if index <= low:
@@ -284,6 +308,21 @@ def _next_index(
     if distrust:  # near a boundary the model misjudges: search upwards in growing strides
         return min(low + stride, upper), False
     return min(max(candidates.index_at_most(2 * candidates.batch(low)), low + 1), upper), False
+
+
+def _margin(largest_fitting: Trial, failures: int, fitted: bool) -> float:
+    """How far below the budget a held model aims.
+
+    What the caching allocator held beside the allocated bytes in the largest trial that fitted
+    (1 - allocated / reserved, at most ``MAX_OVERHEAD``: far below the cap the cache also holds
+    what it merely kept), and ``FIRST_MARGIN`` at least until a held answer has fitted; doubled for
+    each held answer that failed since the last that fitted.
+    """
+    reserved, allocated = largest_fitting.reserved_peak_bytes, largest_fitting.peak_bytes
+    overhead = min(MAX_OVERHEAD, 1 - allocated / reserved) if reserved and reserved > allocated else 0.0
+    if not fitted or failures:
+        overhead = max(FIRST_MARGIN, overhead)
+    return float(min(MAX_MARGIN, overhead * 2**failures))
 
 
 def _overshoots(

@@ -97,7 +97,7 @@ class StorageTracker(TorchDispatchMode):
             and self.live_bytes + requested > self.capacity_bytes
         ):
             del out, storages
-            raise torch.OutOfMemoryError(_oom_message(requested, self.live_bytes, self.capacity_bytes))
+            raise torch.OutOfMemoryError(oom_message(requested, self.live_bytes, self.capacity_bytes))
         for key, storage in storages.items():
             if added[key]:
                 self._add(storage, added[key])
@@ -119,7 +119,7 @@ class StorageTracker(TorchDispatchMode):
                 self._collect(item, into)
 
 
-def _oom_message(requested: int, live: int, capacity: int) -> str:
+def oom_message(requested: int, live: int, capacity: int) -> str:
     # Follows PyTorch's CPU allocator message, so tools that match on it recognise this failure.
     return (
         f"out of memory: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
@@ -139,6 +139,6 @@ def memory_limit(limit: str | int, *, resident: Iterable[Any] = ()) -> Iterator[
     tracker = StorageTracker(capacity_bytes=parse_bytes(limit))
     tracker.track(resident_tensors(*resident))
     if tracker.live_bytes > (tracker.capacity_bytes or 0):
-        raise torch.OutOfMemoryError(_oom_message(tracker.live_bytes, 0, tracker.capacity_bytes or 0))
+        raise torch.OutOfMemoryError(oom_message(tracker.live_bytes, 0, tracker.capacity_bytes or 0))
     with tracker:
         yield tracker
