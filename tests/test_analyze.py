@@ -32,7 +32,7 @@ def test_fractions_share_their_trials() -> None:
 
 def test_rows_agree_with_find_and_reports_parse() -> None:
     analysis = analyze(
-        build_example("cnn"), [0.6, 0.9], ["train", "eval"], device="cpu", memory_limit="64MiB"
+        build_example("cnn", "cpu"), [0.6, 0.9], ["train", "eval"], device="cpu", memory_limit="64MiB"
     )
     assert [(row.fraction, row.mode) for row in analysis.rows] == [
         (0.6, "train"),
@@ -42,7 +42,7 @@ def test_rows_agree_with_find_and_reports_parse() -> None:
     ]
     for row in analysis.rows:
         alone = find_batch_size(
-            build_example("cnn"), row.mode, device="cpu", memory_limit="64MiB", fraction=row.fraction
+            build_example("cnn", "cpu"), row.mode, device="cpu", memory_limit="64MiB", fraction=row.fraction
         )
         assert (row.batch_size, row.peak_bytes, row.limit_bytes) == (
             alone.batch_size,
@@ -75,4 +75,4 @@ def _check_reports(analysis: Analysis) -> None:
 
 def test_no_fractions() -> None:
     with pytest.raises(ConfigurationError, match="fractions is empty"):
-        analyze(build_example("mlp"), [], device="cpu", memory_limit="40MiB")
+        analyze(build_example("mlp", "cpu"), [], device="cpu", memory_limit="40MiB")

@@ -26,9 +26,9 @@ def test_enabled_overwrites_both_sizes_and_logs(caplog: pytest.LogCaptureFixture
     assert cfg.DATA.AUTOBATCH.ENABLED_VAL is True  # follows ENABLED through the interpolation
     with caplog.at_level(logging.DEBUG, logger="batchfit"):
         results = apply_autobatch(cfg, workload_from_config(cfg))
-    train = find_batch_size(build_example("cnn"), "train", device="cpu", memory_limit="32MiB")
+    train = find_batch_size(build_example("cnn", "cpu"), "train", device="cpu", memory_limit="32MiB")
     evaluation = find_batch_size(
-        build_example("cnn"), "eval", device="cpu", memory_limit="32MiB", max_batch=1024
+        build_example("cnn", "cpu"), "eval", device="cpu", memory_limit="32MiB", max_batch=1024
     )
     assert (cfg.DATA.BATCH_SIZE, cfg.DATA.BATCH_SIZE_VAL) == (train.batch_size, evaluation.batch_size)
     assert [r.mode for r in results] == ["train", "eval"]
@@ -74,7 +74,7 @@ def test_example_training_script_trains_at_the_chosen_sizes() -> None:
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    train = find_batch_size(build_example("cnn"), "train", device="cpu", memory_limit="32MiB")
+    train = find_batch_size(build_example("cnn", "cpu"), "train", device="cpu", memory_limit="32MiB")
     assert report["batch_size"] == train.batch_size and report["batch_size_val"] > report["batch_size"]
     assert len(report["train_losses"]) == 3 and report["val_loss"] > 0
     assert "autobatch: DATA.BATCH_SIZE 32 ->" in done.stderr

@@ -33,7 +33,7 @@ PROGRESS = re.compile(
     r"^batchfit: (?P<mode>train|eval) +batch_size=(?P<batch>\d+) +(?P<outcome>ok|oom|over_budget) +peak "
 )
 SUMMARY = re.compile(r"^batchfit: (?P<mode>train|eval): batch_size=(?P<batch>\d+) \(peak ")
-MLP_48 = ("find", "--example", "mlp", "--memory-limit", "48MiB", "--max-batch", "1024")
+MLP_48 = ("find", "--example", "mlp", "--device", "cpu", "--memory-limit", "48MiB", "--max-batch", "1024")
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,14 @@ class Done:
 
 RUNS: dict[str, Run] = {
     "mlp-json": Run((*MLP_48, "--modes", "train,eval", "--format", "json")),
-    "transformer-text": Run(("find", "--example", "transformer", "--memory-limit", "32MiB")),
+    "transformer-text": Run(
+        ("find", "--example", "transformer", "--device", "cpu", "--memory-limit", "32MiB")
+    ),
     "multiple-of-8": Run((*MLP_48, "--multiple-of", "8", "--format", "json")),
     # The script's sys.path does not hold the working directory: batchfit must add it.
     "workload-script": Run(
-        ("find", "--workload", "workloads_for_cli:tiny", "--memory-limit", "256KiB", "--format", "json"),
+        ("find", "--workload", "workloads_for_cli:tiny", "--device", "cpu", "--memory-limit", "256KiB")
+        + ("--format", "json"),
         in_tests=True,
         script=True,
     ),
@@ -95,12 +98,14 @@ RUNS: dict[str, Run] = {
 
 
 def _mlp_parameter_bytes() -> str:
-    model = build_example("mlp").model
+    model = build_example("mlp", "cpu").model
     return format_bytes(sum(p.untyped_storage().nbytes() for p in model.parameters()))
 
 
 def _bad(*args: str, message: tuple[str, ...], in_tests: bool = False) -> Bad:
-    return Bad(Run(("find", *args), in_tests=in_tests), message)
+    """A bad ``find`` on the CPU, unless the arguments name a device."""
+    device = () if "--device" in args else ("--device", "cpu")
+    return Bad(Run(("find", *args, *device), in_tests=in_tests), message)
 
 
 BAD_INPUTS: dict[str, Bad] = {
@@ -291,10 +296,10 @@ def test_find_json_progress_goes_to_stderr_one_line_per_trial(cli: dict[str, Don
 def test_find_json_agrees_with_the_library(cli: dict[str, Done | None]) -> None:
     done = finished(cli, "mlp-json")
     assert done.returncode == 0, done.stderr
-    workload = build_example("mlp")
+    workload = build_example("mlp", "cpu")
     for from_cli in json.loads(done.stdout)["results"]:
         from_api = find_batch_size(
-            workload, from_cli["mode"], memory_limit="48MiB", max_batch=from_cli["max_batch"]
+            workload, from_cli["mode"], device="cpu", memory_limit="48MiB", max_batch=from_cli["max_batch"]
         )
         assert from_api.batch_size == from_cli["batch_size"]
         assert from_api.budget_bytes == from_cli["budget_bytes"]
@@ -480,7 +485,7 @@ def test_main_rejects_in_process(
     monkeypatch.delenv("BATCHFIT_DEBUG", raising=False)
     monkeypatch.chdir(TESTS)
     monkeypatch.setattr(sys, "path", list(sys.path))  # load_workload adds the working directory
-    assert main(["find", *args]) == 1
+    assert main(["find", *args, *(() if "--device" in args else ("--device", "cpu"))]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"batchfit: error: {message}\n{HINT}\n"
@@ -498,7 +503,7 @@ def test_debug_variable_off_values_show_no_traceback(
     value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BATCHFIT_DEBUG", value)
-    assert main(["find", "--example", "mlp", "--fraction", "2"]) == 1
+    assert main(["find", "--example", "mlp", "--device", "cpu", "--fraction", "2"]) == 1
     assert "Traceback" not in capsys.readouterr().err
 
 

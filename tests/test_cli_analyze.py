@@ -46,7 +46,17 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         assert run.returncode == 0, run.stderr
         done[suffix] = run
     find = batchfit(
-        "find", "--example", "cnn", "--memory-limit", "32MiB", "--fraction", "0.8", "--format", "json"
+        "find",
+        "--example",
+        "cnn",
+        "--device",
+        "cpu",
+        "--memory-limit",
+        "32MiB",
+        "--fraction",
+        "0.8",
+        "--format",
+        "json",
     )
     assert find.returncode == 0, find.stderr
     return {"folder": folder, "runs": done, "find": json.loads(find.stdout)}

@@ -12,7 +12,7 @@ from batchfit.examples import EXAMPLES, build_example
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_trains_and_evaluates(name: str) -> None:
     state = torch.get_rng_state()
-    workload = build_example(name)
+    workload = build_example(name, "cpu")
     assert torch.equal(state, torch.get_rng_state())
     optimizer = workload.build_optimizer()
     batch = workload.host_batch(3)
@@ -24,7 +24,7 @@ def test_example_trains_and_evaluates(name: str) -> None:
 
 
 def test_examples_are_deterministic() -> None:
-    first, second = build_example("transformer"), build_example("transformer")
+    first, second = build_example("transformer", "cpu"), build_example("transformer", "cpu")
     for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True):
         assert torch.equal(a, b)
 

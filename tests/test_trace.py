@@ -17,7 +17,7 @@ from batchfit.workload import Workload
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_trace_equals_the_real_trial(name: str, mode: str) -> None:
-    workload = build_example(name)
+    workload = build_example(name, "cpu")
     snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     runner = TrialRunner(workload, CappedCpuDevice(2**33), mode, 2, 2**33, snapshot, 1)  # type: ignore[arg-type]
@@ -32,7 +32,7 @@ def test_trace_equals_the_real_trial(name: str, mode: str) -> None:
 
 
 def test_tracing_allocates_nothing_real() -> None:
-    workload = build_example("transformer")
+    workload = build_example("transformer", "cpu")
     tracer = FakeTracer(workload, "train", 2**40, 1)
     # 4096 sequences would take gigabytes for real; traced under a 64 MiB cap, nothing fails.
     with memory_limit("64MiB", resident=[workload.model, workload.optimizer]) as cap:

@@ -15,8 +15,8 @@ logger = logging.getLogger(__name__)
 
 
 def workload_from_config(cfg: ExperimentConfig) -> Workload:
-    """The config's WORKLOAD: ``example:NAME`` or ``module:function``."""
-    return load_workload(cfg.WORKLOAD, source="WORKLOAD")
+    """The config's WORKLOAD (``example:NAME`` or ``module:function``), on the config's DEVICE."""
+    return load_workload(cfg.WORKLOAD, device=cfg.DEVICE, source="WORKLOAD")
 
 
 def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchResult]:

@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     find.add_argument(
         "--memory-limit",
         default=None,
-        help="a capacity such as 2GiB (on cpu: enforced on real allocations)",
+        help="a capacity such as 2GiB: the device's memory is capped there (a smaller GPU, or a CPU as one)",
     )
     _add_output(find, ("text", "json"))
     find.set_defaults(handler=_find)
@@ -135,7 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_source(explore)
     explore.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
-    explore.add_argument("--memory-limit", default=None, help="a capacity such as 2GiB (caps the CPU)")
+    explore.add_argument(
+        "--memory-limit", default=None, help="a capacity such as 2GiB: the device's memory is capped there"
+    )
     explore.add_argument(
         "--fraction", type=float, default=0.8, help="memory fraction for the bound (default: %(default)s)"
     )
@@ -250,7 +252,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _workload(args: argparse.Namespace) -> Workload:
-    return build_example(args.example) if args.example else load_workload(args.workload, source="--workload")
+    """The workload, built on the device the search runs on (--device, else cuda if available)."""
+    if args.example:
+        return build_example(args.example, args.device)
+    return load_workload(args.workload, device=args.device, source="--workload")
 
 
 def _emit(text: str, output: Path | None) -> None:

@@ -62,7 +62,7 @@ class ExperimentConfig:
 
     WORKLOAD: str = "example:mlp"  # "example:NAME" (mlp, cnn, transformer) or "module:function"
     DEVICE: str | None = None  # cpu, cuda or cuda:N; None: cuda if available, else cpu
-    MEMORY_LIMIT: str | None = None  # e.g. "2GiB": caps the CPU device (lowers a GPU's capacity)
+    MEMORY_LIMIT: str | None = None  # e.g. "2GiB": caps the device there (a smaller GPU, or a CPU for one)
     DATA: DataConfig = field(default_factory=DataConfig)
 
 

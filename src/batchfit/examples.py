@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from batchfit.device import parse_device
 from batchfit.errors import ConfigurationError
 from batchfit.workload import Workload
 
@@ -15,11 +16,11 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def mlp() -> Workload:
+def mlp(device: torch.device) -> Workload:
     """A 784-1024-1024-10 perceptron on random 'images' with Adam."""
     model = nn.Sequential(
         nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
-    )
+    ).to(device)
 
     def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = _generator(n)
@@ -34,7 +35,7 @@ def mlp() -> Workload:
     )
 
 
-def cnn() -> Workload:
+def cnn(device: torch.device) -> Workload:
     """A small BatchNorm CNN on 3x32x32 images (CIFAR-sized) with SGD and momentum."""
 
     def block(cin: int, cout: int) -> nn.Sequential:
@@ -49,7 +50,7 @@ def cnn() -> Workload:
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
         nn.Linear(128, 10),
-    )
+    ).to(device)
 
     def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = _generator(n)
@@ -86,9 +87,9 @@ class TinyLM(nn.Module):
         return self.head(hidden)  # type: ignore[no-any-return]
 
 
-def transformer(vocab: int = 512, seq_len: int = 128) -> Workload:
+def transformer(device: torch.device, vocab: int = 512, seq_len: int = 128) -> Workload:
     """A 2-layer causal transformer LM on random token sequences with AdamW."""
-    model = TinyLM(vocab=vocab, seq_len=seq_len)
+    model = TinyLM(vocab=vocab, seq_len=seq_len).to(device)
 
     def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.randint(0, vocab, (n, seq_len + 1), generator=_generator(n))
@@ -107,13 +108,20 @@ def transformer(vocab: int = 512, seq_len: int = 128) -> Workload:
     )
 
 
-EXAMPLES: dict[str, Callable[[], Workload]] = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
+EXAMPLES: dict[str, Callable[[torch.device], Workload]] = {
+    "mlp": mlp,
+    "cnn": cnn,
+    "transformer": transformer,
+}
 
 
-def build_example(name: str) -> Workload:
-    """A fresh built-in workload; its weights are seeded, and the caller's RNG is left untouched."""
+def build_example(name: str, device: str | torch.device | None = None) -> Workload:
+    """A fresh built-in workload on ``device`` (default: cuda if available, else cpu, as for the
+    search); its weights are seeded (the same on every device), and the caller's RNG is left
+    untouched. Its batches are made on the host and copied to the device by each step."""
     if name not in EXAMPLES:
         raise ConfigurationError(f"unknown example {name!r}: choose one of {', '.join(sorted(EXAMPLES))}.")
+    target = parse_device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return EXAMPLES[name]()
+        return EXAMPLES[name](target)

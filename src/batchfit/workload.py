@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import random
 import sys
@@ -185,15 +186,19 @@ def to_device(batch: Any, device: torch.device) -> Any:
     )
 
 
-def load_workload(spec: str, *, source: str = "workload") -> Workload:
+def load_workload(
+    spec: str, *, device: str | torch.device | None = None, source: str = "workload"
+) -> Workload:
     """Import ``module:function`` (the working directory is importable) and call it for a Workload.
 
-    ``example:NAME`` is a built-in example. ``source`` names where the spec came from, in errors.
+    ``example:NAME`` is a built-in example, built on ``device``. A function with a ``device``
+    parameter is called with the device too (``function(device=torch.device(...))``), so the same
+    workload serves every device. ``source`` names where the spec came from, in errors.
     """
     if spec.startswith("example:"):
         from batchfit.examples import build_example
 
-        return build_example(spec.partition(":")[2])
+        return build_example(spec.partition(":")[2], device)
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise ConfigurationError(f"{source} {spec!r} must be MODULE:FUNCTION, e.g. my_train:workload.")
@@ -206,9 +211,21 @@ def load_workload(spec: str, *, source: str = "workload") -> Workload:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ConfigurationError(f"{source} {spec!r}: {module_name} has no function {function_name!r}.")
-    workload = function()
+    if _takes_device(function):
+        from batchfit.device import parse_device
+
+        workload = function(device=parse_device(device))
+    else:
+        workload = function()
     if not isinstance(workload, Workload):
         raise ConfigurationError(
             f"{source} {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
         )
     return workload
+
+
+def _takes_device(function: Callable[..., Any]) -> bool:
+    try:
+        return "device" in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin or an extension without a signature
+        return False
