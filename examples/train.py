@@ -58,19 +58,21 @@ def train(cfg: ExperimentConfig, workload: batchfit.Workload, steps: int) -> dic
             f"workloads that have both."
         )
     losses = []
-    with _capped(cfg.MEMORY_LIMIT, model, optimizer):
+    device = next(model.parameters()).device  # the config's DEVICE: the workload was built there
+    with _capped(cfg.MEMORY_LIMIT, device, model, optimizer):
         model.train()
         for _ in range(steps):
             inputs, target = workload.host_batch(cfg.DATA.BATCH_SIZE)
             optimizer.zero_grad(set_to_none=True)
-            loss = workload.loss_fn(model(inputs.clone()), target.clone())
+            loss = workload.loss_fn(model(inputs.to(device, copy=True)), target.to(device, copy=True))
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
         model.eval()
         with torch.no_grad():
             inputs, target = workload.host_batch(cfg.DATA.BATCH_SIZE_VAL)
-            val_loss = workload.loss_fn(model(inputs.clone()), target.clone()).item()
+            inputs, target = inputs.to(device, copy=True), target.to(device, copy=True)
+            val_loss = workload.loss_fn(model(inputs), target).item()
     return {
         "batch_size": cfg.DATA.BATCH_SIZE,
         "batch_size_val": cfg.DATA.BATCH_SIZE_VAL,
@@ -80,12 +82,12 @@ def train(cfg: ExperimentConfig, workload: batchfit.Workload, steps: int) -> dic
 
 
 @contextlib.contextmanager
-def _capped(limit: str | None, *resident: object) -> Iterator[None]:
-    """Train under the same capped CPU the search measured, when the config sets one."""
+def _capped(limit: str | None, device: torch.device, *resident: object) -> Iterator[None]:
+    """Train under the same cap the search measured with, when the config sets one."""
     if limit is None:
         yield
         return
-    with batchfit.memory_limit(limit, resident=resident):
+    with batchfit.memory_limit(limit, resident=resident, device=device):
         yield
 
 

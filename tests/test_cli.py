@@ -80,10 +80,28 @@ RUNS: dict[str, Run] = {
     "multiple-of-8": Run((*MLP_48, "--multiple-of", "8", "--format", "json")),
     # The script's sys.path does not hold the working directory: batchfit must add it.
     "workload-script": Run(
-        ("find", "--workload", "workloads_for_cli:tiny", "--device", "cpu", "--memory-limit", "256KiB")
-        + ("--format", "json"),
+        (
+            *("find", "--workload", "workloads_for_cli:tiny", "--device", "cpu"),
+            *("--memory-limit", "256KiB", "--format", "json"),
+        ),
         in_tests=True,
         script=True,
+    ),
+    "workload-with-device": Run(
+        (
+            "find",
+            "--workload",
+            "workloads_for_cli:tiny_on",
+            "--device",
+            "cpu",
+            "--memory-limit",
+            "256KiB",
+            "--modes",
+            "train",
+            "--format",
+            "json",
+        ),
+        in_tests=True,
     ),
     "output-file": Run((*MLP_48, "--modes", "eval", "--format", "json", "--output", "{tmp}/result.json")),
     "output-missing-dir": Run(
@@ -381,6 +399,14 @@ def test_find_workload_from_a_module_with_the_console_script(cli: dict[str, Done
         assert result["device"] == "cpu (capped at 256.00 KiB)"
         assert 1 < result["batch_size"] < result["max_batch"]
         assert result["stop_reason"] == "boundary"
+
+
+def test_find_passes_the_device_to_a_workload_function_that_takes_one(cli: dict[str, Done | None]) -> None:
+    done = finished(cli, "workload-with-device")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["workload"] == "tiny-on-cpu"
+    check_result(document["results"][0])
 
 
 # -- errors: exit code 1, one clean line on stderr -------------------------------------------------

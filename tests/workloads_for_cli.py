@@ -36,3 +36,11 @@ def tiny() -> batchfit.Workload:
 def not_a_workload() -> dict[str, int]:
     """Returns something else than a Workload."""
     return {"batch_size": 8}
+
+
+def tiny_on(device: torch.device) -> batchfit.Workload:
+    """``tiny`` built on the device batchfit passes (a function with a ``device`` parameter)."""
+    workload = tiny()
+    workload.model.to(device)
+    workload.name = f"tiny-on-{device.type}"
+    return workload

@@ -3,6 +3,7 @@
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import apply_autobatch
 from batchfit.config import ExperimentConfig, load_config
+from batchfit.device import memory_limit
 from batchfit.errors import (
     BatchfitError,
     ConfigurationError,
@@ -14,7 +15,6 @@ from batchfit.find import SearchResult, find_batch_size
 from batchfit.oom import is_out_of_memory
 from batchfit.plan import Plan, plan
 from batchfit.search import MemoryModel, Trial
-from batchfit.tracker import memory_limit
 from batchfit.workload import Workload
 
 __version__ = "0.1.0"

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
-from batchfit.tracker import StorageTracker, oom_message
+from batchfit.tracker import StorageTracker, oom_message, resident_tensors
 from batchfit.units import format_bytes, parse_bytes
 
 
@@ -365,6 +365,23 @@ def resolve_device(device: str | torch.device | None, memory_limit: str | int | 
     if parsed.type == "cpu":
         return CpuDevice() if limit is None else CappedCpuDevice(limit)
     return CudaDevice(parsed.index or 0, limit)
+
+
+@contextmanager
+def memory_limit(
+    limit: str | int, *, resident: Iterable[Any] = (), device: str | torch.device = "cpu"
+) -> Iterator[Measurement]:
+    """Cap the memory of the code inside the block at ``limit`` (e.g. ``"2GiB"``), as a device of
+    that size would: an allocation past it raises ``torch.OutOfMemoryError``.
+
+    On the CPU, tensors allocated inside the block count, plus those of ``resident`` (modules,
+    optimizers, tensors) that already exist. On CUDA (``device="cuda"``), the caching
+    allocator of the whole process is capped, and the fraction in force before is put back after.
+    The yielded measurement's ``peak_bytes`` is filled in when the block exits.
+    """
+    target = resolve_device(device, None)
+    with target.measure(resident_tensors(*resident), parse_bytes(limit, name="limit")) as measurement:
+        yield measurement
 
 
 def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchfit.units import format_bytes, parse_bytes
+from batchfit.units import format_bytes
 
 
 def resident_tensors(*objects: Any) -> Iterator[torch.Tensor]:
@@ -126,19 +125,3 @@ def oom_message(requested: int, live: int, capacity: int) -> str:
         f"{requested} bytes ({format_bytes(requested)}) with {live} bytes ({format_bytes(live)}) "
         f"in use and a limit of {capacity} bytes ({format_bytes(capacity)}) set by batchfit."
     )
-
-
-@contextmanager
-def memory_limit(limit: str | int, *, resident: Iterable[Any] = ()) -> Iterator[StorageTracker]:
-    """Cap the CPU tensor memory of the code inside the block at ``limit`` (e.g. ``"2GiB"``).
-
-    Tensors allocated inside the block count, plus those of ``resident`` (modules, optimizers,
-    tensors) that already exist. An allocation past the cap raises ``torch.OutOfMemoryError``.
-    The tracker is yielded, so ``peak_bytes`` and ``live_bytes`` can be read afterwards.
-    """
-    tracker = StorageTracker(capacity_bytes=parse_bytes(limit))
-    tracker.track(resident_tensors(*resident))
-    if tracker.live_bytes > (tracker.capacity_bytes or 0):
-        raise torch.OutOfMemoryError(oom_message(tracker.live_bytes, 0, tracker.capacity_bytes or 0))
-    with tracker:
-        yield tracker

@@ -1,0 +1,316 @@
+"""Capped trials against the truth, on every device: the CPU runs each test here, CUDA too where
+there is one (marker ``gpu``). The truth is the user's question answered by force: the largest
+batch whose steps complete under the same hard cap, each probe from the freshly built state with
+the allocator's cache emptied."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+import batchfit
+from batchfit import Workload, find_batch_size
+from batchfit.device import memory_limit, parse_device, resolve_device, user_memory_fraction
+from batchfit.state import TrainingSnapshot
+from batchfit.trial import TrialRunner
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+#: Steps in a probe of the truth (a trial takes 2: the issue measured 2, 10 and 40 alike).
+TRUTH_STEPS = 10
+
+
+def cnn_workload(device: str, *, amp: bool = False) -> Workload:
+    """A BatchNorm CNN on 3x32x32 images with SGD and momentum; with ``amp``, its step runs under
+    autocast (fp16 on CUDA, bf16 on the CPU) with a GradScaler, as mixed-precision training does."""
+    torch.manual_seed(0)
+    target = parse_device(device)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    ).to(target)
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(n)
+        return torch.randn(n, 3, 32, 32, generator=generator), torch.randint(0, 10, (n,), generator=generator)
+
+    workload = Workload(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        make_batch=make_batch,
+        loss_fn=nn.functional.cross_entropy,
+        name="gpu-test-cnn",
+    )
+    if amp:
+        dtype = torch.float16 if target.type == "cuda" else torch.bfloat16
+        scaler = torch.amp.GradScaler(target.type)
+
+        def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+            inputs, labels = batch
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(target.type, dtype=dtype):
+                loss = nn.functional.cross_entropy(model(inputs), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+        workload.train_step = train_step
+    return workload
+
+
+def fresh(workload: Workload, weights: dict[str, torch.Tensor]) -> torch.optim.Optimizer:
+    """The freshly built state: initial weights, no gradients, no optimizer state, nothing cached."""
+    optimizer = workload.optimizer
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    workload.model.load_state_dict(weights)
+    for parameter in workload.model.parameters():
+        parameter.grad = None
+    optimizer.state.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return optimizer
+
+
+def fits(workload: Workload, mode: str, device: str, cap: int, batch_size: int) -> bool:
+    """Whether TRUTH_STEPS steps of ``mode`` complete under a hard cap of ``cap`` bytes."""
+    weights = {name: value.clone() for name, value in workload.model.state_dict().items()}
+    optimizer = fresh(workload, weights)
+    host = workload.host_batch(batch_size)
+    target = parse_device(device)
+    try:
+        with memory_limit(cap, resident=[workload.model, optimizer], device=target):
+            if mode == "eval":  # validation inside training: gradients and optimizer state resident
+                workload.model.train()
+                workload.run_train_step(optimizer, [t.to(target) for t in workload.host_batch(1)])
+            workload.model.train(mode == "train")
+            for _ in range(TRUTH_STEPS):
+                batch = [tensor.to(target, copy=True) for tensor in host]
+                if mode == "train":
+                    workload.run_train_step(optimizer, batch)
+                else:
+                    workload.run_eval_step(batch)
+                del batch
+            if target.type == "cuda":
+                torch.cuda.synchronize(target)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        fresh(workload, weights)
+        workload.model.train()
+
+
+def reference_cap(workload: Workload, device: str, batch_size: int) -> int:
+    """A cap near what ``batch_size`` needs: its trial's reserved peak (CUDA), or its peak (CPU)."""
+    target = resolve_device(device, None)
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot.set_gradients_aside()
+    try:
+        trial = TrialRunner(workload, target, "train", 2, 2**40, snapshot, None).run(batch_size)
+    finally:
+        snapshot.restore()
+    assert trial.fits, trial
+    return int(trial.reserved_peak_bytes or trial.peak_bytes)
+
+
+def truth_near(workload: Workload, mode: str, device: str, cap: int, answer: int) -> int:
+    """The largest batch that fits, by force, from every size within 3 of ``answer``: those
+    below the largest that fits must fit too (memory grows with the batch)."""
+    window = range(max(1, answer - 3), answer + 4)
+    fitting = [b for b in window if fits(workload, mode, device, cap, b)]
+    assert fitting == list(range(window.start, max(fitting) + 1)), fitting
+    return max(fitting)
+
+
+@pytest.fixture
+def benchmark_on() -> Any:
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    yield
+    torch.backends.cudnn.benchmark = before
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("mode", "amp"), [("train", False), ("eval", False), pytest.param("train", True, id="train-amp")]
+)
+def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool) -> None:
+    workload = cnn_workload(device, amp=amp)
+    cap = reference_cap(workload, device, 48)
+    result = find_batch_size(workload, mode, device=device, memory_limit=cap, fraction=1.0)  # type: ignore[arg-type]
+    assert result.budget_bytes == cap
+    assert result.batch_size == truth_near(workload, mode, device, cap, result.batch_size)
+    assert result.answer.fits and result.answer.allocator_retries >= 0
+
+
+@pytest.mark.gpu
+def test_cudnn_benchmark_does_not_lower_the_answer(benchmark_on: None) -> None:
+    # cuDNN tries algorithms with large workspaces on the first step at a shape; under the cap it
+    # skips those that do not fit, so the first step's spike does not decide.
+    workload = cnn_workload("cuda")
+    cap = reference_cap(workload, "cuda", 48)
+    result = find_batch_size(workload, device="cuda", memory_limit=cap, fraction=1.0)
+    assert result.batch_size == truth_near(workload, "train", "cuda", cap, result.batch_size)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_smaller_trial_after_a_larger_one_reads_its_own_peak(device: str) -> None:
+    workload = cnn_workload(device)
+    target = resolve_device(device, None)
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot.set_gradients_aside()
+    runner = TrialRunner(workload, target, "train", 2, 2**40, snapshot, None)
+    try:
+        alone, large, again = runner.run(8), runner.run(256), runner.run(8)
+    finally:
+        snapshot.restore()
+    assert again.peak_bytes == alone.peak_bytes < large.peak_bytes
+    if target.torch_device.type == "cuda":  # what the allocator held is the small batch's own
+        assert alone.reserved_peak_bytes is not None and again.reserved_peak_bytes is not None
+        assert again.reserved_peak_bytes <= alone.reserved_peak_bytes + 2 * 2**20
+        assert large.reserved_peak_bytes is not None and again.reserved_peak_bytes < large.reserved_peak_bytes
+
+
+def _state(workload: Workload) -> dict[str, Any]:
+    optimizer = workload.optimizer
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    state: dict[str, Any] = {
+        "model": {key: value.clone() for key, value in workload.model.state_dict().items()},
+        "grads": [None if p.grad is None else p.grad.clone() for p in workload.model.parameters()],
+        "optimizer": [
+            {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in s.items()}
+            for s in optimizer.state.values()
+        ],
+        "training": [module.training for module in workload.model.modules()],
+        "cpu_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.device == b.device and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same, a, b))
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_everything_is_put_back_bit_for_bit(device: str) -> None:
+    workload = cnn_workload(device)
+    optimizer = workload.optimizer
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    for n in (4, 6):  # mid-training: momentum buffers, BatchNorm statistics, gradients
+        optimizer.zero_grad()
+        workload.run_train_step(optimizer, [t.to(parse_device(device)) for t in workload.host_batch(n)])
+    torch.rand(3, device=parse_device(device))  # the device's RNG has moved
+    before = _state(workload)
+    cap = reference_cap(workload, device, 32)
+    for mode in ("train", "eval"):
+        find_batch_size(workload, mode, device=device, memory_limit=cap)  # type: ignore[arg-type]
+    assert _same(before, _state(workload))
+
+
+class Boom(Exception):
+    pass
+
+
+def _cap_in_force(device: str) -> float | None:
+    """The CUDA fraction in force, or on the CPU whether a tracker is still intercepting (1.0: none)."""
+    if device == "cuda":
+        return user_memory_fraction(torch.cuda.current_device())
+    return 1.0 if _get_current_dispatch_mode() is None else None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ending", ["success", "error", "interrupt"])
+def test_the_user_s_cap_is_put_back(device: str, ending: str) -> None:
+    workload = cnn_workload(device)
+    cap = reference_cap(workload, device, 32)
+    user_fraction = 0.9
+    if device == "cuda":
+        torch.cuda.set_per_process_memory_fraction(user_fraction)
+    calls: list[int] = []
+    error: BaseException = Boom("a bug in the step") if ending == "error" else KeyboardInterrupt()
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        optimizer.step()
+        if not isinstance(batch[0], FakeTensor):  # a real step, not the CPU's forecast
+            calls.append(len(batch[0]))
+            if ending != "success" and len(calls) == 2:  # the first trial's second step
+                raise error
+
+    workload.train_step = train_step
+    try:
+        if ending == "success":
+            find_batch_size(workload, device=device, memory_limit=cap)
+        else:
+            with pytest.raises(type(error)):
+                find_batch_size(workload, device=device, memory_limit=cap)
+        assert _cap_in_force(device) == (user_fraction if device == "cuda" else 1.0)
+    finally:
+        if device == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("--example", "transformer", "--memory-limit", "2GiB"), id="readme-default-device"),
+        pytest.param(("--example", "cnn", "--device", "cuda", "--memory-limit", "1GiB"), id="cuda"),
+    ],
+)
+def test_the_cli_runs_on_cuda(args: tuple[str, ...], tmp_path: Any) -> None:
+    # The README's main command finds the GPU by default, and the built-in example is built there.
+    env = {key: value for key, value in os.environ.items() if key != "BATCHFIT_DEBUG"}
+    done = subprocess.run(
+        [sys.executable, "-m", "batchfit", "find", *args, "--modes", "train,eval", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)["results"]
+    assert [result["mode"] for result in results] == ["train", "eval"]
+    for result in results:
+        assert result["device"].startswith("cuda:") and "(capped at " in result["device"]
+        assert result["batch_size"] >= 1 and result["stop_reason"] in ("boundary", "max_batch")
+
+
+def test_memory_limit_lifts_its_cap_on_every_device() -> None:
+    # The standalone cap on the CPU: nothing intercepts after the block, however it ends.
+    with pytest.raises(torch.OutOfMemoryError), memory_limit("1MiB"):
+        torch.empty(2**20)
+    assert _get_current_dispatch_mode() is None
+    assert batchfit.memory_limit is memory_limit
