@@ -481,11 +481,18 @@ def _show_candidate(mode: str, batch_size: int) -> None:
 
 
 def _print_trial(mode: str, trial: Trial) -> None:
-    speed = f"{trial.step_seconds * 1000:8.1f} ms/step" if trial.step_seconds is not None else ""
+    peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"  # 0: failed before a step
+    extras = []
+    if trial.step_seconds is not None:
+        extras.append(f"{trial.step_seconds * 1000:8.1f} ms/step")
+    if trial.reserved_peak_bytes is not None:
+        extras.append(f"reserved {format_bytes(trial.reserved_peak_bytes)}")
+    if trial.allocator_retries:
+        extras.append(f"{trial.allocator_retries} allocator retries")
     clear = "\x1b[2K" if sys.stderr.isatty() else ""
     print(
         f"{clear}batchfit: {mode:<5} batch_size={trial.batch_size:<6} {trial.outcome:<11} "
-        f"peak {format_bytes(trial.peak_bytes):>11} {speed}",
+        f"peak {peak:>11}{''.join('  ' + extra for extra in extras)}",
         file=sys.stderr,
         flush=True,
     )
