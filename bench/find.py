@@ -219,6 +219,7 @@ class FreshState:
         self.model = workload.model
         self.optimizer: torch.optim.Optimizer = workload.optimizer
         self.weights = copy.deepcopy(self.model.state_dict())
+        self.cuda = any(parameter.is_cuda for parameter in self.model.parameters())
 
     def reset(self) -> None:
         self.model.load_state_dict(self.weights)
@@ -226,8 +227,8 @@ class FreshState:
             parameter.grad = None
         self.optimizer.state.clear()
         self.model.train()
-        gc.collect()
-        if torch.cuda.is_available():
+        if self.cuda:  # what batchfit's CUDA trials do first too (on the CPU nothing is cached)
+            gc.collect()
             torch.cuda.empty_cache()
 
 

@@ -88,8 +88,13 @@ def test_a_measured_block_runs_under_its_cap(device: CpuDevice) -> None:
     with pytest.raises(torch.OutOfMemoryError, match="a limit of 2000000 bytes"):  # noqa: SIM117
         with device.measure(list(model.parameters()), cap_bytes=2_000_000):
             torch.empty(250_000)  # 1,000,000 bytes: 2,002,000 in all
-    with pytest.raises(torch.OutOfMemoryError):  # the resident tensors alone are past the cap
+    with pytest.raises(torch.OutOfMemoryError) as info:  # the resident tensors alone are past the cap
         device.measure(list(model.parameters()), cap_bytes=1_000_000).__enter__()
+    assert str(info.value) == (
+        "out of memory: DefaultCPUAllocator: can't allocate memory: the tensors already held (parameters, "
+        "gradients, optimizer state) take 1002000 bytes (978.52 KiB), over the limit of 1000000 bytes "
+        "(976.56 KiB) set by batchfit."
+    )
 
 
 def test_a_measurement_keeps_the_last_step_and_its_phases() -> None:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
-from batchfit.tracker import StorageTracker, oom_message, resident_tensors
+from batchfit.tracker import StorageTracker, resident_oom_message, resident_tensors
 from batchfit.units import format_bytes, parse_bytes
 
 
@@ -137,7 +137,7 @@ class CpuDevice:
         tracker = StorageTracker(capacity_bytes=cap_bytes, fake=self.fake)
         tracker.track(_unique_storages(resident))
         if cap_bytes is not None and tracker.live_bytes > cap_bytes:
-            raise torch.OutOfMemoryError(oom_message(tracker.live_bytes, 0, cap_bytes))
+            raise torch.OutOfMemoryError(resident_oom_message(tracker.live_bytes, cap_bytes))
         measurement = Measurement(_probe=_TrackerProbe(tracker))
         try:
             with tracker:

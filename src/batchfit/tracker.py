@@ -118,6 +118,15 @@ class StorageTracker(TorchDispatchMode):
                 self._collect(item, into)
 
 
+def resident_oom_message(resident: int, capacity: int) -> str:
+    """The failure when the tensors a block starts with are already past the cap."""
+    return (
+        f"out of memory: DefaultCPUAllocator: can't allocate memory: the tensors already held "
+        f"(parameters, gradients, optimizer state) take {resident} bytes ({format_bytes(resident)}), "
+        f"over the limit of {capacity} bytes ({format_bytes(capacity)}) set by batchfit."
+    )
+
+
 def oom_message(requested: int, live: int, capacity: int) -> str:
     # Follows PyTorch's CPU allocator message, so tools that match on it recognise this failure.
     return (
