@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import random
 
@@ -102,6 +103,20 @@ def test_result_holds_the_evidence(mlp_workload: Workload) -> None:
     assert model is not None and model.bytes_per_sample > 0
     assert batchfit.SearchResult(**{**result.__dict__}) == result
     assert '"mode": "train"' in result.to_json()
+
+
+def test_the_summary_says_when_the_answer_needed_allocator_retries(mlp_workload: Workload) -> None:
+    result = find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB")
+    assert "allocator retries" not in result.summary()  # the CPU's tracker never retries
+    answer = dataclasses.replace(result.answer, allocator_retries=3)
+    trials = tuple(answer if t is result.answer else t for t in result.trials)
+    retried = dataclasses.replace(result, trials=trials)
+    assert retried.answer.allocator_retries == 3
+    assert retried.summary().endswith(
+        "; stopped because the next larger candidate did not fit. Its steps needed 3 allocator retries "
+        "under the cap (the allocator freed its cache to go on, which costs time); a smaller batch may "
+        "train faster."
+    )
 
 
 def test_multiple_of_and_bounds(mlp_workload: Workload) -> None:
