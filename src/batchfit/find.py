@@ -98,11 +98,12 @@ def find_batch_size(
     on_trial_start: Callable[[int], None] | None = None,
     cache: TrialCache | None = None,
 ) -> SearchResult:
-    """Find the largest batch in [min_batch, max_batch] whose ``mode`` step peaks within
-    ``fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
+    """Find the largest batch in [min_batch, max_batch] whose ``mode`` steps complete under a hard
+    cap at ``fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
 
     ``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (default: cuda if available); with
-    ``memory_limit`` (e.g. ``"2GiB"``) the CPU enforces that capacity on real allocations.
+    ``memory_limit`` (e.g. ``"2GiB"``) the device's capacity is that size (a smaller GPU, or a
+    CPU standing in for one).
     For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
     gradients and optimizer state resident, as when validation runs inside a training loop.
     ``on_trial_start(batch_size)`` and ``on_trial(trial)`` report progress. A ``cache`` shared by
@@ -246,9 +247,9 @@ def _recheck(
 ) -> SearchOutcome:
     """After a real allocator failure, run the answer again; if it no longer fits, search below it.
 
-    A real allocator keeps what failed trials left behind (a heap that does not shrink, a cache
-    that fragments), so a batch that fitted early in the search may not fit after it, which is
-    when training starts. The capped CPU device is exact and needs no second look.
+    glibc's heap keeps what a failed trial grew it to (under RLIMIT_AS), so a batch that fitted
+    early in the search may not fit after it, which is when training starts. The capped CPU and
+    CUDA (whose cache is emptied before each trial) are exact and need no second look.
     """
     trials = list(outcome.trials)
     for _ in range(3):
