@@ -12,14 +12,14 @@ from conftest import untraceable
 from batchfit import find_batch_size
 from batchfit.analyze import Analysis, analyze
 from batchfit.errors import ConfigurationError
-from batchfit.examples import build_example
+from batchfit.runtime.examples import build_example
 
 
 def test_fractions_share_their_trials() -> None:
     analysis = analyze(untraceable("cnn"), [0.6, 0.8, 1.0], ["train"], device="cpu", memory_limit=3_000_000)
     assert analysis.traces_run == 0
     separate = [
-        find_batch_size(untraceable("cnn"), device="cpu", memory_limit=3_000_000, fraction=fraction)
+        find_batch_size(untraceable("cnn"), device="cpu", memory_limit=3_000_000, memory_fraction=fraction)
         for fraction in (0.6, 0.8, 1.0)
     ]
     # The same answers as separate searches, for fewer real trials.
@@ -34,7 +34,7 @@ def test_rows_agree_with_find_and_reports_parse() -> None:
     analysis = analyze(
         build_example("cnn", "cpu"), [0.6, 0.9], ["train", "eval"], device="cpu", memory_limit="64MiB"
     )
-    assert [(row.fraction, row.mode) for row in analysis.rows] == [
+    assert [(row.memory_fraction, row.mode) for row in analysis.rows] == [
         (0.6, "train"),
         (0.9, "train"),
         (0.6, "eval"),
@@ -42,9 +42,13 @@ def test_rows_agree_with_find_and_reports_parse() -> None:
     ]
     for row in analysis.rows:
         alone = find_batch_size(
-            build_example("cnn", "cpu"), row.mode, device="cpu", memory_limit="64MiB", fraction=row.fraction
+            build_example("cnn", "cpu"),
+            row.mode,
+            device="cpu",
+            memory_limit="64MiB",
+            memory_fraction=row.memory_fraction,
         )
-        assert (row.batch_size, row.peak_bytes, row.limit_bytes) == (
+        assert (row.batch_size, row.peak_bytes, row.budget_bytes) == (
             alone.batch_size,
             alone.peak_bytes,
             alone.budget_bytes,
@@ -53,24 +57,35 @@ def test_rows_agree_with_find_and_reports_parse() -> None:
 
 
 def _check_reports(analysis: Analysis) -> None:
-    document = json.loads(analysis.render(".json"))
+    document = json.loads(analysis.render("json"))
     assert len(document["rows"]) == len(analysis.rows) and document["trials_run"] == analysis.trials_run
-    lines = [json.loads(line) for line in analysis.render(".jsonl").splitlines()]
+    lines = [json.loads(line) for line in analysis.render("jsonl").splitlines()]
     assert lines == document["rows"]
-    table = list(csv.DictReader(io.StringIO(analysis.render(".csv"))))
+    table = list(csv.DictReader(io.StringIO(analysis.render("csv"))))
     assert [int(row["batch_size"]) for row in table] == [row.batch_size for row in analysis.rows]
     assert set(table[0]) == {
-        "fraction",
+        "memory_fraction",
         "mode",
         "batch_size",
         "peak_bytes",
-        "limit_bytes",
+        "budget_bytes",
         "trials",
         "new_trials",
         "seconds",
     }
-    with pytest.raises(ConfigurationError, match=r"must end in \.json, \.jsonl or \.csv"):
-        analysis.render(".txt")
+    assert analysis.render("table").splitlines()[0].split() == [
+        "fraction",
+        "mode",
+        "batch_size",
+        "peak",
+        "budget",
+        "trials",
+        "seconds",
+    ]
+    assert len(analysis.render("table").splitlines()) == len(analysis.rows) + 1
+    with pytest.raises(ConfigurationError) as info:
+        analysis.render("txt")
+    assert str(info.value) == "report_format='txt': use one of json, jsonl, csv or table."
 
 
 def test_no_fractions() -> None:

@@ -17,10 +17,12 @@ import batchfit
 from batchfit import ConfigurationError, DeviceUnavailableError, DoesNotFitError, Workload, find_batch_size
 
 
-def brute_force(kind: str, mode: str, limit: int, fraction: float, max_batch: int, optimizer: str) -> int:
+def brute_force(
+    kind: str, mode: str, limit: int, fraction: float, max_batch_size: int, optimizer: str
+) -> int:
     """Run every batch size on a fresh copy of the workload under the cap; the largest that fits."""
     best = 0
-    for batch_size in range(1, max_batch + 1):
+    for batch_size in range(1, max_batch_size + 1):
         workload = build(kind, optimizer)
         model, opt = workload.model, workload.optimizer
         assert isinstance(opt, torch.optim.Optimizer) and workload.make_batch is not None
@@ -66,7 +68,12 @@ def brute_force(kind: str, mode: str, limit: int, fraction: float, max_batch: in
 @pytest.mark.parametrize("fraction", [0.8, 1.0])
 def test_train_answer_is_the_true_maximum(kind: str, optimizer: str, limit: int, fraction: float) -> None:
     result = find_batch_size(
-        build(kind, optimizer), "train", device="cpu", memory_limit=limit, fraction=fraction, max_batch=400
+        build(kind, optimizer),
+        "train",
+        device="cpu",
+        memory_limit=limit,
+        memory_fraction=fraction,
+        max_batch_size=400,
     )
     truth = brute_force(kind, "train", limit, fraction, min(400, result.batch_size + 3), optimizer)
     assert result.batch_size == truth
@@ -78,8 +85,10 @@ def test_train_answer_is_the_true_maximum(kind: str, optimizer: str, limit: int,
     ("kind", "limit"), [("cnn", 3_000_000), pytest.param("mlp", 3_000_000, marks=pytest.mark.slow)]
 )
 def test_eval_answer_is_the_true_maximum(kind: str, limit: int) -> None:
-    result = find_batch_size(build(kind, "adam"), "eval", device="cpu", memory_limit=limit, fraction=0.9)
-    assert result.mode == "eval" and result.max_batch == 1024
+    result = find_batch_size(
+        build(kind, "adam"), "eval", device="cpu", memory_limit=limit, memory_fraction=0.9
+    )
+    assert result.mode == "eval" and result.max_batch_size == 1024
     assert result.batch_size == brute_force(kind, "eval", limit, 0.9, result.batch_size + 3, "adam")
 
 
@@ -120,15 +129,15 @@ def test_the_summary_says_when_the_answer_needed_allocator_retries(mlp_workload:
 
 
 def test_multiple_of_and_bounds(mlp_workload: Workload) -> None:
-    result = find_batch_size(mlp_workload, device="cpu", memory_limit="4MiB", multiple_of=8, min_batch=8)
+    result = find_batch_size(mlp_workload, device="cpu", memory_limit="4MiB", multiple_of=8, min_batch_size=8)
     assert result.batch_size % 8 == 0 and all(t.batch_size % 8 == 0 for t in result.trials)
-    capped = find_batch_size(mlp_workload, device="cpu", memory_limit="64MiB", max_batch=24)
-    assert (capped.batch_size, capped.stop_reason) == (24, "max_batch")
+    capped = find_batch_size(mlp_workload, device="cpu", memory_limit="64MiB", max_batch_size=24)
+    assert (capped.batch_size, capped.stop_reason) == (24, "max_batch_size")
 
 
 def test_steady_state_peak_includes_optimizer_state() -> None:
     workload = build("cnn", "adam")
-    kwargs = {"device": "cpu", "memory_limit": "64MiB", "min_batch": 32, "max_batch": 32}
+    kwargs = {"device": "cpu", "memory_limit": "64MiB", "min_batch_size": 32, "max_batch_size": 32}
     one = find_batch_size(workload, steps_per_trial=1, **kwargs)  # type: ignore[arg-type]
     two = find_batch_size(workload, steps_per_trial=2, **kwargs)  # type: ignore[arg-type]
     params = list(workload.model.parameters())
@@ -254,7 +263,9 @@ def test_optimizer_factory_and_slices_count_their_own_bytes() -> None:
         make_batch=lambda n: (pool_x[:n], pool_y[:n]),
         loss_fn=nn.functional.cross_entropy,
     )
-    result = find_batch_size(workload, device="cpu", memory_limit="1MiB", fraction=1.0, max_batch=10_000)
+    result = find_batch_size(
+        workload, device="cpu", memory_limit="1MiB", memory_fraction=1.0, max_batch_size=10_000
+    )
     # Each sample costs its own 64 floats (+ label, activations, gradients), not the 25.6 MB pool.
     assert 1000 < result.batch_size < 4000
 
@@ -290,19 +301,23 @@ def test_dataset_largest_items_first() -> None:
         loss_fn=workload.loss_fn,
     )
     assert by_key.host_batch(1)[0].shape == (1, 5, 8)  # the user's key decides what is largest
-    result = find_batch_size(workload, device="cpu", memory_limit="512KiB", max_batch=64)
+    result = find_batch_size(workload, device="cpu", memory_limit="512KiB", max_batch_size=64)
     assert result.batch_size >= 1
 
 
 BAD_INPUTS = [
     (
-        {"fraction": 1.5},
+        {"memory_fraction": 1.5},
         ConfigurationError,
-        "fraction=1.5 must be in (0, 1]: the share of device memory a batch may use.",
+        "memory_fraction=1.5 must be in (0, 1]: the share of device memory a batch may use.",
     ),
-    ({"fraction": 0}, ConfigurationError, "fraction=0 must be in (0, 1]"),
-    ({"min_batch": 9, "max_batch": 4}, ConfigurationError, "min_batch (9) is larger than max_batch (4)"),
-    ({"min_batch": 0}, ConfigurationError, "min_batch must be a positive integer, got 0."),
+    ({"memory_fraction": 0}, ConfigurationError, "memory_fraction=0 must be in (0, 1]"),
+    (
+        {"min_batch_size": 9, "max_batch_size": 4},
+        ConfigurationError,
+        "min_batch_size (9) is larger than max_batch_size (4)",
+    ),
+    ({"min_batch_size": 0}, ConfigurationError, "min_batch_size must be a positive integer, got 0."),
     ({"steps_per_trial": 0}, ConfigurationError, "steps_per_trial must be a positive integer, got 0."),
     ({"mode": "test"}, ConfigurationError, "mode='test' is not a mode: use 'train' or 'eval'."),
     ({"device": "tpu"}, ConfigurationError, "device='tpu' is not a device: use 'cpu', 'cuda' or 'cuda:N'."),
@@ -349,7 +364,7 @@ def test_model_that_does_not_fit_at_batch_one(mlp_workload: Workload) -> None:
     )
     assert "The fixed part alone, parameters and buffers, takes 332.04 KiB" in message
     assert "against a budget of 320.00 KiB (0.8 x 400.00 KiB)" in message
-    assert "Raise memory_limit, or fraction=0.8 toward 1, or shrink" in message
+    assert "Raise memory_limit, or memory_fraction=0.8 toward 1, or shrink" in message
 
 
 def test_workload_errors() -> None:
@@ -376,11 +391,13 @@ def test_model_on_another_device_is_named() -> None:
 
 
 def test_uncapped_cpu_uses_the_host_capacity(mlp_workload: Workload) -> None:
-    from batchfit.device import host_available_bytes
+    from batchfit.runtime.device import host_available_bytes
 
-    result = find_batch_size(mlp_workload, device="cpu", max_batch=32)
+    result = find_batch_size(mlp_workload, device="cpu", max_batch_size=32)
     assert result.batch_size == 32 and result.device == "cpu"
-    params = sum(t.untyped_storage().nbytes() for t in batchfit.tracker.resident_tensors(mlp_workload.model))
+    params = sum(
+        t.untyped_storage().nbytes() for t in batchfit.runtime.tracker.resident_tensors(mlp_workload.model)
+    )
     assert 0 < result.capacity_bytes - params <= host_available_bytes() * 1.1
 
 

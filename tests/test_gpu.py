@@ -21,9 +21,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import batchfit
 from batchfit import Workload, find_batch_size
-from batchfit.device import memory_limit, parse_device, resolve_device, user_memory_fraction
-from batchfit.state import TrainingSnapshot
-from batchfit.trial import TrialRunner
+from batchfit.runtime.device import memory_limit, parse_device, resolve_device, user_memory_fraction
+from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.steps import TrialRunner
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 #: Steps in a probe of the truth (a trial takes 2: the issue measured 2, 10 and 40 alike).
@@ -158,9 +158,9 @@ def benchmark_on() -> Any:
 def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool) -> None:
     workload = cnn_workload(device, amp=amp)
     cap = reference_cap(workload, device, 48)
-    result = find_batch_size(workload, mode, device=device, memory_limit=cap, fraction=1.0)  # type: ignore[arg-type]
+    result = find_batch_size(workload, mode, device=device, memory_limit=cap, memory_fraction=1.0)  # type: ignore[arg-type]
     assert result.budget_bytes == cap
-    truth = truth_near(workload, mode, device, cap, result.batch_size, result.max_batch)
+    truth = truth_near(workload, mode, device, cap, result.batch_size, result.max_batch_size)
     assert result.batch_size == truth
     assert result.answer.fits and result.answer.allocator_retries >= 0
 
@@ -171,8 +171,8 @@ def test_cudnn_benchmark_does_not_lower_the_answer(benchmark_on: None) -> None:
     # skips those that do not fit, so the first step's spike does not decide.
     workload = cnn_workload("cuda")
     cap = reference_cap(workload, "cuda", 48)
-    result = find_batch_size(workload, device="cuda", memory_limit=cap, fraction=1.0)
-    truth = truth_near(workload, "train", "cuda", cap, result.batch_size, result.max_batch)
+    result = find_batch_size(workload, device="cuda", memory_limit=cap, memory_fraction=1.0)
+    truth = truth_near(workload, "train", "cuda", cap, result.batch_size, result.max_batch_size)
     assert result.batch_size == truth
 
 
@@ -307,7 +307,7 @@ def test_the_cli_runs_on_cuda(args: tuple[str, ...], tmp_path: Any) -> None:
     assert [result["mode"] for result in results] == ["train", "eval"]
     for result in results:
         assert result["device"].startswith("cuda:") and "(capped at " in result["device"]
-        assert result["batch_size"] >= 1 and result["stop_reason"] in ("boundary", "max_batch")
+        assert result["batch_size"] >= 1 and result["stop_reason"] in ("boundary", "max_batch_size")
 
 
 def test_memory_limit_lifts_its_cap_on_every_device() -> None:

@@ -3,7 +3,6 @@
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import apply_autobatch
 from batchfit.config import ExperimentConfig, load_config
-from batchfit.device import memory_limit
 from batchfit.errors import (
     BatchfitError,
     ConfigurationError,
@@ -12,10 +11,11 @@ from batchfit.errors import (
 )
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
-from batchfit.oom import is_out_of_memory
-from batchfit.plan import Plan, plan
-from batchfit.search import MemoryModel, Trial
-from batchfit.workload import Workload
+from batchfit.policy.plan import Plan, plan
+from batchfit.policy.trial import MemoryModel, Trial
+from batchfit.runtime.device import memory_limit
+from batchfit.runtime.oom import is_out_of_memory
+from batchfit.runtime.workload import Workload
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,6 @@
 """The search outside training, across memory fractions and modes, sharing its measurements.
 
-A trial's peak does not depend on the fraction, only its verdict; so every fraction after the
+A trial's peak does not depend on the memory fraction, only its verdict; so every fraction after the
 first reuses the trials (and fake-tensor traces) of the others and runs only what is new.
 """
 
@@ -12,32 +12,40 @@ import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
+from batchfit.checks import DEFAULT_MAX_BATCH_SIZE, default_max_batch_size
 from batchfit.errors import ConfigurationError
 from batchfit.find import SearchResult, find_batch_size
-from batchfit.search import Trial
-from batchfit.trial import Mode, TrialCache
-from batchfit.workload import Workload
+from batchfit.policy.cache import TrialCache
+from batchfit.policy.trial import Mode, Trial
+from batchfit.runtime.workload import Workload
+from batchfit.units import format_bytes
+
+#: What ``Analysis.render`` writes: the report file's suffixes, and the table the CLI prints.
+REPORT_FORMATS = ("json", "jsonl", "csv")
 
 
 @dataclass(frozen=True)
 class Bounds:
-    """Where one mode's search looks: [min_batch, max_batch], steps_per_trial steps a trial."""
+    """Where one mode's search looks: [min_batch_size, max_batch_size], steps_per_trial steps a trial."""
 
-    min_batch: int = 1
-    max_batch: int = 512
+    min_batch_size: int = 1
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     steps_per_trial: int = 2
+
+    @classmethod
+    def default(cls, mode: Mode) -> Bounds:
+        return cls(max_batch_size=default_max_batch_size(mode))
 
 
 @dataclass(frozen=True)
 class AnalysisRow:
-    fraction: float
+    memory_fraction: float
     mode: Mode
     batch_size: int
     peak_bytes: int
-    limit_bytes: int  # the budget: fraction x capacity
+    budget_bytes: int  # the budget: memory_fraction x capacity
     trials: int  # trials this search used (run now or reused)
     new_trials: int  # of which run for this row
     seconds: float
@@ -61,28 +69,39 @@ class Analysis:
             "separate_traces": self.separate_traces,
         }
 
-    def render(self, suffix: str) -> str:
-        """The report as ``.json``, ``.jsonl`` (one row a line) or ``.csv``."""
-        if suffix == ".json":
+    def render(self, report_format: str) -> str:
+        """The report as ``json``, ``jsonl`` (one row a line), ``csv`` or a ``table`` to read."""
+        if report_format == "json":
             return json.dumps(self.to_dict(), indent=2) + "\n"
-        if suffix == ".jsonl":
+        if report_format == "jsonl":
             return "".join(json.dumps(asdict(row)) + "\n" for row in self.rows)
-        if suffix == ".csv":
+        if report_format == "csv":
             buffer = io.StringIO()
             writer = csv.DictWriter(buffer, fieldnames=list(AnalysisRow.__dataclass_fields__))
             writer.writeheader()
             writer.writerows(asdict(row) for row in self.rows)
             return buffer.getvalue()
-        raise ConfigurationError(f"--output must end in .json, .jsonl or .csv, got {suffix!r}.")
+        if report_format == "table":
+            return self.table()
+        raise ConfigurationError(
+            f"report_format={report_format!r}: use one of {', '.join(REPORT_FORMATS)} or table."
+        )
 
-    def write(self, path: str | Path) -> None:
-        path = Path(path)
-        path.write_text(self.render(path.suffix.lower()))
+    def table(self) -> str:
+        header = ("fraction", "mode", "batch_size", "peak", "budget", "trials", "seconds")
+        lines = ["{:>8}  {:<5}  {:>10}  {:>11}  {:>11}  {:>6}  {:>7}".format(*header)]
+        for row in self.rows:
+            lines.append(
+                f"{row.memory_fraction:>8g}  {row.mode:<5}  {row.batch_size:>10}  "
+                f"{format_bytes(row.peak_bytes):>11}  {format_bytes(row.budget_bytes):>11}  "
+                f"{row.trials:>6}  {row.seconds:>7.2f}"
+            )
+        return "\n".join(lines) + "\n"
 
 
 def analyze(
     workload: Workload,
-    fractions: Sequence[float],
+    memory_fractions: Sequence[float],
     modes: Sequence[Mode] = ("train", "eval"),
     *,
     bounds: Mapping[Mode, Bounds] | None = None,
@@ -90,32 +109,32 @@ def analyze(
     memory_limit: str | int | None = None,
     on_trial: Callable[[float, Mode, Trial], None] | None = None,
 ) -> Analysis:
-    """One search per (fraction, mode); each mode's searches share one cache of measurements."""
-    if not fractions:
-        raise ConfigurationError("fractions is empty: give at least one, e.g. 0.6,0.8.")
+    """One search per (memory_fraction, mode); each mode's searches share one cache of measurements."""
+    if not memory_fractions:
+        raise ConfigurationError("memory_fractions is empty: give at least one, e.g. 0.6,0.8.")
     rows, results = [], []
     caches = {mode: TrialCache() for mode in modes}
     for mode in modes:
-        limits = (bounds or {}).get(mode, Bounds(max_batch=512 if mode == "train" else 1024))
+        limits = (bounds or {}).get(mode) or Bounds.default(mode)
         cache = caches[mode]
-        for fraction in fractions:
+        for memory_fraction in memory_fractions:
             runs_before = cache.runs
             result = find_batch_size(
                 workload,
                 mode,
                 device=device,
                 memory_limit=memory_limit,
-                fraction=fraction,
-                min_batch=limits.min_batch,
-                max_batch=limits.max_batch,
+                memory_fraction=memory_fraction,
+                min_batch_size=limits.min_batch_size,
+                max_batch_size=limits.max_batch_size,
                 steps_per_trial=limits.steps_per_trial,
                 cache=cache,
-                on_trial=None if on_trial is None else functools.partial(on_trial, fraction, mode),
+                on_trial=None if on_trial is None else functools.partial(on_trial, memory_fraction, mode),
             )
             results.append(result)
             rows.append(
                 AnalysisRow(
-                    fraction,
+                    memory_fraction,
                     mode,
                     result.batch_size,
                     result.peak_bytes,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from batchfit.analyze import Bounds
 from batchfit.config import ExperimentConfig
 from batchfit.find import SearchResult, find_batch_size
-from batchfit.search import Trial
+from batchfit.policy.trial import Mode, Trial
+from batchfit.runtime.loading import load_workload
+from batchfit.runtime.workload import Workload
 from batchfit.units import format_bytes
-from batchfit.workload import Workload, load_workload
 
 logger = logging.getLogger(__name__)
 
@@ -19,29 +20,31 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
     return load_workload(cfg.WORKLOAD, device=cfg.DEVICE, source="WORKLOAD")
 
 
+def bounds_from_config(cfg: ExperimentConfig) -> dict[Mode, Bounds]:
+    """Each mode's search bounds as ``DATA.AUTOBATCH`` sets them (eval's are the ``_VAL`` keys)."""
+    auto = cfg.DATA.AUTOBATCH
+    return {
+        "train": Bounds(auto.MIN_BATCH_SIZE, auto.MAX_BATCH_SIZE, auto.STEPS_PER_TRIAL),
+        "eval": Bounds(auto.MIN_BATCH_SIZE_VAL, auto.MAX_BATCH_SIZE_VAL, auto.STEPS_PER_TRIAL_VAL),
+    }
+
+
 def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchResult]:
     """Search the train (``ENABLED``) and eval (``ENABLED_VAL``) batch sizes and overwrite
     ``DATA.BATCH_SIZE`` / ``DATA.BATCH_SIZE_VAL`` in ``cfg``; the trials are logged at
     ``LOG_LEVEL`` (``LOG_LEVEL_VAL``) and each choice at INFO. Returns the searches' results."""
     auto = cfg.DATA.AUTOBATCH
+    bounds = bounds_from_config(cfg)
     results = []
-    for mode, suffix, enabled in (("train", "", auto.ENABLED), ("eval", "_VAL", auto.ENABLED_VAL)):
+    modes: tuple[tuple[Mode, str, bool], ...] = (
+        ("train", "", auto.ENABLED),
+        ("eval", "_VAL", auto.ENABLED_VAL),
+    )
+    for mode, suffix, enabled in modes:
         if not enabled:
             continue
-
-        def setting(key: str, suffix: str = suffix) -> Any:
-            return getattr(auto, key + suffix)
-
-        result = _search(
-            cfg,
-            workload,
-            mode,
-            setting("TARGET_MEMORY_FRACTION"),
-            setting("MIN_BATCH_SIZE"),
-            setting("MAX_BATCH_SIZE"),
-            setting("STEPS_PER_TRIAL"),
-            setting("LOG_LEVEL"),
-        )
+        fraction = getattr(auto, "TARGET_MEMORY_FRACTION" + suffix)
+        result = _search(cfg, workload, mode, fraction, bounds[mode], getattr(auto, "LOG_LEVEL" + suffix))
         key = "BATCH_SIZE" + suffix
         logger.info("autobatch: DATA.%s %d -> %d", key, getattr(cfg.DATA, key), result.batch_size)
         setattr(cfg.DATA, key, result.batch_size)
@@ -52,11 +55,9 @@ def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchRes
 def _search(
     cfg: ExperimentConfig,
     workload: Workload,
-    mode: str,
-    fraction: float,
-    min_batch: int,
-    max_batch: int,
-    steps: int,
+    mode: Mode,
+    memory_fraction: float,
+    bounds: Bounds,
     level_name: str,
 ) -> SearchResult:
     level = logging.getLevelName(level_name.upper())
@@ -73,13 +74,13 @@ def _search(
 
     result = find_batch_size(
         workload,
-        mode,  # type: ignore[arg-type]
+        mode,
         device=cfg.DEVICE,
         memory_limit=cfg.MEMORY_LIMIT,
-        fraction=fraction,
-        min_batch=min_batch,
-        max_batch=max_batch,
-        steps_per_trial=steps,
+        memory_fraction=memory_fraction,
+        min_batch_size=bounds.min_batch_size,
+        max_batch_size=bounds.max_batch_size,
+        steps_per_trial=bounds.steps_per_trial,
         on_trial=log_trial,
     )
     logger.log(level, "autobatch: %s", result.summary())

@@ -20,6 +20,7 @@ import yaml  # type: ignore[import-untyped]
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from batchfit.checks import DEFAULT_MAX_BATCH_SIZE, EVAL_BATCH_FACTOR
 from batchfit.errors import ConfigurationError
 from batchfit.units import parse_bytes
 
@@ -35,13 +36,13 @@ class AutobatchConfig:
 
     ENABLED: bool = False  # search the training batch size before training
     TARGET_MEMORY_FRACTION: float = 0.8  # fraction of device memory a batch may use, in (0, 1]
-    MAX_BATCH_SIZE: int = 512  # upper bound of the search, samples
+    MAX_BATCH_SIZE: int = DEFAULT_MAX_BATCH_SIZE  # upper bound of the search, samples
     MIN_BATCH_SIZE: int = 1  # lower bound of the search, samples
     STEPS_PER_TRIAL: int = 2  # steps per trial (the first creates the optimizer state)
     LOG_LEVEL: str = "INFO"  # level of the batchfit logger: DEBUG, INFO, WARNING, ERROR, CRITICAL
     ENABLED_VAL: bool = _follows("${DATA.AUTOBATCH.ENABLED}")
     TARGET_MEMORY_FRACTION_VAL: float = _follows("${DATA.AUTOBATCH.TARGET_MEMORY_FRACTION}")
-    MAX_BATCH_SIZE_VAL: int = _follows("${DATA.AUTOBATCH.MAX_BATCH_SIZE} * 2")
+    MAX_BATCH_SIZE_VAL: int = _follows(f"${{DATA.AUTOBATCH.MAX_BATCH_SIZE}} * {EVAL_BATCH_FACTOR}")
     MIN_BATCH_SIZE_VAL: int = _follows("${DATA.AUTOBATCH.MIN_BATCH_SIZE}")
     STEPS_PER_TRIAL_VAL: int = _follows("${DATA.AUTOBATCH.STEPS_PER_TRIAL}")
     LOG_LEVEL_VAL: str = _follows("${DATA.AUTOBATCH.LOG_LEVEL}")
@@ -257,7 +258,7 @@ def _validate(cfg: ExperimentConfig) -> None:
                 f"(DEBUG, INFO, WARNING, ERROR or CRITICAL), got {level!r}."
             )
         setattr(cfg.DATA.AUTOBATCH, f"LOG_LEVEL{suffix}", level.upper())
-    from batchfit.examples import EXAMPLES  # here, so that reading a config does not import torch
+    from batchfit.runtime.examples import EXAMPLES  # here, so that reading a config does not import torch
 
     module, _, function = cfg.WORKLOAD.partition(":")
     builtins = ", ".join(f"example:{name}" for name in sorted(EXAMPLES))

@@ -11,20 +11,20 @@ from typing import Any
 
 import torch
 
-from batchfit.device import CpuDevice, Device, resolve_device
+from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
-from batchfit.search import Candidates, MemoryModel, SearchOutcome, StopReason, Trial, search
-from batchfit.state import TrainingSnapshot
-from batchfit.trace import FakeTracer, TraceUnavailable
-from batchfit.tracker import resident_tensors
-from batchfit.trial import Mode, TrialCache, TrialRunner
+from batchfit.policy.cache import TrialCache
+from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search
+from batchfit.policy.trial import MemoryModel, Mode, Trial
+from batchfit.runtime.device import CpuDevice, Device, resolve_device
+from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.steps import TrialRunner
+from batchfit.runtime.trace import FakeTracer, TraceUnavailable
+from batchfit.runtime.tracker import resident_tensors
+from batchfit.runtime.workload import Workload
 from batchfit.units import format_bytes
-from batchfit.workload import Workload
 
 logger = logging.getLogger(__name__)
-
-#: Upper bound of the search when none is given: the seed's MAX_BATCH_SIZE, doubled for eval.
-DEFAULT_MAX_BATCH = {"train": 512, "eval": 1024}
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class SearchResult:
     memory_model: MemoryModel | None
     stop_reason: StopReason
     search_seconds: float
-    min_batch: int
-    max_batch: int
+    min_batch_size: int
+    max_batch_size: int
     multiple_of: int | None
     steps_per_trial: int
 
@@ -57,7 +57,7 @@ class SearchResult:
     def summary(self) -> str:
         why = {
             "boundary": "the next larger candidate did not fit",
-            "max_batch": f"max_batch={self.max_batch} was reached",
+            "max_batch_size": f"max_batch_size={self.max_batch_size} was reached",
         }.get(self.stop_reason, self.stop_reason)
         traced = (
             f" (placed by {len(self.predicted_trials)} fake-tensor traces)" if self.predicted_trials else ""
@@ -88,9 +88,9 @@ def find_batch_size(
     *,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    fraction: float = 0.8,
-    min_batch: int = 1,
-    max_batch: int | None = None,
+    memory_fraction: float = 0.8,
+    min_batch_size: int = 1,
+    max_batch_size: int | None = None,
     multiple_of: int | None = None,
     steps_per_trial: int = 2,
     eval_with_training_state: bool = True,
@@ -98,8 +98,8 @@ def find_batch_size(
     on_trial_start: Callable[[int], None] | None = None,
     cache: TrialCache | None = None,
 ) -> SearchResult:
-    """Find the largest batch in [min_batch, max_batch] whose ``mode`` steps complete under a hard
-    cap at ``fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
+    """Find the largest batch in [min_batch_size, max_batch_size] whose ``mode`` steps complete under a hard
+    cap at ``memory_fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
 
     ``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (default: cuda if available); with
     ``memory_limit`` (e.g. ``"2GiB"``) the device's capacity is that size (a smaller GPU, or a
@@ -110,18 +110,45 @@ def find_batch_size(
     searches of the same workload, mode and device (at other fractions, say) reuses their
     measurements instead of running them again.
     """
+    return find_on(
+        resolve_device(device, memory_limit),
+        workload,
+        mode,
+        memory_fraction=memory_fraction,
+        min_batch_size=min_batch_size,
+        max_batch_size=max_batch_size,
+        multiple_of=multiple_of,
+        steps_per_trial=steps_per_trial,
+        eval_with_training_state=eval_with_training_state,
+        on_trial=on_trial,
+        on_trial_start=on_trial_start,
+        cache=cache,
+    )
+
+
+def find_on(
+    target: Device,
+    workload: Workload,
+    mode: Mode = "train",
+    *,
+    memory_fraction: float = 0.8,
+    min_batch_size: int = 1,
+    max_batch_size: int | None = None,
+    multiple_of: int | None = None,
+    steps_per_trial: int = 2,
+    eval_with_training_state: bool = True,
+    on_trial: Callable[[Trial], None] | None = None,
+    on_trial_start: Callable[[int], None] | None = None,
+    cache: TrialCache | None = None,
+) -> SearchResult:
+    """``find_batch_size`` on a device already resolved (``explore`` searches on the one it times)."""
     if mode not in ("train", "eval"):
         raise ConfigurationError(f"mode={mode!r} is not a mode: use 'train' or 'eval'.")
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ConfigurationError(
-            f"fraction={fraction!r} must be in (0, 1]: the share of device memory a batch may use."
-        )
-    if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) or steps_per_trial < 1:
-        raise ConfigurationError(f"steps_per_trial must be a positive integer, got {steps_per_trial!r}.")
-    if max_batch is None:
-        max_batch = DEFAULT_MAX_BATCH[mode]
-    candidates = Candidates.between(min_batch, max_batch, multiple_of)
-    target = resolve_device(device, memory_limit)
+    check_memory_fraction(memory_fraction)
+    check_positive_int("steps_per_trial", steps_per_trial)
+    if max_batch_size is None:
+        max_batch_size = default_max_batch_size(mode)
+    candidates = Candidates.between(min_batch_size, max_batch_size, multiple_of)
     _check_model_device(workload.model, target)
     if mode == "train" and workload.optimizer is None and workload.train_step is None:
         raise ConfigurationError(
@@ -137,7 +164,7 @@ def find_batch_size(
     try:
         snapshot.set_gradients_aside()
         capacity = target.capacity_bytes(resident_tensors(workload.model, workload.optimizer))
-        budget = int(fraction * capacity)
+        budget = int(memory_fraction * capacity)
         warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
         runner = TrialRunner(workload, target, mode, steps_per_trial, budget, snapshot, warm_batch)
         forecast = _forecast(workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache)
@@ -182,7 +209,7 @@ def find_batch_size(
     elapsed = time.perf_counter() - started
     if outcome.batch_size is None:
         smallest = min(outcome.trials, key=lambda trial: trial.batch_size)
-        raise _does_not_fit(workload, mode, target, smallest, budget, capacity, fraction)
+        raise _does_not_fit(workload, mode, target, smallest, budget, capacity, memory_fraction)
     answer = [t for t in outcome.trials if t.batch_size == outcome.batch_size][-1]
     return SearchResult(
         mode=mode,
@@ -190,15 +217,15 @@ def find_batch_size(
         peak_bytes=answer.peak_bytes,
         budget_bytes=budget,
         capacity_bytes=capacity,
-        memory_fraction=float(fraction),
+        memory_fraction=float(memory_fraction),
         device=target.name,
         trials=outcome.trials,
         predicted_trials=forecast.trials if forecast else (),
         memory_model=outcome.memory_model or (forecast.memory_model if forecast else None),
         stop_reason=outcome.stop_reason,
         search_seconds=elapsed,
-        min_batch=min_batch,
-        max_batch=max_batch,
+        min_batch_size=min_batch_size,
+        max_batch_size=max_batch_size,
         multiple_of=multiple_of,
         steps_per_trial=steps_per_trial,
     )
@@ -261,12 +288,12 @@ def _recheck(
             break
         below = outcome.batch_size - candidates.step
         if below < candidates.first:
-            outcome = SearchOutcome(None, outcome.trials, outcome.memory_model, "min_batch_failed")
+            outcome = SearchOutcome(None, outcome.trials, outcome.memory_model, "min_batch_size_failed")
             break
         lower = Candidates(candidates.first, candidates.step, candidates.index_at_most(below) + 1)
         outcome = search(run, lower, budget)
         trials.extend(outcome.trials)
-        if outcome.stop_reason == "max_batch":  # the top of the lower range is below a failure
+        if outcome.stop_reason == "max_batch_size":  # the top of the lower range is below a failure
             outcome = SearchOutcome(outcome.batch_size, outcome.trials, outcome.memory_model, "boundary")
     return SearchOutcome(outcome.batch_size, tuple(trials), outcome.memory_model, outcome.stop_reason)
 
@@ -289,7 +316,7 @@ def _does_not_fit(
     trial: Trial,
     budget: int,
     capacity: int,
-    fraction: float,
+    memory_fraction: float,
 ) -> DoesNotFitError:
     weights = sum(t.untyped_storage().nbytes() for t in resident_tensors(workload.model))
     measured = (
@@ -299,9 +326,9 @@ def _does_not_fit(
     )
     return DoesNotFitError(
         f"the {mode} step does not fit even at batch_size={trial.batch_size} on {device.name}: "
-        f"{measured}, against a budget of {format_bytes(budget)} ({fraction:g} x "
+        f"{measured}, against a budget of {format_bytes(budget)} ({memory_fraction:g} x "
         f"{format_bytes(capacity)}). The fixed part alone, parameters and buffers, takes "
         f"{format_bytes(weights)} before gradients, optimizer state and activations. Raise "
-        f"memory_limit, or fraction={fraction:g} toward 1, or shrink the fixed part (mixed precision, "
-        f"a lighter optimizer, activation checkpointing)."
+        f"memory_limit, or memory_fraction={memory_fraction:g} toward 1, or shrink the fixed part "
+        f"(mixed precision, a lighter optimizer, activation checkpointing)."
     )

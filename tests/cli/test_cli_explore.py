@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from batchfit.device import PINNED_MALLOC
-from batchfit.explore import FAR_BELOW
+from batchfit.policy.exploration import Rules
+from batchfit.runtime.host import PINNED_MALLOC
 
 TESTS = Path(__file__).resolve().parent
 
@@ -29,7 +29,7 @@ def explore(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
             "workloads_for_cli:tiny",
             "--device",
             "cpu",
-            "--max-batch",
+            "--max-batch-size",
             "32",
             "--windows",
             "2",
@@ -47,12 +47,12 @@ def explore(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 
 def test_json_and_live_recommendations() -> None:
-    done = explore("--format", "json", "--devices", "2", "--global-batch", "48")
+    done = explore("--format", "json", "--world-size", "2", "--global-batch-size", "48")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     batches = [point["batch_size"] for point in document["points"]]
     assert batches and all(24 % batch == 0 for batch in batches)  # 48 / 2 devices
-    # --windows 2 each, but 1 for a size whose first read below FAR_BELOW of a larger one's median.
+    # --windows 2 each, but 1 for a size whose first read below Rules().far_below of a larger one's median.
     for point in document["points"]:
         larger = [
             statistics.median(p["samples_per_second"])
@@ -60,7 +60,7 @@ def test_json_and_live_recommendations() -> None:
             if p["batch_size"] > point["batch_size"]
         ]
         if len(point["samples_per_second"]) == 1:
-            assert point["samples_per_second"][0] < FAR_BELOW * max(larger)
+            assert point["samples_per_second"][0] < Rules().far_below * max(larger)
     assert len(document["points"][-1]["samples_per_second"]) >= 2
     live = [line for line in done.stderr.splitlines() if "Current recommended micro_batch_size:" in line]
     assert len(live) == len(document["history"]) >= len(batches)
@@ -69,23 +69,24 @@ def test_json_and_live_recommendations() -> None:
 
 
 def test_csv_and_bad_input() -> None:
-    done = explore("--format", "csv", "--time-budget", "0")
+    done = explore("--format", "csv", "--time-budget-seconds", "0")
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
     # The budget allows only the first point: the coarse pass starts at the bound.
     assert len(rows) == 1 and rows[0]["batch_size"] == "32"
-    bad = explore("--devices", "8", "--global-batch", "1001")
+    bad = explore("--world-size", "8", "--global-batch-size", "1001")
     assert bad.returncode == 1 and bad.stderr.startswith(
-        "batchfit: error: --global-batch (1001) is not divisible by --devices (8); 1000 or 1008 would work."
+        "batchfit: error: global_batch_size (1001) is not divisible by world_size (8); "
+        "1000 or 1008 would work."
     )
 
 
 def test_note_on_glibc_malloc_only_while_its_thresholds_move() -> None:
     unpinned = {*PINNED_MALLOC, "GLIBC_TUNABLES"}
     native = {key: value for key, value in os.environ.items() if key not in unpinned}
-    moving = explore("--time-budget", "0", env=native)
+    moving = explore("--time-budget-seconds", "0", env=native)
     assert moving.returncode == 0, moving.stderr
-    pinned = explore("--time-budget", "0", env={**native, **PINNED_MALLOC})
+    pinned = explore("--time-budget-seconds", "0", env={**native, **PINNED_MALLOC})
     assert pinned.returncode == 0, pinned.stderr
     assert "MALLOC_MMAP_THRESHOLD_" not in pinned.stderr
     if platform.libc_ver()[0] == "glibc":

@@ -2,7 +2,7 @@
 
 The CPU allocator itself fails (``DefaultCPUAllocator: can't allocate memory``) on batches that
 are too large; the search must treat that as an out-of-memory trial, back off, and return a batch
-that then trains in the same process. The child script is tests/rlimit_child.py.
+that then trains in the same process. The child script is tests/runtime/rlimit_child.py.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def run_child(headroom_mib: int, steps: int, fraction: float, extra_env: dict[st
     [
         # A fixed mmap threshold: every tensor of 1 MiB or more is its own mmap, unmapped when freed,
         # so VmSize follows the live tensors and the search leaves no address space behind.
-        # fraction=1.0: the budget is the whole headroom, so the model-guided jump overshoots the
+        # memory_fraction=1.0: the budget is the whole headroom, so the model-guided jump overshoots the
         # real limit (the host batch and allocator overhead are not in the tracked peak) and the
         # CPU allocator fails. Deterministic: the same trials on every run.
         pytest.param({"MALLOC_MMAP_THRESHOLD_": str(MiB)}, 128, 1.0, id="fixed-mmap-threshold"),

@@ -14,10 +14,10 @@ import logging
 import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 
-from batchfit.device import CpuDevice
-from batchfit.search import Trial
-from batchfit.trial import Mode, judge, run_steps
-from batchfit.workload import Workload, to_device
+from batchfit.policy.trial import Mode, Trial
+from batchfit.runtime.device import CpuDevice
+from batchfit.runtime.steps import judge, run_steps
+from batchfit.runtime.workload import Workload, to_device
 
 logger = logging.getLogger(__name__)
 

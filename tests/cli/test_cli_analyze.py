@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "exp.yaml"
 
 
@@ -53,7 +53,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         "cpu",
         "--memory-limit",
         "32MiB",
-        "--fraction",
+        "--memory-fraction",
         "0.8",
         "--format",
         "json",
@@ -67,7 +67,7 @@ def test_reports_parse_and_agree(reports: dict[str, object]) -> None:
     assert isinstance(folder, Path)
     document = json.loads((folder / "report.json").read_text())
     rows = document["rows"]
-    assert [(row["fraction"], row["mode"]) for row in rows] == [
+    assert [(row["memory_fraction"], row["mode"]) for row in rows] == [
         (0.6, "train"),
         (0.8, "train"),
         (0.6, "eval"),
@@ -79,14 +79,14 @@ def test_reports_parse_and_agree(reports: dict[str, object]) -> None:
     with open(folder / "report.csv", newline="") as handle:
         table = list(csv.DictReader(handle))
     assert [int(row["batch_size"]) for row in table] == [row["batch_size"] for row in rows]
-    assert [float(row["fraction"]) for row in table] == [row["fraction"] for row in rows]
+    assert [float(row["memory_fraction"]) for row in table] == [row["memory_fraction"] for row in rows]
     # The 0.8 rows are what `batchfit find` answers at 0.8 (eval's bound is twice train's, as in find).
     find = reports["find"]
     assert isinstance(find, dict)
     answers = {result["mode"]: result["batch_size"] for result in find["results"]}
-    assert {row["mode"]: row["batch_size"] for row in rows if row["fraction"] == 0.8} == answers
+    assert {row["mode"]: row["batch_size"] for row in rows if row["memory_fraction"] == 0.8} == answers
     for row in rows:
-        assert row["peak_bytes"] <= row["limit_bytes"] == int(row["fraction"] * 32 * 2**20)
+        assert row["peak_bytes"] <= row["budget_bytes"] == int(row["memory_fraction"] * 32 * 2**20)
 
 
 def test_the_count_is_printed(reports: dict[str, object]) -> None:

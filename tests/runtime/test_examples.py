@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from batchfit.errors import ConfigurationError
-from batchfit.examples import EXAMPLES, build_example
+from batchfit.runtime.examples import EXAMPLES, build_example
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

@@ -6,12 +6,12 @@ import pytest
 from conftest import build, untraceable
 
 from batchfit import find_batch_size, memory_limit
-from batchfit.device import CappedCpuDevice
-from batchfit.examples import build_example
-from batchfit.state import TrainingSnapshot
-from batchfit.trace import FakeTracer, TraceUnavailable
-from batchfit.trial import TrialRunner
-from batchfit.workload import Workload
+from batchfit.runtime.device import CappedCpuDevice
+from batchfit.runtime.examples import build_example
+from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.steps import TrialRunner
+from batchfit.runtime.trace import FakeTracer, TraceUnavailable
+from batchfit.runtime.workload import Workload
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])

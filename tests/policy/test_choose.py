@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.choose import (
+from batchfit.errors import ConfigurationError
+from batchfit.policy.choose import (
     Point,
     Recommendation,
     _assess,
@@ -21,7 +22,6 @@ from batchfit.choose import (
     estimates,
     recommend,
 )
-from batchfit.errors import ConfigurationError
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -254,7 +254,7 @@ def test_bad_input(kwargs: dict[str, object], message: str) -> None:
 
 
 def test_recorded_curve_from_a_real_run() -> None:
-    """A run of `batchfit explore --example cnn --max-batch 64` recorded on this 2-core CPU: a
+    """A run of `batchfit explore --example cnn --max-batch-size 64` recorded on this 2-core CPU: a
     coarse pass, then rounds over the contenders (the rounds are in the file)."""
     recorded = json.loads((Path(__file__).parent / "data" / "explore_cnn_cpu.json").read_text())
     points = [

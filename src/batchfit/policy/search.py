@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
+from batchfit.checks import check_batch_range, check_positive_int
 from batchfit.errors import ConfigurationError
+from batchfit.policy.trial import MemoryModel, Trial
 
-Outcome = Literal["ok", "oom", "over_budget"]
-StopReason = Literal["boundary", "max_batch", "min_batch_failed", "predicted"]
+StopReason = Literal["boundary", "max_batch_size", "min_batch_size_failed", "predicted"]
 #: Once the model's answer has run out of memory, its answers are held at least this share of the
 #: budget below what it predicts (twice that after a held answer fails, and so on, up to
 #: ``MAX_MARGIN``, past which the search bisects).
@@ -28,112 +29,23 @@ MAX_OVERHEAD = 0.1
 
 
 @dataclass(frozen=True)
-class Trial:
-    """One measured attempt at a batch size."""
-
-    batch_size: int
-    outcome: Outcome
-    peak_bytes: int  # allocated peak of the last (steady-state) step; for "oom", before the failure
-    step_seconds: float | None  # seconds of the last (steady-state) step; None if it failed
-    detail: str = ""  # why it failed, in a line
-    optimizer_peak_bytes: int | None = None  # peak inside optimizer.step
-    activation_peak_bytes: int | None = None  # peak outside it (forward, backward)
-    allocator_retries: int = 0  # times a caching allocator freed its cache to go on (they cost speed)
-    reserved_peak_bytes: int | None = None  # what a caching allocator held at most (CUDA)
-    reused: bool = False  # measured by an earlier search (another fraction) and judged again
-
-    @property
-    def fits(self) -> bool:
-        return self.outcome == "ok"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class MemoryModel:
-    """Peak memory as straight lines in the batch size, fitted through two trials.
-
-    ``fixed_bytes + bytes_per_sample * batch_size`` is the peak outside ``optimizer.step``
-    (forward, backward: activations). Where the device measures the phases apart, the peak inside
-    the step (weights, gradients, optimizer state and its temporaries, nearly flat in the batch)
-    is a second line, ``step_fixed_bytes + step_bytes_per_sample * batch_size``: it often
-    dominates small batches, and fitting one line to both phases would misjudge the slope.
-    """
-
-    fixed_bytes: float
-    bytes_per_sample: float
-    fitted_on: tuple[int, int]  # the two batch sizes the lines go through
-    step_fixed_bytes: float | None = None
-    step_bytes_per_sample: float | None = None
-
-    def _lines(self) -> list[tuple[float, float]]:
-        lines = [(self.fixed_bytes, self.bytes_per_sample)]
-        if self.step_fixed_bytes is not None and self.step_bytes_per_sample is not None:
-            lines.append((self.step_fixed_bytes, self.step_bytes_per_sample))
-        return lines
-
-    def predict_peak_bytes(self, batch_size: int) -> float:
-        return max(fixed + slope * batch_size for fixed, slope in self._lines())
-
-    def max_batch_size(self, budget_bytes: int) -> int | None:
-        """Largest batch predicted to fit the budget; None when no line bounds it (no slope yet)."""
-        bounds = []
-        for fixed, slope in self._lines():
-            if slope > 0:
-                bounds.append(math.floor((budget_bytes - fixed) / slope))
-            elif fixed > budget_bytes:
-                bounds.append(0)
-        return min(bounds) if bounds else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def through(cls, low: Trial, high: Trial) -> MemoryModel:
-        span = high.batch_size - low.batch_size
-        if low.activation_peak_bytes is None or high.activation_peak_bytes is None:
-            slope = (high.peak_bytes - low.peak_bytes) / span
-            return cls(low.peak_bytes - slope * low.batch_size, slope, (low.batch_size, high.batch_size))
-        slope = (high.activation_peak_bytes - low.activation_peak_bytes) / span
-        low_step, high_step = low.optimizer_peak_bytes or 0, high.optimizer_peak_bytes or 0
-        step_slope = (high_step - low_step) / span
-        return cls(
-            low.activation_peak_bytes - slope * low.batch_size,
-            slope,
-            (low.batch_size, high.batch_size),
-            low_step - step_slope * low.batch_size,
-            step_slope,
-        )
-
-
-@dataclass(frozen=True)
 class Candidates:
-    """The batch sizes allowed: multiples of ``multiple_of`` in [min_batch, max_batch]."""
+    """The batch sizes allowed: multiples of ``multiple_of`` in [min_batch_size, max_batch_size]."""
 
     first: int
     step: int
     count: int
 
     @classmethod
-    def between(cls, min_batch: int, max_batch: int, multiple_of: int | None = None) -> Candidates:
-        for name, value in (("min_batch", min_batch), ("max_batch", max_batch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be a positive integer, got {value!r}.")
-        if min_batch > max_batch:
-            raise ConfigurationError(
-                f"min_batch ({min_batch}) is larger than max_batch ({max_batch}); "
-                f"pass min_batch <= max_batch."
-            )
-        step = 1 if multiple_of is None else multiple_of
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            raise ConfigurationError(f"multiple_of must be a positive integer, got {multiple_of!r}.")
-        first = -(-min_batch // step) * step
-        last = max_batch // step * step
+    def between(cls, min_batch_size: int, max_batch_size: int, multiple_of: int | None = None) -> Candidates:
+        check_batch_range(min_batch_size, max_batch_size)
+        step = 1 if multiple_of is None else check_positive_int("multiple_of", multiple_of)
+        first = -(-min_batch_size // step) * step
+        last = max_batch_size // step * step
         if first > last:
             raise ConfigurationError(
-                f"no multiple of {step} lies in [min_batch, max_batch] = [{min_batch}, {max_batch}]; "
-                f"widen the range or change multiple_of."
+                f"no multiple of {step} lies in [min_batch_size, max_batch_size] = "
+                f"[{min_batch_size}, {max_batch_size}]; widen the range or change multiple_of."
             )
         return cls(first, step, (last - first) // step + 1)
 
@@ -190,7 +102,7 @@ def search(
         opened, high_below = _opening(below, probe) if below.count > 0 else (None, None)
         high = high if high_below is None else high_below
     if opened is None:
-        return SearchOutcome(None, tuple(trials), None, "min_batch_failed")
+        return SearchOutcome(None, tuple(trials), None, "min_batch_size_failed")
     low = opened  # the largest index known to fit; high: the smallest known to fail
     widths: list[int] = []
     model: MemoryModel | None = None
@@ -202,7 +114,7 @@ def search(
     held_fitted = False  # a held answer has fitted: the margin is measured near the boundary
     while True:
         if high is None and low == candidates.count - 1:
-            reason: StopReason = "max_batch"
+            reason: StopReason = "max_batch_size"
             break
         if high is not None and high == low + 1:
             reason = "boundary"

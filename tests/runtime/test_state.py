@@ -7,7 +7,7 @@ import random
 import torch
 from torch import nn
 
-from batchfit.state import TrainingSnapshot
+from batchfit.runtime.state import TrainingSnapshot
 
 
 def test_restore_undoes_a_training_step_in_place() -> None:

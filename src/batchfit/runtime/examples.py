@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from batchfit.device import parse_device
 from batchfit.errors import ConfigurationError
-from batchfit.workload import Workload
+from batchfit.runtime.device import parse_device
+from batchfit.runtime.workload import Workload
 
 
 def _generator(seed: int) -> torch.Generator:

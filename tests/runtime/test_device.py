@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import platform
-import resource
-
 import pytest
 import torch
-from rlimit_child import vm_size_bytes
 
-from batchfit.device import (
-    PINNED_MALLOC,
+from batchfit.errors import ConfigurationError, DeviceUnavailableError
+from batchfit.runtime.device import (
     CappedCpuDevice,
     CpuDevice,
     CudaDevice,
     _cuda_call,
-    host_available_bytes,
-    malloc_thresholds_move,
     resolve_device,
 )
-from batchfit.errors import ConfigurationError, DeviceUnavailableError
 
 
 def test_resolve() -> None:
@@ -112,27 +105,3 @@ def test_a_measurement_keeps_the_last_step_and_its_phases() -> None:
         del outside
     assert (measurement.activation_peak_bytes, measurement.optimizer_peak_bytes) == (1_000_000, 3_000_000)
     assert measurement.peak_bytes == 3_000_000 and measurement.reserved_peak_bytes is None
-
-
-def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:
-    available = host_available_bytes()
-    with open("/proc/meminfo") as handle:
-        meminfo = dict(line.split(":", 1) for line in handle.read().splitlines())
-    assert 0 < available <= int(meminfo["MemAvailable"].split()[0]) * 1024 * 1.05
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if soft == resource.RLIM_INFINITY:  # headroom under an address-space limit is what counts
-        resource.setrlimit(resource.RLIMIT_AS, (vm_size_bytes() + 500 * 2**20, hard))
-        try:
-            assert host_available_bytes() <= 500 * 2**20
-        finally:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-def test_malloc_thresholds_move_only_on_glibc_left_to_its_defaults() -> None:
-    on_glibc = platform.libc_ver()[0] == "glibc"
-    assert malloc_thresholds_move({}) is on_glibc
-    assert malloc_thresholds_move({"PATH": "/usr/bin"}) is on_glibc
-    assert not malloc_thresholds_move(dict(PINNED_MALLOC))
-    assert not malloc_thresholds_move({"MALLOC_MMAP_THRESHOLD_": "1048576"})
-    assert not malloc_thresholds_move({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1073741824"})
-    assert malloc_thresholds_move({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}) is on_glibc

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from batchfit.errors import ConfigurationError
-from batchfit.search import Candidates, Trial, search
+from batchfit.policy.search import Candidates, search
+from batchfit.policy.trial import Trial
 
 PeakFn = Callable[[int], float]
 
@@ -51,14 +52,14 @@ def test_answer_equals_brute_force(curve: str, budget: int, multiple_of: int | N
     outcome = search(run, candidates, budget)
     assert outcome.batch_size == truth
     if truth is None:
-        assert outcome.stop_reason == "min_batch_failed"
+        assert outcome.stop_reason == "min_batch_size_failed"
         return
     tried = {t.batch_size: t for t in outcome.trials}
     assert tried[truth].fits  # the answer was run
     if outcome.stop_reason == "boundary":  # and the next candidate was run and failed
         assert not tried[truth + candidates.step].fits
     else:
-        assert outcome.stop_reason == "max_batch" and truth == candidates.batch(candidates.count - 1)
+        assert outcome.stop_reason == "max_batch_size" and truth == candidates.batch(candidates.count - 1)
     # Never worse than galloping + bisection over 4096 candidates (2 x 12), by more than a couple.
     assert len(outcome.trials) <= 2 * math.ceil(math.log2(candidates.count)) + 2
 
@@ -150,7 +151,7 @@ def test_a_caching_allocator_under_a_cap(workload: str, overhead: float, kept: f
     outcome = search(run, candidates, budget)
     tried = {t.batch_size: t for t in outcome.trials}
     assert outcome.batch_size is not None and tried[outcome.batch_size].fits
-    assert outcome.stop_reason == "max_batch" or not tried[outcome.batch_size + 1].fits
+    assert outcome.stop_reason == "max_batch_size" or not tried[outcome.batch_size + 1].fits
     if jitter == 0:  # monotone: the answer is the largest that fits
         assert outcome.batch_size == brute_force(run, candidates)
     assert len(outcome.trials) <= 2 * 9 + 2
@@ -172,13 +173,13 @@ def test_the_allocator_s_overhead_costs_few_trials(workload: str, overhead: floa
 
 def test_max_batch_reached() -> None:
     outcome = search(oracle(CURVES["linear"], 10**12), Candidates.between(4, 64), 10**12)
-    assert (outcome.batch_size, outcome.stop_reason) == (64, "max_batch")
+    assert (outcome.batch_size, outcome.stop_reason) == (64, "max_batch_size")
     assert len(outcome.trials) <= 4
 
 
 def test_min_batch_fails() -> None:
     outcome = search(oracle(CURVES["linear_big_fixed"], 10_000_000), Candidates.between(1, 64), 10_000_000)
-    assert outcome.batch_size is None and outcome.stop_reason == "min_batch_failed"
+    assert outcome.batch_size is None and outcome.stop_reason == "min_batch_size_failed"
     # The first probe (2) failed, so the smallest candidate was run too before giving up.
     assert [t.batch_size for t in outcome.trials] == [2, 1]
 
@@ -198,15 +199,20 @@ def test_non_monotone_curve_keeps_the_guarantee() -> None:
 @pytest.mark.parametrize(
     ("low", "high", "multiple_of", "message"),
     [
-        (10, 5, None, "min_batch (10) is larger than max_batch (5); pass min_batch <= max_batch."),
-        (0, 5, None, "min_batch must be a positive integer, got 0."),
-        (1, -3, None, "max_batch must be a positive integer, got -3."),
+        (
+            10,
+            5,
+            None,
+            "min_batch_size (10) is larger than max_batch_size (5); pass min_batch_size <= max_batch_size.",
+        ),
+        (0, 5, None, "min_batch_size must be a positive integer, got 0."),
+        (1, -3, None, "max_batch_size must be a positive integer, got -3."),
         (1, 5, 0, "multiple_of must be a positive integer, got 0."),
         (
             9,
             15,
             8,
-            "no multiple of 8 lies in [min_batch, max_batch] = [9, 15]; "  # noqa: ISC004
+            "no multiple of 8 lies in [min_batch_size, max_batch_size] = [9, 15]; "  # noqa: ISC004
             "widen the range or change multiple_of.",
         ),
     ],

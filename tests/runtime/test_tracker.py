@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import batchfit
-from batchfit.tracker import StorageTracker
+from batchfit.runtime.tracker import StorageTracker
 
 
 def test_counts_new_storages_once_and_releases_them() -> None:

@@ -7,13 +7,8 @@ the cap; CUDA caps its caching allocator and reads the allocator's statistics.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import gc
-import os
-import platform
-import resource
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -22,7 +17,8 @@ from typing import Any, Protocol
 import torch
 
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
-from batchfit.tracker import StorageTracker, resident_oom_message, resident_tensors
+from batchfit.runtime.host import host_available_bytes, malloc_trim
+from batchfit.runtime.tracker import StorageTracker, resident_oom_message, resident_tensors
 from batchfit.units import format_bytes, parse_bytes
 
 
@@ -152,7 +148,7 @@ class CpuDevice:
         # A trial's garbage is young: collecting the two younger generations frees its cycles
         # (an exception's traceback and the frames it holds) without walking all of torch.
         gc.collect(1)
-        _malloc_trim()
+        malloc_trim()
 
 
 class CappedCpuDevice(CpuDevice):
@@ -289,42 +285,6 @@ def _cuda_call(function: Any, *args: Any, allow_zero: bool = False) -> Any:
 
 
 @functools.cache
-def _libc() -> Any:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-def _malloc_trim() -> None:
-    """Hand freed heap memory back to the OS (glibc only), so the next trial starts lean."""
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-
-
-#: glibc malloc settings that keep CPU throughput independent of what the process ran before: a
-#: fixed mmap threshold (32 MiB, the largest glibc accepts) and a trim threshold above any heap
-#: the step uses. glibc reads them from the environment once, at start-up.
-PINNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
-
-
-def malloc_thresholds_move(environ: dict[str, str] | None = None) -> bool:
-    """Whether this process runs on glibc's malloc with its dynamic mmap threshold: the threshold
-    rises each time a large block is freed, so whether a step's tensors come from the heap or from
-    fresh, page-faulted mappings depends on which batch sizes ran before. Setting either threshold
-    (``MALLOC_*_THRESHOLD_`` or ``GLIBC_TUNABLES``) fixes it."""
-    environ = dict(os.environ) if environ is None else environ
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    if any(key in environ for key in PINNED_MALLOC):
-        return False
-    return not any(
-        name in environ.get("GLIBC_TUNABLES", "")
-        for name in ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
-    )
-
-
 def parse_device(device: str | torch.device | None) -> torch.device:
     """The torch device the user means: ``cpu``, ``cuda`` (the current one) or ``cuda:N``, and for
     None cuda if available, else cpu. Errors say what to pass."""
@@ -389,54 +349,3 @@ def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     for tensor in tensors:
         seen.setdefault(tensor.untyped_storage()._cdata, tensor)
     return list(seen.values())
-
-
-def host_available_bytes() -> int:
-    """Bytes this process can still allocate: the least of free RAM, cgroup and RLIMIT_AS room."""
-    candidates = [_meminfo_available()]
-    candidates.append(_cgroup_headroom())
-    candidates.append(_rlimit_as_headroom())
-    known = [value for value in candidates if value is not None]
-    if not known:
-        pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
-        return int(pages * os.sysconf("SC_PAGE_SIZE")) if pages else 0
-    return max(0, min(known))
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
-
-
-def _meminfo_available() -> int | None:
-    text = _read("/proc/meminfo")
-    if text is None:
-        return None
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
-def _cgroup_headroom() -> int | None:
-    limit, usage = _read("/sys/fs/cgroup/memory.max"), _read("/sys/fs/cgroup/memory.current")
-    if limit is None:  # cgroup v1
-        limit = _read("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-        usage = _read("/sys/fs/cgroup/memory/memory.usage_in_bytes")
-    if limit is None or usage is None or limit == "max" or int(limit) >= 2**60:
-        return None
-    return int(limit) - int(usage)
-
-
-def _rlimit_as_headroom() -> int | None:
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft == resource.RLIM_INFINITY:
-        return None
-    status = _read("/proc/self/status") or ""
-    for line in status.splitlines():
-        if line.startswith("VmSize:"):
-            return soft - int(line.split()[1]) * 1024
-    return soft

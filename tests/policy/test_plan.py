@@ -16,7 +16,7 @@ import pytest
 
 from batchfit.cli import main
 from batchfit.errors import ConfigurationError
-from batchfit.plan import Plan, plan
+from batchfit.policy.plan import Plan, plan
 
 HINT = "(set BATCHFIT_DEBUG=1 to see the traceback)"
 BASE: dict[str, Any] = {"base_learning_rate": 0.1, "base_batch_size": 256}
@@ -167,7 +167,7 @@ def test_suggested_sizes_work_and_none_between_does(global_batch_size: int, worl
 
 
 @pytest.mark.parametrize(
-    ("global_batch_size", "base_lr", "base_batch", "rule", "learning_rate"),
+    ("global_batch_size", "base_lr", "base_batch_size", "rule", "learning_rate"),
     [
         (1024, 0.1, 256, "linear", 0.4),  # Goyal et al.: ResNet-50 0.1 at 256
         (128, 0.1, 256, "linear", 0.05),
@@ -178,18 +178,18 @@ def test_suggested_sizes_work_and_none_between_does(global_batch_size: int, worl
     ],
 )
 def test_learning_rate_follows_the_rule(
-    global_batch_size: int, base_lr: float, base_batch: int, rule: str, learning_rate: float
+    global_batch_size: int, base_lr: float, base_batch_size: int, rule: str, learning_rate: float
 ) -> None:
     result = make(
         global_batch_size,
         world_size=1,
         max_micro_batch_size=global_batch_size,
         base_learning_rate=base_lr,
-        base_batch_size=base_batch,
+        base_batch_size=base_batch_size,
         scaling_rule=rule,
     )
     assert result.learning_rate == learning_rate
-    assert result.scale_factor == global_batch_size / base_batch
+    assert result.scale_factor == global_batch_size / base_batch_size
     assert result.scaling_rule == rule
 
 
@@ -437,7 +437,7 @@ def test_summary_lines(overrides: dict[str, Any], line: str) -> None:
 
 
 def test_plan_module_does_not_import_torch() -> None:
-    module = importlib.import_module("batchfit.plan")  # the module: batchfit.plan is also the function
+    module = importlib.import_module("batchfit.policy.plan")  # the module: batchfit.plan is also the function
     tree = ast.parse(Path(str(module.__file__)).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
@@ -446,24 +446,24 @@ def test_plan_module_does_not_import_torch() -> None:
 
 # The command line ---------------------------------------------------------------------------------
 
-CLI = ["plan", "--global-batch", "1024", "--devices", "8", "--max-micro-batch", "48"]
-CLI += ["--base-lr", "0.1", "--base-batch", "256"]
+CLI = ["plan", "--global-batch-size", "1024", "--world-size", "8", "--max-micro-batch-size", "48"]
+CLI += ["--base-learning-rate", "0.1", "--base-batch-size", "256"]
 
 
 @pytest.mark.parametrize(
     ("flags", "overrides"),
     [
         ([], {}),
-        (["--rule", "sqrt", "--warmup-steps", "0"], {"scaling_rule": "sqrt", "warmup_steps": 0}),
+        (["--scaling-rule", "sqrt", "--warmup-steps", "0"], {"scaling_rule": "sqrt", "warmup_steps": 0}),
         (
             ["--weight-decay", "0.0001", "--scale-weight-decay", "--steps-per-epoch", "50"],
             {"weight_decay": 1e-4, "scale_weight_decay": True, "steps_per_epoch": 50},
         ),
         (
-            ["--batchnorm", "--ema", "--fine-tuning", "--max-micro-batch", "8"],
+            ["--uses-batchnorm", "--uses-ema", "--fine-tuning", "--max-micro-batch-size", "8"],
             {"uses_batchnorm": True, "uses_ema": True, "fine_tuning": True, "max_micro_batch_size": 8},
         ),
-        (["--micro-batch", "16"], {"micro_batch_size": 16}),
+        (["--micro-batch-size", "16"], {"micro_batch_size": 16}),
     ],
 )
 def test_cli_plan_prints_the_summary(
@@ -484,14 +484,14 @@ def test_cli_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     ("flags", "message"),
     [
         (
-            ["--global-batch", "1000", "--micro-batch", "48"],
+            ["--global-batch-size", "1000", "--micro-batch-size", "48"],
             (
-                "--global-batch (1000) is not divisible by --devices x --micro-batch (8 x 48 = 384); "
+                "global_batch_size (1000) is not divisible by world_size x micro_batch_size (8 x 48 = 384); "
                 "768 or 1152 would work."
             ),
         ),
-        (["--base-lr", "0"], "--base-lr must be a positive number, got 0.0."),
-        (["--devices", "0"], "--devices must be a positive integer, got 0."),
+        (["--base-learning-rate", "0"], "base_learning_rate must be a positive number, got 0.0."),
+        (["--world-size", "0"], "world_size must be a positive integer, got 0."),
     ],
 )
 def test_cli_plan_error_is_one_line(
@@ -505,7 +505,7 @@ def test_cli_plan_error_is_one_line(
 
 def test_cli_plan_in_a_real_process() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "batchfit", *CLI, "--ema", "--format", "json"],
+        [sys.executable, "-m", "batchfit", *CLI, "--uses-ema", "--format", "json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -80,7 +80,9 @@ def main() -> None:
     except RuntimeError as error:
         probe = str(error)
 
-    result = batchfit.find_batch_size(workload, "train", device="cpu", fraction=fraction, max_batch=100_000)
+    result = batchfit.find_batch_size(
+        workload, "train", device="cpu", memory_fraction=fraction, max_batch_size=100_000
+    )
     vm_after_search = vm_size_bytes()
 
     # Train at the answer: fresh batches, the same model and optimizer, no batchfit in the way.

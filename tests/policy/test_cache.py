@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchfit.search import Trial
-from batchfit.trial import TrialCache
+from batchfit.policy.cache import TrialCache
+from batchfit.policy.trial import Trial
 
 MiB = 2**20
 

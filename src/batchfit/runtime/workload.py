@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
 import random
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,48 +180,3 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return tree_map(
         lambda leaf: leaf.to(device, copy=True) if isinstance(leaf, torch.Tensor) else leaf, batch
     )
-
-
-def load_workload(
-    spec: str, *, device: str | torch.device | None = None, source: str = "workload"
-) -> Workload:
-    """Import ``module:function`` (the working directory is importable) and call it for a Workload.
-
-    ``example:NAME`` is a built-in example, built on ``device``. A function with a ``device``
-    parameter is called with the device too (``function(device=torch.device(...))``), so the same
-    workload serves every device. ``source`` names where the spec came from, in errors.
-    """
-    if spec.startswith("example:"):
-        from batchfit.examples import build_example
-
-        return build_example(spec.partition(":")[2], device)
-    module_name, _, function_name = spec.partition(":")
-    if not module_name or not function_name:
-        raise ConfigurationError(f"{source} {spec!r} must be MODULE:FUNCTION, e.g. my_train:workload.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigurationError(f"{source} {spec!r}: cannot import {module_name!r} ({error}).") from error
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise ConfigurationError(f"{source} {spec!r}: {module_name} has no function {function_name!r}.")
-    if _takes_device(function):
-        from batchfit.device import parse_device
-
-        workload = function(device=parse_device(device))
-    else:
-        workload = function()
-    if not isinstance(workload, Workload):
-        raise ConfigurationError(
-            f"{source} {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
-        )
-    return workload
-
-
-def _takes_device(function: Callable[..., Any]) -> bool:
-    try:
-        return "device" in inspect.signature(function).parameters
-    except (TypeError, ValueError):  # a builtin or an extension without a signature
-        return False

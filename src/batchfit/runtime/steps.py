@@ -1,25 +1,47 @@
-"""One trial: real steps of the workload at a batch size, measured, and the state put back."""
+"""The one place that runs a workload's steps on a device: trials (memory, under a cap, the state
+put back after each) and timing windows (explore's throughput) are two uses of ``timed_steps``."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from batchfit.device import Device, Measurement
-from batchfit.oom import is_out_of_memory
-from batchfit.search import Outcome, Trial
-from batchfit.state import TrainingSnapshot
-from batchfit.tracker import resident_tensors
-from batchfit.units import format_bytes
-from batchfit.workload import Workload, to_device
+from batchfit.policy.cache import verdict
+from batchfit.policy.trial import Mode, Trial
+from batchfit.runtime.device import Device, Measurement
+from batchfit.runtime.oom import is_out_of_memory
+from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.tracker import resident_tensors
+from batchfit.runtime.workload import Workload, to_device
 
-Mode = Literal["train", "eval"]
+
+def timed_steps(
+    workload: Workload,
+    optimizer: torch.optim.Optimizer | None,
+    device: Device,
+    mode: Mode,
+    host_batch: Any,
+    count: int,
+) -> float:
+    """Run ``count`` steps of ``mode``, each on a fresh device copy of ``host_batch`` (as a data
+    loader hands training a new batch), and return their seconds, the device synchronised."""
+    device.synchronize()
+    begin = time.perf_counter()
+    for _ in range(count):
+        batch = to_device(host_batch, device.torch_device)
+        if mode == "train":
+            workload.run_train_step(optimizer, batch)
+        else:
+            workload.run_eval_step(batch)
+        del batch
+    device.synchronize()
+    return max(time.perf_counter() - begin, 1e-9)
 
 
 def run_steps(
@@ -52,22 +74,14 @@ def run_steps(
         workload.model.train(mode == "train")
         for _ in range(steps):
             measurement.begin_step()
-            batch = to_device(host_batch, device.torch_device)
-            begin = time.perf_counter()
-            if mode == "train":
-                workload.run_train_step(optimizer, batch)
-            else:
-                workload.run_eval_step(batch)
-            device.synchronize()
-            step_seconds = time.perf_counter() - begin
-            del batch
+            step_seconds = timed_steps(workload, optimizer, device, mode, host_batch, 1)
     return measurement, step_seconds
 
 
 def judge(batch_size: int, measurement: Measurement, step_seconds: float | None, budget_bytes: int) -> Trial:
     """The trial a completed measurement makes: ok if its peak is within the budget, else over
     budget. (A trial that completed under a cap at the budget is within it.)"""
-    outcome, detail = _verdict(measurement.peak_bytes, budget_bytes)
+    outcome, detail = verdict(measurement.peak_bytes, budget_bytes)
     return Trial(
         batch_size,
         outcome,
@@ -79,52 +93,6 @@ def judge(batch_size: int, measurement: Measurement, step_seconds: float | None,
         allocator_retries=measurement.allocator_retries,
         reserved_peak_bytes=measurement.reserved_peak_bytes,
     )
-
-
-def _verdict(peak_bytes: int, budget_bytes: int) -> tuple[Outcome, str]:
-    if peak_bytes > budget_bytes:
-        return "over_budget", f"peak {format_bytes(peak_bytes)} > budget {format_bytes(budget_bytes)}"
-    return "ok", ""
-
-
-@dataclass
-class TrialCache:
-    """Trials measured on one workload, mode and device, to be judged again against another budget.
-
-    A real trial ran under a cap at its search's budget. One that completed fits any larger
-    budget, and a smaller one that its peaks stay within (the reserved peak where the device
-    caches: below it the allocator would have behaved the same); its allocated peak past a budget
-    is over that budget. One that ran out of memory fails any budget as small. Anything else is
-    run again. A trace (``predicted``) ran uncapped, so its peak is judged against any budget.
-    """
-
-    real: dict[int, tuple[Trial, int]] = field(default_factory=dict)  # batch -> (trial, its cap)
-    predicted: dict[int, Trial] = field(default_factory=dict)
-    runs: int = 0  # real trials actually run
-    traces: int = 0  # fake-tensor traces actually run
-
-    def lookup_real(self, batch_size: int, budget_bytes: int) -> Trial | None:
-        """The real trial at ``batch_size`` as it would come out under ``budget_bytes``; None
-        when it was not measured or its measurement does not decide."""
-        if batch_size not in self.real:
-            return None
-        trial, cap = self.real[batch_size]
-        if trial.outcome == "oom":
-            return replace(trial, reused=True) if budget_bytes <= cap else None
-        held = trial.peak_bytes if trial.reserved_peak_bytes is None else trial.reserved_peak_bytes
-        if budget_bytes >= cap or held <= budget_bytes:
-            return replace(trial, outcome="ok", detail="", reused=True)
-        if trial.peak_bytes > budget_bytes:
-            outcome, detail = _verdict(trial.peak_bytes, budget_bytes)
-            return replace(trial, outcome=outcome, detail=detail, reused=True)
-        return None
-
-    def lookup_predicted(self, batch_size: int, budget_bytes: int) -> Trial | None:
-        cached = self.predicted.get(batch_size)
-        if cached is None:
-            return None
-        outcome, detail = _verdict(cached.peak_bytes, budget_bytes)
-        return replace(cached, outcome=outcome, detail=detail, reused=True)
 
 
 class TrialRunner:
@@ -199,3 +167,82 @@ def _optimizer_phases(measurement: Measurement) -> Iterator[None]:
     finally:
         before.remove()
         after.remove()
+
+
+class StepTimer:
+    """Explore's meter on a real device: training windows at several batch sizes in turn, the
+    weights put back every ``restore_every`` steps (a long exploration must not train the model
+    into another regime) and, with the gradients, on ``close``.
+
+    A window is ``steps_per_window`` steps or, when None, the fewest that last
+    ``min_window_seconds`` (set by the first, discarded window). Throughput is per sample, or per
+    token with ``tokens_per_sample``.
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        device: Device,
+        steps_per_window: int | None = None,
+        tokens_per_sample: int | None = None,
+        *,
+        min_window_seconds: float = 0.02,
+        restore_every: int = 32,
+    ) -> None:
+        self.workload, self.device, self.fixed_steps = workload, device, steps_per_window
+        self.tokens = tokens_per_sample or 1
+        self.min_window_seconds, self.restore_every = min_window_seconds, restore_every
+        optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+        self.snapshot = TrainingSnapshot.capture(workload.model, optimizer)
+        self.snapshot.set_gradients_aside()
+        self.optimizer = workload.build_optimizer()
+        self.batches: dict[int, Any] = {}
+        self.steps: dict[int, int] = {}
+        self.unrestored_steps = 0
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def first_visit(self, batch_size: int) -> None:
+        """A warm-up step for this shape, then a first window that is discarded and sets the
+        window's length in steps."""
+        self.workload.model.train()
+        self.batches[batch_size] = self.workload.host_batch(batch_size)
+        self._run(batch_size, 1)
+        first = self.fixed_steps or 1
+        seconds = self._run(batch_size, first)
+        self.steps[batch_size] = self.fixed_steps or max(
+            1, math.ceil(self.min_window_seconds * first / seconds)
+        )
+
+    def revisit(self, batch_size: int) -> None:
+        """One untimed step: the first step after another shape runs slower."""
+        self._run(batch_size, 1)
+
+    def window(self, batch_size: int) -> float:
+        steps = self.steps[batch_size]
+        return batch_size * self.tokens * steps / self._run(batch_size, steps)
+
+    def end_round(self) -> None:
+        """Put the weights back every ``restore_every`` steps or so (a restore copies every
+        weight and optimizer state: too costly after each window of a small model)."""
+        if self.unrestored_steps >= self.restore_every:
+            self.snapshot.restore(gradients=False)
+            self.unrestored_steps = 0
+
+    def close(self) -> None:
+        self.batches.clear()
+        self.snapshot.restore(gradients=True)
+        self.device.release()
+
+    def __enter__(self) -> StepTimer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, batch_size: int, count: int) -> float:
+        self.unrestored_steps += count
+        return timed_steps(
+            self.workload, self.optimizer, self.device, "train", self.batches[batch_size], count
+        )

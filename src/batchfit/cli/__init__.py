@@ -1,0 +1,44 @@
+"""The ``batchfit`` command line: parse, call the public API, render. One module per subcommand,
+each with ``add_parser`` (its flags) and ``run`` (the call); the flags they share are in ``flags``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+import batchfit
+from batchfit.cli import analyze, explore, find, plan
+from batchfit.errors import BatchfitError
+
+DEBUG_VARIABLE = "BATCHFIT_DEBUG"
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="batchfit", description="Find the batch size to train and evaluate with on this hardware."
+    )
+    root.add_argument("--version", action="version", version=f"batchfit {batchfit.__version__}")
+    commands = root.add_subparsers(dest="command", required=True)
+    for command in (find, explore, analyze, plan):
+        command.add_parser(commands).set_defaults(run=command.run)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    debug = os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
+    try:
+        return int(args.run(args))
+    except (BatchfitError, OSError) as error:
+        if debug:
+            traceback.print_exc()
+        print(f"batchfit: error: {error}", file=sys.stderr)
+        if not debug:
+            print(f"(set {DEBUG_VARIABLE}=1 to see the traceback)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("batchfit: interrupted; the model and optimizer were left as they were.", file=sys.stderr)
+        return 130

@@ -1,0 +1,102 @@
+"""``batchfit explore``: training throughput against batch size, with a live recommendation."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from batchfit.cli import flags
+from batchfit.explore import explore
+from batchfit.policy.choose import Recommendation
+from batchfit.runtime.device import parse_device
+from batchfit.runtime.host import malloc_advice
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "explore",
+        help="training throughput against batch size, with a recommendation",
+        description="Measure training throughput up to the memory-safe maximum and recommend a micro-batch.",
+    )
+    flags.add_workload(parser)
+    flags.add_device(parser)
+    flags.add_bounds(parser, "the largest batch to measure (default: the memory-safe maximum)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.03,
+        help="within this of the best counts as as fast (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=("smallest-within-tolerance", "max-throughput"),
+        default="smallest-within-tolerance",
+    )
+    parser.add_argument(
+        "--base-batch-size",
+        type=int,
+        default=None,
+        help="the speed-up's base (default: the smallest measured)",
+    )
+    parser.add_argument("--world-size", type=int, default=1, help="devices, with --global-batch-size")
+    parser.add_argument(
+        "--global-batch-size", type=int, default=None, help="the micro-batch must divide it / --world-size"
+    )
+    parser.add_argument(
+        "--windows",
+        type=int,
+        default=3,
+        help="timing windows per batch size in the coarse pass (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps-per-window",
+        type=int,
+        default=None,
+        help="steps per window (default: the fewest that last 20 ms)",
+    )
+    parser.add_argument(
+        "--time-budget-seconds", type=float, default=None, help="stop after this many seconds"
+    )
+    parser.add_argument(
+        "--confidence-target",
+        type=int,
+        default=90,
+        help="the confidence asked of the recommendation; stop once it is reached (default: %(default)s)",
+    )
+    flags.add_output(parser, ("text", "json", "csv"))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    advice = malloc_advice() if parse_device(args.device).type == "cpu" else None
+    notes = [f"note: {advice}"] if advice else []
+
+    def live(recommendation: Recommendation) -> None:
+        while notes:  # once the measuring has begun: bad input gets its error alone
+            flags.say(notes.pop())
+        flags.say(recommendation.line())
+
+    result = explore(
+        flags.workload(args),
+        device=args.device,
+        memory_limit=args.memory_limit,
+        memory_fraction=args.memory_fraction,
+        min_batch_size=args.min_batch_size,
+        max_batch_size=args.max_batch_size,
+        tolerance=args.tolerance,
+        objective=args.objective,
+        base_batch_size=args.base_batch_size,
+        world_size=args.world_size,
+        global_batch_size=args.global_batch_size,
+        multiple_of=args.multiple_of,
+        windows=args.windows,
+        steps_per_window=args.steps_per_window,
+        time_budget_seconds=args.time_budget_seconds,
+        confidence_target=args.confidence_target,
+        on_update=live,
+    )
+    flags.say(f"stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.")
+    flags.emit(
+        {"text": result.table, "json": result.to_json, "csv": result.to_csv}[args.format](), args.output
+    )
+    return 0

@@ -1,0 +1,119 @@
+"""The flags several subcommands share, defined once, and the output they share: the trial lines
+on stderr, the result on stdout or in ``--output``. A flag is its parameter's name with dashes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from batchfit.checks import DEFAULT_MAX_BATCH_SIZE
+from batchfit.errors import ConfigurationError
+from batchfit.policy.trial import Mode, Trial
+from batchfit.runtime.examples import EXAMPLES, build_example
+from batchfit.runtime.loading import load_workload
+from batchfit.runtime.workload import Workload
+from batchfit.units import format_bytes
+
+
+def add_workload(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in workload")
+    source.add_argument(
+        "--workload", metavar="MODULE:FUNCTION", help="a function returning a batchfit.Workload"
+    )
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
+    parser.add_argument(
+        "--memory-limit",
+        default=None,
+        help="a capacity such as 2GiB: the device's memory is capped there (a smaller GPU, or a CPU as one)",
+    )
+
+
+def add_bounds(parser: argparse.ArgumentParser, max_help: str) -> None:
+    parser.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=0.8,
+        help="share of device memory a batch may use (default: %(default)s)",
+    )
+    parser.add_argument("--min-batch-size", type=int, default=1, help="lower bound (default: %(default)s)")
+    parser.add_argument("--max-batch-size", type=int, default=None, help=max_help)
+    parser.add_argument(
+        "--multiple-of", type=int, default=None, help="only batch sizes that are multiples of N"
+    )
+
+
+def add_output(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -> None:
+    parser.add_argument(
+        "--format", choices=formats, default="text", help="output format (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=None, help="write the result to this file instead of stdout"
+    )
+
+
+DEFAULT_MAX_HELP = f"upper bound for train (default: {DEFAULT_MAX_BATCH_SIZE}); eval's is twice it"
+
+
+def workload(args: argparse.Namespace) -> Workload:
+    """The workload, built on the device the command runs on (--device, else cuda if available)."""
+    if args.example:
+        return build_example(args.example, args.device)
+    return load_workload(args.workload, device=args.device, source="--workload")
+
+
+def parse_modes(text: str) -> list[Mode]:
+    modes = [mode.strip() for mode in text.split(",") if mode.strip()]
+    aliases: dict[str, Mode] = {"train": "train", "eval": "eval", "val": "eval"}
+    unknown = [mode for mode in modes if mode not in aliases]
+    if unknown or not modes:
+        raise ConfigurationError(f"--modes {text!r}: use a comma-separated list of train and eval (or val).")
+    return [aliases[mode] for mode in dict.fromkeys(modes)]
+
+
+def emit(text: str, output: Path | None) -> None:
+    """The result to ``--output`` (saying so on stderr) or to stdout."""
+    if output is not None:
+        output.write_text(text)
+        print(f"batchfit: wrote {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+
+
+def say(text: str) -> None:
+    print(f"batchfit: {text}", file=sys.stderr, flush=True)
+
+
+def show_candidate(label: str, batch_size: int) -> None:
+    """On a terminal, say which batch is running now; the trial's line overwrites it."""
+    if sys.stderr.isatty():
+        print(
+            f"batchfit: {label:<5} batch_size={batch_size:<6} running...",
+            end="\r",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def print_trial(label: str, trial: Trial) -> None:
+    peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"  # 0: failed before a step
+    extras = []
+    if trial.step_seconds is not None:
+        extras.append(f"{trial.step_seconds * 1000:8.1f} ms/step")
+    if trial.reserved_peak_bytes is not None:
+        extras.append(f"reserved {format_bytes(trial.reserved_peak_bytes)}")
+    if trial.allocator_retries:
+        extras.append(f"{trial.allocator_retries} allocator retries")
+    clear = "\x1b[2K" if sys.stderr.isatty() else ""
+    print(
+        f"{clear}batchfit: {label:<5} batch_size={trial.batch_size:<6} {trial.outcome:<11} "
+        f"peak {peak:>11}{''.join('  ' + extra for extra in extras)}",
+        file=sys.stderr,
+        flush=True,
+    )

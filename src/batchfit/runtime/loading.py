@@ -1,0 +1,55 @@
+"""A workload from a spec: ``example:NAME`` (a built-in) or ``module:function`` (the user's)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from batchfit.errors import ConfigurationError
+from batchfit.runtime.device import parse_device
+from batchfit.runtime.examples import build_example
+from batchfit.runtime.workload import Workload
+
+
+def load_workload(
+    spec: str, *, device: str | torch.device | None = None, source: str = "workload"
+) -> Workload:
+    """Import ``module:function`` (the working directory is importable) and call it for a Workload.
+
+    ``example:NAME`` is a built-in example, built on ``device``. A function with a ``device``
+    parameter is called with the device too (``function(device=torch.device(...))``), so the same
+    workload serves every device. ``source`` names where the spec came from, in errors.
+    """
+    if spec.startswith("example:"):
+        return build_example(spec.partition(":")[2], device)
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise ConfigurationError(f"{source} {spec!r} must be MODULE:FUNCTION, e.g. my_train:workload.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigurationError(f"{source} {spec!r}: cannot import {module_name!r} ({error}).") from error
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigurationError(f"{source} {spec!r}: {module_name} has no function {function_name!r}.")
+    workload = function(device=parse_device(device)) if _takes_device(function) else function()
+    if not isinstance(workload, Workload):
+        raise ConfigurationError(
+            f"{source} {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
+        )
+    return workload
+
+
+def _takes_device(function: Callable[..., Any]) -> bool:
+    try:
+        return "device" in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin or an extension without a signature
+        return False

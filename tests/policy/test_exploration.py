@@ -1,0 +1,250 @@
+"""Explore's policy on scripted timings: which sizes it times, in which rounds, when it stops.
+
+The meters here script the throughput (a slow spell cannot be summoned on demand) while a real
+StepTimer runs the steps on a real tiny model: the policy cannot tell them from real windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from conftest import build
+
+from batchfit.errors import ConfigurationError
+from batchfit.policy.choose import Point, Recommendation
+from batchfit.policy.exploration import (
+    Rules,
+    coarse_sizes,
+    explore_rounds,
+    focus_sizes,
+    lone_dips,
+    micro_batch_sizes,
+    refinement,
+)
+from batchfit.runtime.device import CpuDevice
+from batchfit.runtime.steps import StepTimer
+
+
+class ScriptedMeter:
+    """Real steps on a real model through a StepTimer, with scripted throughput readings:
+    ``reading(batch_size, count)`` for the ``count``-th window at that size."""
+
+    def __init__(self, timer: StepTimer, reading: Callable[[int, int], float]) -> None:
+        self.timer, self.reading = timer, reading
+        self.readings: dict[int, int] = {}
+
+    def first_visit(self, batch_size: int) -> None:
+        self.timer.first_visit(batch_size)
+
+    def revisit(self, batch_size: int) -> None:
+        self.timer.revisit(batch_size)
+
+    def window(self, batch_size: int) -> float:
+        self.timer.window(batch_size)  # the step still runs on the real model
+        count = self.readings[batch_size] = self.readings.get(batch_size, 0) + 1
+        return self.reading(batch_size, count)
+
+    def end_round(self) -> None:
+        self.timer.end_round()
+
+    def now(self) -> float:
+        return self.timer.now()
+
+
+class ModelledMeter:
+    """No model at all: a throughput curve and a clock that advances by the modelled step time."""
+
+    def __init__(self, curve: Callable[[int], float]) -> None:
+        self.curve, self.clock = curve, 0.0
+        self.visits: list[tuple[str, int]] = []
+
+    def first_visit(self, batch_size: int) -> None:
+        self.visits.append(("first", batch_size))
+        self.clock += 2 * batch_size / self.curve(batch_size)
+
+    def revisit(self, batch_size: int) -> None:
+        self.visits.append(("again", batch_size))
+        self.clock += batch_size / self.curve(batch_size)
+
+    def window(self, batch_size: int) -> float:
+        wobble = 1 + 0.002 * (len(self.visits) % 3 - 1)
+        self.visits.append(("window", batch_size))
+        self.clock += batch_size / self.curve(batch_size)
+        return self.curve(batch_size) * wobble
+
+    def end_round(self) -> None:
+        self.clock += 0.005
+
+    def now(self) -> float:
+        return self.clock
+
+
+def knee(batch: int) -> float:
+    return 1000.0 * min(1.0, batch / 8) ** 0.7
+
+
+def scripted(reading: Callable[[int, int], float], max_batch_size: int, rules: Rules) -> tuple:
+    with StepTimer(build("mlp"), CpuDevice(), steps_per_window=1) as timer:
+        meter = ScriptedMeter(timer, reading)
+        return explore_rounds(micro_batch_sizes(1, max_batch_size), meter, rules), meter.readings
+
+
+def test_contenders_and_refinements() -> None:
+    measured = [1, 2, 4, 8, 16, 32, 64]
+    current = Recommendation(batch_size=8, best_batch_size=32, base_batch_size=1, speedup=3.0, confidence=50)
+    # The recommendation and the size below it; the fastest and the size above it.
+    assert focus_sizes(measured, current) == {4, 8, 32, 64}
+    top = Recommendation(batch_size=64, best_batch_size=64, base_batch_size=1, speedup=3.0, confidence=50)
+    assert focus_sizes(measured, top) == {32, 64}
+    # And any size that may still be within the tolerance: a former fastest two sizes away stays
+    # compared with the recommendation in the same rounds.
+    middle = Recommendation(batch_size=16, best_batch_size=16, base_batch_size=1, speedup=3.0, confidence=50)
+    assert focus_sizes(measured, middle, {8: 0.0, 16: 0.7, 32: 0.1, 64: 0.3}) == {8, 16, 32, 64}
+    assert focus_sizes(measured, middle, {8: 0.0, 16: 0.7, 32: 0.1, 64: Rules().keep_chance / 2}) == {
+        8,
+        16,
+        32,
+    }
+    candidates = list(range(1, 65))
+    # The smallest-within rule refines below the recommendation only (where its answer may lie) ...
+    # The roundest size in between, nearest the geometric middle: 12 between 8 and 16, 48 between
+    # 32 and 64, 36 among multiples of 3 between 24 and 48.
+    assert refinement(candidates, measured, 16, "smallest-within-tolerance") == 12
+    assert refinement(candidates, measured, 64, "smallest-within-tolerance") == 48
+    assert refinement(list(range(3, 49, 3)), [24, 48], 48, "smallest-within-tolerance") == 36
+    assert refinement(candidates, [4, 5, 16], 5, "smallest-within-tolerance") is None
+    # ... max-throughput on both sides, below first.
+    assert refinement(candidates, [4, 5, 16], 5, "max-throughput") == 8
+    assert refinement([1, 2, 4, 8], [1, 2, 4, 8], 2, "max-throughput") is None
+
+
+def test_a_lone_dip_is_compared_again() -> None:
+    """The transformer's coarse pass in one bench run: 32 read 0.84 of the best in a round of its
+    own, between 16 and 64 (compared in rounds, 0.92). A dip that recovers is more likely a slow
+    spell than the batch size: it is flagged, and no longer once compared in a round."""
+    coarse = {8: 30000.0, 16: 31000.0, 32: 26000.0, 64: 30500.0, 128: 27000.0}
+
+    def points(checked: bool) -> list[Point]:
+        found = []
+        for index, (batch, rate) in enumerate(coarse.items()):
+            rounds = (index, index)
+            if batch in (16, 64) or (checked and batch == 32):
+                rounds = (index, 10)  # the second window in a shared round
+            found.append(Point(batch, (rate, rate * 1.01), rounds))
+        return found
+
+    assert lone_dips(points(checked=False)) == {32}
+    assert lone_dips(points(checked=True)) == set()
+    # The ends of the range and sizes on a falling or rising stretch are not dips.
+    falling = ((1, 5.0), (2, 9.0), (4, 8.0), (8, 7.0))
+    assert lone_dips([Point(b, (r,), (i,)) for i, (b, r) in enumerate(falling)]) == set()
+
+
+def test_explore_compares_a_lone_dip_before_it_stops() -> None:
+    """A plateau from 8 to 64, where 32's coarse windows ran in a spell 20% slow. 32 is neither a
+    contender nor next to one, yet it is compared in a round."""
+
+    def plateau(batch: int) -> float:
+        return 1000.0 * min(1.0, batch / 8) ** 0.7 * (0.9 if batch >= 128 else 0.99 if batch >= 64 else 1.0)
+
+    def reading(batch_size: int, count: int) -> float:
+        spell = 0.8 if batch_size == 32 and count <= 2 else 1.0
+        return plateau(batch_size) * spell * (1 + 0.002 * (count % 3 - 1))
+
+    result, readings = scripted(reading, 128, Rules(windows=2))
+    rounds = {point.batch_size: set(point.rounds) for point in result.points}
+    others = set().union(*(own for batch, own in rounds.items() if batch != 32))
+    assert rounds[32] & others  # compared with others in a round
+    assert readings[32] > 2
+    assert result.recommendation.batch_size == 8
+
+
+def test_a_confident_answer_is_confirmed_by_one_more_round() -> None:
+    """A clear knee at 8. The stop comes ``settled_rounds`` rounds after the confidence first
+    reached its target, not at that first crossing (checked after every round, a single crossing
+    is too often a lucky one)."""
+
+    def reading(batch_size: int, count: int) -> float:
+        return knee(batch_size) * (1 + 0.002 * (count % 3 - 1))
+
+    coarse = len(coarse_sizes(list(range(1, 65)), None))
+    focus_rounds = {}
+    for settled in (1, Rules().settled_rounds):
+        # The rounds' time cap is not under test.
+        rules = Rules(windows=2, settled_rounds=settled, focus_time_factor=100.0)
+        result, _ = scripted(reading, 64, rules)
+        assert result.stop_reason == "confident" and result.recommendation.batch_size == 8
+        focus_rounds[settled] = max(r for point in result.points for r in point.rounds) + 1 - coarse
+    assert Rules().settled_rounds == 2 and focus_rounds[2] == focus_rounds[1] + 1
+
+
+def test_the_policy_is_deterministic_on_a_modelled_clock() -> None:
+    """With the meter's own clock, the same timings give the same exploration, every run: the
+    time budget and the rounds' time cap read that clock, never the machine's."""
+    first, again = ModelledMeter(knee), ModelledMeter(knee)
+    rules = Rules(time_budget_seconds=10.0, focus_time_factor=100.0)
+    one, two = explore_rounds(range(1, 65), first, rules), explore_rounds(range(1, 65), again, rules)
+    assert one == two and first.visits == again.visits
+    assert one.recommendation.batch_size == 8 and one.stop_reason == "confident"
+    assert one.seconds == pytest.approx(first.clock)
+    # Every size is first visited once, the coarse sizes from the largest down.
+    firsts = [batch for kind, batch in first.visits if kind == "first"]
+    assert len(firsts) == len(set(firsts)) and firsts[:7] == [64, 32, 16, 8, 4, 2, 1]
+
+
+def test_the_time_budget_is_read_on_the_meter_s_clock() -> None:
+    meter = ModelledMeter(knee)
+    result = explore_rounds(range(1, 65), meter, Rules(time_budget_seconds=0.0))
+    assert result.stop_reason == "time_budget" and [p.batch_size for p in result.points] == [64]
+    started_late = explore_rounds(
+        range(1, 65), ModelledMeter(knee), Rules(time_budget_seconds=5.0), started=-10.0
+    )
+    assert started_late.stop_reason == "time_budget" and len(started_late.points) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"global_batch_size": 1001, "world_size": 8},
+            "global_batch_size (1001) is not divisible by world_size (8); 1000 or 1008 would work.",
+        ),
+        (
+            {"multiple_of": 16},
+            "no micro-batch in [1, 10] satisfies multiple_of=16; loosen one or widen the range.",
+        ),
+        (
+            {"multiple_of": 4, "world_size": 2, "global_batch_size": 36},
+            "no micro-batch in [1, 10] satisfies multiple_of=4 and global_batch_size=36 / world_size=2;",
+        ),
+    ],
+)
+def test_micro_batch_sizes_say_which_constraint_leaves_none(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        micro_batch_sizes(1, 10, **kwargs)
+    assert message in str(info.value)
+    assert micro_batch_sizes(1, 48, multiple_of=4, global_batch_size=96, world_size=2) == [
+        4,
+        8,
+        12,
+        16,
+        24,
+        48,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        (Rules(windows=1), "windows must be at least 2 (a spread needs two), got 1."),
+        (Rules(tolerance=3), "tolerance=3 must be in [0, 1)"),
+        (Rules(confidence_target=101), "confidence_target=101 must be in [0, 100]"),
+        (Rules(time_budget_seconds=-1.0), "time_budget_seconds must be 0 or more, got -1.0."),
+    ],
+)
+def test_bad_rules_fail_before_anything_is_timed(rules: Rules, message: str) -> None:
+    meter = ModelledMeter(knee)
+    with pytest.raises(ConfigurationError) as info:
+        explore_rounds(range(1, 9), meter, rules)
+    assert message in str(info.value) and meter.visits == []
