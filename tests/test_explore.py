@@ -16,7 +16,8 @@ from conftest import build
 
 from batchfit.errors import ConfigurationError
 from batchfit.explore import explore
-from batchfit.policy.exploration import Rules, coarse_sizes
+from batchfit.policy.contenders import coarse_sizes
+from batchfit.policy.exploration import Rules
 
 
 def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
@@ -39,8 +40,8 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
     assert result.recommendation.batch_size in batches and result.history[-1] == result.recommendation
     assert len(updates) == len(result.history) >= len(batches)
     # The coarse pass: each size alone, from the largest down, in a round of its own: 3 windows in
-    # a row, or 1 when that one read below Rules().far_below of the fastest before it (batch 1 of this
-    # mlp runs at about a fortieth of the bound's throughput).
+    # a row, or 1 when that one read below far_below of the fastest before it. (Which sizes those
+    # are depends on this machine's timings: tests/policy/test_exploration.py scripts them.)
     first_round = {point.batch_size: point.rounds[0] for point in result.points if point.batch_size in coarse}
     assert sorted(first_round, key=first_round.__getitem__) == sorted(coarse, reverse=True)
     in_coarse: dict[int, int] = {}
@@ -53,8 +54,7 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
         in_coarse[batch] = len(alone)
         assert len(alone) == (1 if alone[0] < Rules().far_below * fastest else 3)
         fastest = max(fastest, statistics.median(alone))
-    assert in_coarse[1] == 1 and in_coarse[result.max_batch_size] == 3
-    assert len(result.points[0].samples_per_second) == 1  # batch 1 is not measured again
+    assert in_coarse[result.max_batch_size] == 3  # the first measured has nothing to be far below
     # Then rounds over the contenders: one window each, at least two sizes per round (so the drift
     # can be taken out), never more rounds than the cap.
     members: dict[int, list[int]] = {}

@@ -21,7 +21,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import batchfit
 from batchfit import Workload, find_batch_size
-from batchfit.runtime.device import memory_limit, parse_device, resolve_device, user_memory_fraction
+from batchfit.runtime.cuda import user_memory_fraction
+from batchfit.runtime.resolve import memory_limit, parse_device, resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
 

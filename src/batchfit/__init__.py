@@ -13,8 +13,8 @@ from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.trial import MemoryModel, Trial
-from batchfit.runtime.device import memory_limit
 from batchfit.runtime.oom import is_out_of_memory
+from batchfit.runtime.resolve import memory_limit
 from batchfit.runtime.workload import Workload
 
 __version__ = "0.1.0"

@@ -16,7 +16,8 @@ from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.policy.cache import TrialCache
 from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search
 from batchfit.policy.trial import MemoryModel, Mode, Trial
-from batchfit.runtime.device import CpuDevice, Device, resolve_device
+from batchfit.runtime.device import CpuDevice, Device
+from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
 from batchfit.runtime.trace import FakeTracer, TraceUnavailable
@@ -142,19 +143,12 @@ def find_on(
     cache: TrialCache | None = None,
 ) -> SearchResult:
     """``find_batch_size`` on a device already resolved (``explore`` searches on the one it times)."""
-    if mode not in ("train", "eval"):
-        raise ConfigurationError(f"mode={mode!r} is not a mode: use 'train' or 'eval'.")
     check_memory_fraction(memory_fraction)
     check_positive_int("steps_per_trial", steps_per_trial)
     if max_batch_size is None:
         max_batch_size = default_max_batch_size(mode)
     candidates = Candidates.between(min_batch_size, max_batch_size, multiple_of)
-    _check_model_device(workload.model, target)
-    if mode == "train" and workload.optimizer is None and workload.train_step is None:
-        raise ConfigurationError(
-            "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
-            "or a train_step(model, optimizer, batch) function."
-        )
+    _check_workload(workload, mode, target)
 
     started = time.perf_counter()
     snapshot = TrainingSnapshot.capture(
@@ -169,31 +163,7 @@ def find_on(
         runner = TrialRunner(workload, target, mode, steps_per_trial, budget, snapshot, warm_batch)
         forecast = _forecast(workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache)
 
-        def run(batch_size: int) -> Trial:
-            reused = cache.lookup_real(batch_size, budget) if cache is not None else None
-            if reused is not None:
-                if on_trial is not None:
-                    on_trial(reused)
-                return reused
-            if on_trial_start is not None:
-                on_trial_start(batch_size)
-            trial = runner.run(batch_size)
-            if cache is not None:
-                cache.real[batch_size] = (trial, budget)
-                cache.runs += 1
-            logger.debug(
-                "%s trial batch_size=%d: %s, peak %s (budget %s)%s",
-                mode,
-                batch_size,
-                trial.outcome,
-                format_bytes(trial.peak_bytes),
-                format_bytes(budget),
-                f", {trial.step_seconds * 1000:.1f} ms/step" if trial.step_seconds else "",
-            )
-            if on_trial is not None:
-                on_trial(trial)
-            return trial
-
+        run = _Oracle(runner, budget, cache, on_trial, on_trial_start)
         outcome = search(
             run,
             candidates,
@@ -298,7 +268,54 @@ def _recheck(
     return SearchOutcome(outcome.batch_size, tuple(trials), outcome.memory_model, outcome.stop_reason)
 
 
-def _check_model_device(model: torch.nn.Module, device: Device) -> None:
+class _Oracle:
+    """The search's ``run(batch) -> Trial``: the cached trial where the cache decides, else a real
+    one (cached for the next search); each reported to the callbacks."""
+
+    def __init__(
+        self,
+        runner: TrialRunner,
+        budget: int,
+        cache: TrialCache | None,
+        on_trial: Callable[[Trial], None] | None,
+        on_trial_start: Callable[[int], None] | None,
+    ) -> None:
+        self.runner, self.budget, self.cache = runner, budget, cache
+        self.on_trial, self.on_trial_start = on_trial, on_trial_start
+
+    def __call__(self, batch_size: int) -> Trial:
+        trial = self.cache.lookup_real(batch_size, self.budget) if self.cache is not None else None
+        if trial is None:
+            if self.on_trial_start is not None:
+                self.on_trial_start(batch_size)
+            trial = self.runner.run(batch_size)
+            if self.cache is not None:
+                self.cache.real[batch_size] = (trial, self.budget)
+                self.cache.runs += 1
+            logger.debug(
+                "%s trial batch_size=%d: %s, peak %s (budget %s)%s",
+                self.runner.mode,
+                batch_size,
+                trial.outcome,
+                format_bytes(trial.peak_bytes),
+                format_bytes(self.budget),
+                f", {trial.step_seconds * 1000:.1f} ms/step" if trial.step_seconds else "",
+            )
+        if self.on_trial is not None:
+            self.on_trial(trial)
+        return trial
+
+
+def _check_workload(workload: Workload, mode: Mode, device: Device) -> None:
+    """The mode is one, it can run on this workload, and the model is on the search's device."""
+    if mode not in ("train", "eval"):
+        raise ConfigurationError(f"mode={mode!r} is not a mode: use 'train' or 'eval'.")
+    if mode == "train" and workload.optimizer is None and workload.train_step is None:
+        raise ConfigurationError(
+            "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
+            "or a train_step(model, optimizer, batch) function."
+        )
+    model = workload.model
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         if tensor.device.type != device.torch_device.type or (
             device.torch_device.index is not None and tensor.device != device.torch_device

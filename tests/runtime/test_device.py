@@ -6,13 +6,9 @@ import pytest
 import torch
 
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
-from batchfit.runtime.device import (
-    CappedCpuDevice,
-    CpuDevice,
-    CudaDevice,
-    _cuda_call,
-    resolve_device,
-)
+from batchfit.runtime.cuda import CudaDevice, cuda_call
+from batchfit.runtime.device import CappedCpuDevice, CpuDevice
+from batchfit.runtime.resolve import resolve_device
 
 
 def test_resolve() -> None:
@@ -59,7 +55,7 @@ def test_cuda_readings_on_a_cpu_build_are_errors_not_zeros() -> None:
     with pytest.raises(
         DeviceUnavailableError, match=r"torch.cuda.memory_allocated returned 0, which is not a real"
     ):
-        _cuda_call(torch.cuda.memory_allocated)
+        cuda_call(torch.cuda.memory_allocated)
     with pytest.raises(DeviceUnavailableError, match=r"torch.cuda.mem_get_info failed"):
         CudaDevice(0).capacity_bytes([])
 

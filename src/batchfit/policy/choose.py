@@ -269,9 +269,8 @@ def _pooled(levels: dict[int, float], errors: dict[int, float]) -> tuple[dict[in
     measured neighbours is a second estimate of a size's throughput, whose error is the
     neighbours' (weighed by the interpolation) plus that roughness; the two are weighed by the
     inverse of their variances. A size measured in few windows (a refinement added late) leans on
-    its neighbours; one measured as often as they are hardly moves: measured on the mlp, 448 read
-    6-11% above 512 from 3-6 windows in two runs of the benchmark, where it runs 4-5% below, as
-    the line between 384 and 512 says. The sizes at either end of the range are left as they are.
+    its neighbours; one measured as often as they are hardly moves. The sizes at either end of the
+    range are left as they are.
     """
     sizes = sorted(levels)
     pooled, pooled_errors = dict(levels), dict(errors)

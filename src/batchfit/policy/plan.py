@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from batchfit.checks import check_positive_int, check_positive_number
 from batchfit.errors import ConfigurationError
 
 ScalingRule = Literal["linear", "sqrt"]
@@ -141,34 +142,19 @@ def plan(
     learning-rate jump with ``warmup_steps=0``; BatchNorm with a micro-batch under 16; EMA with
     accumulation; fine-tuning with a global batch over 64 or a scaled-up learning rate.
     """
-    _check_positive_int("global_batch_size", global_batch_size)
-    _check_positive_int("world_size", world_size)
-    _check_positive_int("base_batch_size", base_batch_size)
-    _check_positive_number("base_learning_rate", base_learning_rate)
-    if max_micro_batch_size is not None:
-        _check_positive_int("max_micro_batch_size", max_micro_batch_size)
-    if micro_batch_size is not None:
-        _check_positive_int("micro_batch_size", micro_batch_size)
-    if (
-        micro_batch_size is not None
-        and max_micro_batch_size is not None
-        and micro_batch_size > max_micro_batch_size
-    ):
-        raise ConfigurationError(
-            f"micro_batch_size ({micro_batch_size}) is larger than max_micro_batch_size "
-            f"({max_micro_batch_size}); lower micro_batch_size or raise max_micro_batch_size."
-        )
-    if scaling_rule not in SCALING_RULES:
-        raise ConfigurationError(f"scaling_rule must be 'linear' or 'sqrt', got {scaling_rule!r}.")
-    if warmup_steps is not None:
-        _check_positive_int("warmup_steps", warmup_steps, minimum=0)
-    if steps_per_epoch is not None:
-        _check_positive_int("steps_per_epoch", steps_per_epoch)
-    if weight_decay is not None:
-        _check_positive_number("weight_decay", weight_decay, allow_zero=True)
-    elif scale_weight_decay:
-        raise ConfigurationError("scale_weight_decay needs weight_decay (the value at base_batch_size).")
-
+    _check_inputs(
+        global_batch_size,
+        max_micro_batch_size,
+        micro_batch_size,
+        world_size,
+        base_learning_rate,
+        base_batch_size,
+        scaling_rule,
+        warmup_steps,
+        weight_decay,
+        scale_weight_decay,
+        steps_per_epoch,
+    )
     if micro_batch_size is not None:
         micro = _forced_micro_batch(global_batch_size, world_size, micro_batch_size)
     elif max_micro_batch_size is not None:
@@ -190,50 +176,7 @@ def plan(
     if weight_decay is not None and scale_weight_decay:
         scaled_decay = weight_decay * math.sqrt(scale)
 
-    warnings: list[str] = []
-    if accumulation > MAX_ACCUMULATION_STEPS:
-        warnings.append(
-            f"accumulation_steps {accumulation} is above {MAX_ACCUMULATION_STEPS}: every optimizer step runs "
-            f"{accumulation} forward and backward passes one after another; keep it at "
-            f"{MAX_ACCUMULATION_STEPS} or less with a larger micro-batch (if memory allows), more devices "
-            f"or a smaller global_batch_size."
-        )
-    if not recommended and warmup_steps == 0 and lr_scale >= NO_WARMUP_MAX_LR_SCALE:
-        advice = min(
-            math.ceil(WARMUP_STEPS_PER_LR_SCALE * lr_scale),
-            WARMUP_MAX_EPOCHS * steps_per_epoch if steps_per_epoch is not None else math.inf,
-        )
-        warnings.append(
-            f"learning_rate {learning_rate:g} is {lr_scale:g}x base_learning_rate with warmup_steps 0: "
-            f"a jump this large can diverge in the first steps; warm up linearly over about {advice} "
-            f"steps (leave warmup_steps unset for this recommendation)."
-        )
-    if uses_batchnorm and micro < BATCHNORM_MIN_MICRO_BATCH:
-        fix = (
-            f"convert the model with torch.nn.SyncBatchNorm.convert_sync_batchnorm (statistics over "
-            f"{micro} x {world_size} = {micro * world_size} samples) or use GroupNorm"
-            if world_size > 1
-            else "use GroupNorm (SyncBatchNorm only pools across devices, and there is one)"
-        )
-        warnings.append(
-            f"uses_batchnorm with micro_batch_size {micro}: BatchNorm statistics see only the {micro} "
-            f"samples of one forward pass, not the global batch, and under {BATCHNORM_MIN_MICRO_BATCH} "
-            f"they are noisy; {fix}."
-        )
-    if uses_ema and accumulation > 1:
-        warnings.append(
-            f"uses_ema with accumulation_steps {accumulation}: update the EMA once per optimizer step "
-            f"(right after optimizer.step()), not after each of the {accumulation} backward passes, "
-            f"or it decays {accumulation} times per update."
-        )
-    if fine_tuning and (global_batch_size > FINE_TUNING_MAX_GLOBAL_BATCH or lr_scale > 1):
-        warnings.append(
-            f"fine_tuning with global_batch_size {global_batch_size} and learning_rate {learning_rate:g} "
-            f"({lr_scale:g}x base_learning_rate): large batches and large steps overwrite pre-trained "
-            f"weights quickly; fine-tune with a global batch of {FINE_TUNING_MAX_GLOBAL_BATCH} or less "
-            f"and a learning rate 10-100x below the pre-training one."
-        )
-    return Plan(
+    result = Plan(
         micro_batch_size=micro,
         accumulation_steps=accumulation,
         world_size=world_size,
@@ -247,7 +190,10 @@ def plan(
         warmup_recommended=recommended,
         weight_decay=scaled_decay,
         base_weight_decay=weight_decay,
-        warnings=tuple(warnings),
+        warnings=(),
+    )
+    return dataclasses.replace(
+        result, warnings=_warnings(result, uses_batchnorm, uses_ema, fine_tuning, steps_per_epoch)
     )
 
 
@@ -323,14 +269,97 @@ def _largest_divisor(number: int, limit: int) -> int:
     return best
 
 
-def _check_positive_int(name: str, value: object, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ConfigurationError(f"{name} must be {kind}, got {value!r}.")
+def _check_inputs(
+    global_batch_size: int,
+    max_micro_batch_size: int | None,
+    micro_batch_size: int | None,
+    world_size: int,
+    base_learning_rate: float,
+    base_batch_size: int,
+    scaling_rule: str,
+    warmup_steps: int | None,
+    weight_decay: float | None,
+    scale_weight_decay: bool,
+    steps_per_epoch: int | None,
+) -> None:
+    check_positive_int("global_batch_size", global_batch_size)
+    check_positive_int("world_size", world_size)
+    check_positive_int("base_batch_size", base_batch_size)
+    check_positive_number("base_learning_rate", base_learning_rate)
+    if max_micro_batch_size is not None:
+        check_positive_int("max_micro_batch_size", max_micro_batch_size)
+    if micro_batch_size is not None:
+        check_positive_int("micro_batch_size", micro_batch_size)
+    if (
+        micro_batch_size is not None
+        and max_micro_batch_size is not None
+        and micro_batch_size > max_micro_batch_size
+    ):
+        raise ConfigurationError(
+            f"micro_batch_size ({micro_batch_size}) is larger than max_micro_batch_size "
+            f"({max_micro_batch_size}); lower micro_batch_size or raise max_micro_batch_size."
+        )
+    if scaling_rule not in SCALING_RULES:
+        raise ConfigurationError(f"scaling_rule must be 'linear' or 'sqrt', got {scaling_rule!r}.")
+    if warmup_steps is not None:
+        check_positive_int("warmup_steps", warmup_steps, minimum=0)
+    if steps_per_epoch is not None:
+        check_positive_int("steps_per_epoch", steps_per_epoch)
+    if weight_decay is not None:
+        check_positive_number("weight_decay", weight_decay, allow_zero=True)
+    elif scale_weight_decay:
+        raise ConfigurationError("scale_weight_decay needs weight_decay (the value at base_batch_size).")
 
 
-def _check_positive_number(name: str, value: object, allow_zero: bool = False) -> None:
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
-    if not (number > 0 or (allow_zero and number == 0)) or math.isinf(number):
-        kind = "a non-negative number" if allow_zero else "a positive number"
-        raise ConfigurationError(f"{name} must be {kind}, got {value!r}.")
+def _warnings(
+    result: Plan, uses_batchnorm: bool, uses_ema: bool, fine_tuning: bool, steps_per_epoch: int | None
+) -> tuple[str, ...]:
+    """Seed 002's warnings that apply to ``result``."""
+    accumulation, micro, world_size = result.accumulation_steps, result.micro_batch_size, result.world_size
+    lr_scale, learning_rate = result.learning_rate_scale, result.learning_rate
+    global_batch_size = result.global_batch_size
+    recommended, warmup_steps = result.warmup_recommended, result.warmup_steps
+    warnings: list[str] = []
+    if accumulation > MAX_ACCUMULATION_STEPS:
+        warnings.append(
+            f"accumulation_steps {accumulation} is above {MAX_ACCUMULATION_STEPS}: every optimizer step runs "
+            f"{accumulation} forward and backward passes one after another; keep it at "
+            f"{MAX_ACCUMULATION_STEPS} or less with a larger micro-batch (if memory allows), more devices "
+            f"or a smaller global_batch_size."
+        )
+    if not recommended and warmup_steps == 0 and lr_scale >= NO_WARMUP_MAX_LR_SCALE:
+        advice = min(
+            math.ceil(WARMUP_STEPS_PER_LR_SCALE * lr_scale),
+            WARMUP_MAX_EPOCHS * steps_per_epoch if steps_per_epoch is not None else math.inf,
+        )
+        warnings.append(
+            f"learning_rate {learning_rate:g} is {lr_scale:g}x base_learning_rate with warmup_steps 0: "
+            f"a jump this large can diverge in the first steps; warm up linearly over about {advice} "
+            f"steps (leave warmup_steps unset for this recommendation)."
+        )
+    if uses_batchnorm and micro < BATCHNORM_MIN_MICRO_BATCH:
+        fix = (
+            f"convert the model with torch.nn.SyncBatchNorm.convert_sync_batchnorm (statistics over "
+            f"{micro} x {world_size} = {micro * world_size} samples) or use GroupNorm"
+            if world_size > 1
+            else "use GroupNorm (SyncBatchNorm only pools across devices, and there is one)"
+        )
+        warnings.append(
+            f"uses_batchnorm with micro_batch_size {micro}: BatchNorm statistics see only the {micro} "
+            f"samples of one forward pass, not the global batch, and under {BATCHNORM_MIN_MICRO_BATCH} "
+            f"they are noisy; {fix}."
+        )
+    if uses_ema and accumulation > 1:
+        warnings.append(
+            f"uses_ema with accumulation_steps {accumulation}: update the EMA once per optimizer step "
+            f"(right after optimizer.step()), not after each of the {accumulation} backward passes, "
+            f"or it decays {accumulation} times per update."
+        )
+    if fine_tuning and (global_batch_size > FINE_TUNING_MAX_GLOBAL_BATCH or lr_scale > 1):
+        warnings.append(
+            f"fine_tuning with global_batch_size {global_batch_size} and learning_rate {learning_rate:g} "
+            f"({lr_scale:g}x base_learning_rate): large batches and large steps overwrite pre-trained "
+            f"weights quickly; fine-tune with a global batch of {FINE_TUNING_MAX_GLOBAL_BATCH} or less "
+            f"and a learning rate 10-100x below the pre-training one."
+        )
+    return tuple(warnings)

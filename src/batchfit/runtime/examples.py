@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from batchfit.errors import ConfigurationError
-from batchfit.runtime.device import parse_device
+from batchfit.runtime.resolve import parse_device
 from batchfit.runtime.workload import Workload
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 import resource
 from typing import Any
 
 
+@functools.cache
 def _libc() -> Any:
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

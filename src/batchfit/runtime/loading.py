@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from batchfit.errors import ConfigurationError
-from batchfit.runtime.device import parse_device
 from batchfit.runtime.examples import build_example
+from batchfit.runtime.resolve import parse_device
 from batchfit.runtime.workload import Workload
 
 

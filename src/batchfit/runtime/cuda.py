@@ -1,0 +1,123 @@
+"""A CUDA (or ROCm) GPU as a ``Device``: the caching allocator capped at the budget, its peaks and
+retries as the measurement, and the user's own memory fraction put back."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from batchfit.errors import DeviceUnavailableError
+from batchfit.runtime.device import Measurement
+from batchfit.units import format_bytes
+
+
+class CudaDevice:
+    """A CUDA (or ROCm) GPU. The cap is the caching allocator's own per-process memory fraction,
+    so the allocator frees its cache and retries before it fails, as it does in training; the
+    measurements are its allocated and reserved peaks and its retries."""
+
+    exact = True  # release() empties the cache: a failed trial leaves nothing behind
+
+    def __init__(self, index: int, limit_bytes: int | None = None) -> None:
+        self.torch_device = torch.device("cuda", index)
+        self.limit_bytes = limit_bytes
+        self.name = f"cuda:{index}"
+        if limit_bytes is not None:
+            self.name += f" (capped at {format_bytes(limit_bytes)})"
+
+    def total_bytes(self) -> int:
+        return int(cuda_call(torch.cuda.mem_get_info, self.torch_device)[1])
+
+    def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
+        free_bytes, total_bytes = cuda_call(torch.cuda.mem_get_info, self.torch_device)
+        reserved = cuda_call(torch.cuda.memory_reserved, self.torch_device, allow_zero=True)
+        # What this process could hold: free memory plus what its allocator already caches.
+        capacity = min(total_bytes, free_bytes + reserved)
+        return int(capacity if self.limit_bytes is None else min(capacity, self.limit_bytes))
+
+    @contextmanager
+    def measure(
+        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None
+    ) -> Iterator[Measurement]:
+        self.synchronize()
+        with self._capped(cap_bytes):
+            retries_before = self._retries()
+            measurement = Measurement(_probe=_AllocatorProbe(self.torch_device))
+            measurement.begin_step()
+            try:
+                yield measurement
+            finally:
+                try:
+                    self.synchronize()  # the last kernels' allocations are in the statistics
+                finally:
+                    measurement.finish()
+                    measurement.allocator_retries = self._retries() - retries_before
+
+    @contextmanager
+    def _capped(self, cap_bytes: int | None) -> Iterator[None]:
+        """The caching allocator capped at ``cap_bytes``, and the user's own fraction put back."""
+        if cap_bytes is None:
+            yield
+            return
+        index = self.torch_device.index
+        previous = user_memory_fraction(index)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / self.total_bytes()), index)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(previous, index)
+
+    def _retries(self) -> int:
+        stats = cuda_call(torch.cuda.memory_stats, self.torch_device, allow_zero=True)
+        return int(stats.get("num_alloc_retries", 0)) if stats else 0
+
+    def synchronize(self) -> None:
+        cuda_call(torch.cuda.synchronize, self.torch_device, allow_zero=True)
+
+    def release(self) -> None:
+        gc.collect()
+        cuda_call(torch.cuda.empty_cache, allow_zero=True)
+
+
+class _AllocatorProbe:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def peaks(self) -> tuple[int, int | None]:
+        # The allocator's statistics are kept on the host as it allocates: no synchronisation.
+        return (
+            int(torch.cuda.max_memory_allocated(self.device)),
+            int(torch.cuda.max_memory_reserved(self.device)),
+        )
+
+    def reset(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def user_memory_fraction(index: int) -> float:
+    """The per-process memory fraction in force on CUDA device ``index`` (1.0 unless the user set
+    one); torch builds without the getter (before 2.8) report the allocator's default, 1.0."""
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return 1.0 if getter is None else float(getter(index))
+
+
+def cuda_call(function: Any, *args: Any, allow_zero: bool = False) -> Any:
+    """Call a torch.cuda memory function; a failure or a 0 reading is an error, not a number."""
+    name = getattr(function, "__name__", str(function))
+    try:
+        value = function(*args)
+    except Exception as error:
+        raise DeviceUnavailableError(
+            f"torch.cuda.{name} failed ({error}); batchfit cannot measure CUDA memory here. "
+            f"Check that this torch build has CUDA (torch.version.cuda={torch.version.cuda})."
+        ) from error
+    if not allow_zero and (value == 0 or (isinstance(value, tuple) and 0 in value)):
+        raise DeviceUnavailableError(
+            f"torch.cuda.{name} returned 0, which is not a real measurement; this torch build "
+            f"(torch.version.cuda={torch.version.cuda}) may lack CUDA support."
+        )
+    return value
