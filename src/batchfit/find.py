@@ -14,13 +14,13 @@ import torch
 from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.policy.cache import TrialCache
-from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search
+from batchfit.policy.search import Candidates, StopReason, recheck, search
 from batchfit.policy.trial import MemoryModel, Mode, Trial
-from batchfit.runtime.device import CpuDevice, Device
+from batchfit.runtime.device import Device
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
-from batchfit.runtime.trace import FakeTracer, TraceUnavailable
+from batchfit.runtime.trace import forecast_search
 from batchfit.runtime.tracker import resident_tensors
 from batchfit.runtime.workload import Workload
 from batchfit.units import format_bytes
@@ -161,7 +161,9 @@ def find_on(
         budget = int(memory_fraction * capacity)
         warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
         runner = TrialRunner(workload, target, mode, steps_per_trial, budget, snapshot, warm_batch)
-        forecast = _forecast(workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache)
+        forecast = forecast_search(
+            workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache
+        )
 
         run = _Oracle(runner, budget, cache, on_trial, on_trial_start)
         outcome = search(
@@ -172,7 +174,7 @@ def find_on(
             seed=forecast.batch_size if forecast else None,
         )
         if not target.exact:
-            outcome = _recheck(outcome, run, candidates, budget)
+            outcome = recheck(outcome, run, candidates, budget)
     finally:
         snapshot.restore(gradients=True)
         target.release()
@@ -199,73 +201,6 @@ def find_on(
         multiple_of=multiple_of,
         steps_per_trial=steps_per_trial,
     )
-
-
-def _forecast(
-    workload: Workload,
-    device: Device,
-    mode: Mode,
-    steps: int,
-    budget: int,
-    warm_batch: int | None,
-    candidates: Candidates,
-    cache: TrialCache | None,
-) -> SearchOutcome | None:
-    """The search run on fake-tensor traces (CPU devices only): where the real trials should go.
-
-    Tracing allocates nothing and costs the same at any batch size; on the CPU it predicts the
-    tracked peak to the byte. None when the device cannot be traced or the workload cannot be.
-    """
-    if not isinstance(device, CpuDevice):
-        return None  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
-    # Train: the real trial's last step runs with optimizer state, so the trace warms up first
-    # (unless a trial is a single, first step). Eval: as the real trial does.
-    warm = candidates.first if mode == "train" and steps > 1 else warm_batch
-    tracer = FakeTracer(workload, mode, budget, warm)
-
-    def trace(batch_size: int) -> Trial:
-        reused = cache.lookup_predicted(batch_size, budget) if cache is not None else None
-        if reused is not None:
-            return reused
-        trial = tracer(batch_size)
-        if cache is not None:
-            cache.predicted[batch_size] = trial
-            cache.traces += 1
-        return trial
-
-    try:
-        return search(trace, candidates, budget, forecast_only=True)
-    except TraceUnavailable:
-        return None
-
-
-def _recheck(
-    outcome: SearchOutcome, run: Callable[[int], Trial], candidates: Candidates, budget: int
-) -> SearchOutcome:
-    """After a real allocator failure, run the answer again; if it no longer fits, search below it.
-
-    glibc's heap keeps what a failed trial grew it to (under RLIMIT_AS), so a batch that fitted
-    early in the search may not fit after it, which is when training starts. The capped CPU and
-    CUDA (whose cache is emptied before each trial) are exact and need no second look.
-    """
-    trials = list(outcome.trials)
-    for _ in range(3):
-        if outcome.batch_size is None or all(t.outcome != "oom" for t in trials):
-            break
-        again = run(outcome.batch_size)
-        trials.append(again)
-        if again.fits:
-            break
-        below = outcome.batch_size - candidates.step
-        if below < candidates.first:
-            outcome = SearchOutcome(None, outcome.trials, outcome.memory_model, "min_batch_size_failed")
-            break
-        lower = Candidates(candidates.first, candidates.step, candidates.index_at_most(below) + 1)
-        outcome = search(run, lower, budget)
-        trials.extend(outcome.trials)
-        if outcome.stop_reason == "max_batch_size":  # the top of the lower range is below a failure
-            outcome = SearchOutcome(outcome.batch_size, outcome.trials, outcome.memory_model, "boundary")
-    return SearchOutcome(outcome.batch_size, tuple(trials), outcome.memory_model, outcome.stop_reason)
 
 
 class _Oracle:

@@ -245,3 +245,32 @@ def _overshoots(
         return False
     predicted = model.max_batch_size(budget_bytes)
     return predicted is not None and candidates.index_at_most(predicted) >= index
+
+
+def recheck(
+    outcome: SearchOutcome, run: Callable[[int], Trial], candidates: Candidates, budget: int
+) -> SearchOutcome:
+    """After a real allocator failure, run the answer again; if it no longer fits, search below it.
+
+    glibc's heap keeps what a failed trial grew it to (under RLIMIT_AS), so a batch that fitted
+    early in the search may not fit after it, which is when training starts. The capped CPU and
+    CUDA (whose cache is emptied before each trial) are exact and need no second look.
+    """
+    trials = list(outcome.trials)
+    for _ in range(3):
+        if outcome.batch_size is None or all(t.outcome != "oom" for t in trials):
+            break
+        again = run(outcome.batch_size)
+        trials.append(again)
+        if again.fits:
+            break
+        below = outcome.batch_size - candidates.step
+        if below < candidates.first:
+            outcome = SearchOutcome(None, outcome.trials, outcome.memory_model, "min_batch_size_failed")
+            break
+        lower = Candidates(candidates.first, candidates.step, candidates.index_at_most(below) + 1)
+        outcome = search(run, lower, budget)
+        trials.extend(outcome.trials)
+        if outcome.stop_reason == "max_batch_size":  # the top of the lower range is below a failure
+            outcome = SearchOutcome(outcome.batch_size, outcome.trials, outcome.memory_model, "boundary")
+    return SearchOutcome(outcome.batch_size, tuple(trials), outcome.memory_model, outcome.stop_reason)

@@ -1,8 +1,8 @@
 """Predicted trials: the real step run on fake tensors, so peaks are traced without allocating.
 
 On the CPU, the storage tracker under ``FakeTensorMode`` reports the same peak, to the byte, as
-the real step, in a fraction of a second and whatever the batch size. The search uses these
-predictions to place its real trials; the answer is still confirmed by real trials.
+the real step, in a fraction of a second and whatever the batch size. ``forecast_search`` runs
+the search on these predictions to place the real trials, which still confirm the answer.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import logging
 import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 
+from batchfit.policy.cache import TrialCache
+from batchfit.policy.search import Candidates, SearchOutcome, search
 from batchfit.policy.trial import Mode, Trial
-from batchfit.runtime.device import CpuDevice
+from batchfit.runtime.device import CpuDevice, Device
 from batchfit.runtime.steps import judge, run_steps
 from batchfit.runtime.workload import Workload, to_device
 
@@ -73,3 +75,41 @@ class FakeTracer:
             )
         self.session = fake, optimizer
         return self.session
+
+
+def forecast_search(
+    workload: Workload,
+    device: Device,
+    mode: Mode,
+    steps: int,
+    budget: int,
+    warm_batch: int | None,
+    candidates: Candidates,
+    cache: TrialCache | None,
+) -> SearchOutcome | None:
+    """The search run on fake-tensor traces (CPU devices only): where the real trials should go.
+
+    Tracing allocates nothing and costs the same at any batch size; on the CPU it predicts the
+    tracked peak to the byte. None when the device cannot be traced or the workload cannot be.
+    """
+    if not isinstance(device, CpuDevice):
+        return None  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
+    # Train: the real trial's last step runs with optimizer state, so the trace warms up first
+    # (unless a trial is a single, first step). Eval: as the real trial does.
+    warm = candidates.first if mode == "train" and steps > 1 else warm_batch
+    tracer = FakeTracer(workload, mode, budget, warm)
+
+    def trace(batch_size: int) -> Trial:
+        reused = cache.lookup_predicted(batch_size, budget) if cache is not None else None
+        if reused is not None:
+            return reused
+        trial = tracer(batch_size)
+        if cache is not None:
+            cache.predicted[batch_size] = trial
+            cache.traces += 1
+        return trial
+
+    try:
+        return search(trace, candidates, budget, forecast_only=True)
+    except TraceUnavailable:
+        return None

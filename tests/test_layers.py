@@ -1,0 +1,95 @@
+"""The architecture, checked: the policies are free of torch and of the layers above them, and no
+two modules import each other (directly or round a circle)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "batchfit"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imports(name: str, top_level_only: bool) -> set[str]:
+    """The modules ``name`` imports (at its top level only, or anywhere, lazily too)."""
+    tree = ast.parse(MODULES[name].read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            # ``from batchfit.cli import flags`` imports the submodule batchfit.cli.flags (the
+            # package is initialised on the way, as for any submodule).
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & set(MODULES)
+            found |= submodules or {node.module}
+    return found
+
+
+def reachable(name: str) -> set[str]:
+    """Every module ``name`` imports, following batchfit's own modules (lazy imports included)."""
+    seen, todo = set(), [name]
+    while todo:
+        for imported in imports(todo.pop(), top_level_only=False):
+            if imported not in seen:
+                seen.add(imported)
+                if imported in MODULES:
+                    todo.append(imported)
+    return seen
+
+
+POLICIES = sorted(name for name in MODULES if name.startswith("batchfit.policy"))
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_policy_imports_no_torch_and_no_layer_above_it(name: str) -> None:
+    below = reachable(name)
+    assert not {imported for imported in below if imported.split(".")[0] == "torch"}
+    allowed = ("batchfit.policy", "batchfit.checks", "batchfit.errors", "batchfit.units")
+    assert {imported for imported in below if imported.startswith("batchfit")} <= {
+        imported for imported in below if imported.startswith(allowed)
+    }
+
+
+def test_the_runtime_does_not_reach_up_to_the_verbs_or_the_cli() -> None:
+    for name in MODULES:
+        if name.startswith("batchfit.runtime"):
+            above = {
+                m
+                for m in reachable(name)
+                if m.startswith("batchfit")
+                and not m.startswith(
+                    (
+                        "batchfit.runtime",
+                        "batchfit.policy",
+                        "batchfit.checks",
+                        "batchfit.errors",
+                        "batchfit.units",
+                    )
+                )
+            }
+            assert not above, (name, above)
+
+
+def test_no_import_circles() -> None:
+    graph = {name: {m for m in imports(name, top_level_only=False) if m in MODULES} for name in MODULES}
+    circles = []
+    for start in graph:
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start and not (start == "batchfit" or len(path) == 1 and nxt == node):
+                    circles.append([*path, nxt])
+                elif nxt not in path and nxt != "batchfit":
+                    stack.append((nxt, [*path, nxt]))
+    assert circles == []
