@@ -17,7 +17,8 @@ import torch
 from batchfit.checks import check_batch_range, check_positive_int
 from batchfit.find import find_on
 from batchfit.policy.choose import Objective, Point, Recommendation, estimates
-from batchfit.policy.exploration import Rules, StopReason, check_divisible, explore_rounds, micro_batch_sizes
+from batchfit.policy.exploration import Rules, StopReason, explore_rounds
+from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.steps import StepTimer
 from batchfit.runtime.workload import Workload

@@ -13,7 +13,8 @@ from conftest import build
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy.contenders import coarse_sizes
-from batchfit.policy.exploration import Rules, explore_rounds, micro_batch_sizes
+from batchfit.policy.exploration import Rules, explore_rounds
+from batchfit.policy.micro_batch import micro_batch_sizes
 from batchfit.runtime.device import CpuDevice
 from batchfit.runtime.steps import StepTimer
 
@@ -146,37 +147,6 @@ def test_the_time_budget_is_read_on_the_meter_s_clock() -> None:
         range(1, 65), ModelledMeter(knee), Rules(time_budget_seconds=5.0), started=-10.0
     )
     assert started_late.stop_reason == "time_budget" and len(started_late.points) == 1
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        (
-            {"global_batch_size": 1001, "world_size": 8},
-            "global_batch_size (1001) is not divisible by world_size (8); 1000 or 1008 would work.",
-        ),
-        (
-            {"multiple_of": 16},
-            "no micro-batch in [1, 10] satisfies multiple_of=16; loosen one or widen the range.",
-        ),
-        (
-            {"multiple_of": 4, "world_size": 2, "global_batch_size": 36},
-            "no micro-batch in [1, 10] satisfies multiple_of=4 and global_batch_size=36 / world_size=2;",
-        ),
-    ],
-)
-def test_micro_batch_sizes_say_which_constraint_leaves_none(kwargs: dict, message: str) -> None:
-    with pytest.raises(ConfigurationError) as info:
-        micro_batch_sizes(1, 10, **kwargs)
-    assert message in str(info.value)
-    assert micro_batch_sizes(1, 48, multiple_of=4, global_batch_size=96, world_size=2) == [
-        4,
-        8,
-        12,
-        16,
-        24,
-        48,
-    ]
 
 
 @pytest.mark.parametrize(

@@ -89,44 +89,6 @@ class Exploration:
         return self.history[-1]
 
 
-def micro_batch_sizes(
-    min_batch_size: int,
-    max_batch_size: int,
-    *,
-    multiple_of: int | None = None,
-    global_batch_size: int | None = None,
-    world_size: int = 1,
-) -> list[int]:
-    """The micro-batches explore may recommend: in [min_batch_size, max_batch_size], multiples of
-    ``multiple_of``, and dividing ``global_batch_size / world_size`` when that is given."""
-    check_divisible(global_batch_size, world_size)
-    sizes = [
-        batch
-        for batch in range(min_batch_size, max_batch_size + 1)
-        if not (multiple_of and batch % multiple_of)
-        and (global_batch_size is None or (global_batch_size // world_size) % batch == 0)
-    ]
-    if not sizes:
-        constraints = [f"multiple_of={multiple_of}"] if multiple_of else []
-        if global_batch_size is not None:
-            constraints.append(f"global_batch_size={global_batch_size} / world_size={world_size}")
-        raise ConfigurationError(
-            f"no micro-batch in [{min_batch_size}, {max_batch_size}] satisfies "
-            f"{' and '.join(constraints)}; loosen one or widen the range."
-        )
-    return sizes
-
-
-def check_divisible(global_batch_size: int | None, world_size: int) -> None:
-    """``global_batch_size`` (when given) splits evenly over ``world_size`` devices."""
-    if global_batch_size is not None and global_batch_size % world_size:
-        below = global_batch_size // world_size * world_size or world_size
-        raise ConfigurationError(
-            f"global_batch_size ({global_batch_size}) is not divisible by world_size ({world_size}); "
-            f"{below} or {(global_batch_size // world_size + 1) * world_size} would work."
-        )
-
-
 def explore_rounds(
     candidates: Sequence[int],
     meter: Meter,

@@ -13,13 +13,11 @@ from typing import Any, Literal
 
 from batchfit.checks import check_positive_int, check_positive_number
 from batchfit.errors import ConfigurationError
+from batchfit.policy.micro_batch import chosen_micro_batch, forced_micro_batch
 
 ScalingRule = Literal["linear", "sqrt"]
 SCALING_RULES: tuple[str, ...] = ("linear", "sqrt")
 
-# A chosen micro-batch must use at least this share of max_micro_batch_size (or the whole
-# per-device batch, if that is smaller); otherwise the global batch is refused with nearby ones.
-MIN_MICRO_BATCH_FRACTION = 0.5
 # Warm-up: 100 optimizer steps per unit of learning-rate scale-up (seed 002's example: 1000 steps
 # for a 10x scale-up), at most 5 epochs (Goyal et al. 2017: 5 epochs for 256 -> 8192, a 32x scale-up).
 WARMUP_STEPS_PER_LR_SCALE = 100
@@ -156,9 +154,9 @@ def plan(
         steps_per_epoch,
     )
     if micro_batch_size is not None:
-        micro = _forced_micro_batch(global_batch_size, world_size, micro_batch_size)
+        micro = forced_micro_batch(global_batch_size, world_size, micro_batch_size)
     elif max_micro_batch_size is not None:
-        micro = _chosen_micro_batch(global_batch_size, world_size, max_micro_batch_size)
+        micro = chosen_micro_batch(global_batch_size, world_size, max_micro_batch_size)
     else:
         raise ConfigurationError(
             "plan needs max_micro_batch_size (the largest micro-batch that fits) or micro_batch_size."
@@ -199,74 +197,6 @@ def plan(
 
 def _learning_rate_scale(scale: float, scaling_rule: str) -> float:
     return scale if scaling_rule == "linear" else math.sqrt(scale)
-
-
-def _forced_micro_batch(global_batch_size: int, world_size: int, micro_batch_size: int) -> int:
-    step = world_size * micro_batch_size
-    if global_batch_size % step:
-        below = global_batch_size // step * step
-        nearby = f"{below} or {below + step}" if below else f"{step}"
-        raise ConfigurationError(
-            f"global_batch_size ({global_batch_size}) is not divisible by world_size x micro_batch_size "
-            f"({world_size} x {micro_batch_size} = {step}); {nearby} would work."
-        )
-    return micro_batch_size
-
-
-def _chosen_micro_batch(global_batch_size: int, world_size: int, max_micro_batch_size: int) -> int:
-    micro = _good_micro_batch(global_batch_size, world_size, max_micro_batch_size)
-    if micro is not None:
-        return micro
-    below = next(
-        (
-            size
-            for size in range(global_batch_size - 1, 0, -1)
-            if _good_micro_batch(size, world_size, max_micro_batch_size)
-        ),
-        None,
-    )
-    above = next(
-        size
-        for size in range(global_batch_size + 1, global_batch_size + world_size * max_micro_batch_size + 1)
-        if _good_micro_batch(size, world_size, max_micro_batch_size)
-    )  # a multiple of world_size x max_micro_batch_size always works
-    nearby = f"{below} or {above}" if below else f"{above}"
-    if global_batch_size % world_size:
-        raise ConfigurationError(
-            f"global_batch_size ({global_batch_size}) is not divisible by world_size ({world_size}); "
-            f"{nearby} would work."
-        )
-    per_device = global_batch_size // world_size
-    largest = _largest_divisor(per_device, max_micro_batch_size)
-    raise ConfigurationError(
-        f"global_batch_size ({global_batch_size}) is {per_device} samples per device on world_size "
-        f"{world_size}, and the largest micro_batch_size up to max_micro_batch_size "
-        f"({max_micro_batch_size}) that divides {per_device} is {largest} "
-        f"({per_device // largest} accumulation_steps), under half of {max_micro_batch_size}; {nearby} "
-        f"would work, or pass micro_batch_size to force one."
-    )
-
-
-def _good_micro_batch(global_batch_size: int, world_size: int, max_micro_batch_size: int) -> int | None:
-    """The largest divisor of the per-device batch up to the maximum, if it is not too small."""
-    if global_batch_size % world_size:
-        return None
-    per_device = global_batch_size // world_size
-    micro = _largest_divisor(per_device, max_micro_batch_size)
-    enough = MIN_MICRO_BATCH_FRACTION * min(per_device, max_micro_batch_size)
-    return micro if micro >= enough else None
-
-
-def _largest_divisor(number: int, limit: int) -> int:
-    if number <= limit:
-        return number
-    best = 1
-    for small in range(1, math.isqrt(number) + 1):
-        if number % small == 0:
-            for divisor in (small, number // small):
-                if best < divisor <= limit:
-                    best = divisor
-    return best
 
 
 def _check_inputs(
