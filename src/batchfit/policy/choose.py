@@ -1,24 +1,7 @@
-"""The throughput chooser, free of torch: which measured batch to recommend, and how sure to be.
+"""The throughput chooser, free of torch: which measured batch size to recommend, and how sure to be.
 
-Each measured batch size has several timing windows (samples per second), and each window may say
-in which *round* it was measured: explore measures the contenders in turn, one window each per
-round, so a slow spell on a shared machine hits all of them alike. Such drift is taken out before
-anything is compared: a two-way median polish on the logarithms (batch-size level plus round
-effect, Tukey) estimates each round's common factor from the batch sizes measured in it. Windows
-in a round of their own (explore's coarse pass) carry a drift nothing measured: their median is
-weighed against that of the compared windows by the inverse of their variances. Then each
-estimate is weighed, the same way, against the straight line in log-log between its measured
-neighbours (throughput varies smoothly with the batch size, up to a few percent of kernel tiling):
-a size measured in a few windows leans on its neighbours.
-
-The rule: of the batch sizes whose (drift-corrected median) throughput is within ``tolerance`` of
-the best (as fast, more memory headroom, better generalisation), the smallest that is
-*confidently* so, or while none is, the surest; or the fastest with ``objective="max-throughput"``.
-
-The confidence is a parametric bootstrap: each batch size's estimate is redrawn with the standard
-error that the residual spread of its windows (and the drift, for lone rounds) gives it, and the
-confidence of a batch size is the share of redraws in which it is still within the tolerance of
-that redraw's best.
+Round-to-round drift is divided out (a median polish on the logarithms), each estimate leans on
+its measured neighbours, and the confidence is a parametric bootstrap; docs/explore.md explains.
 """
 
 from __future__ import annotations
