@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import batchfit
-from batchfit.examples import EXAMPLES, build_example
+from batchfit.runtime.examples import EXAMPLES, build_example
 
 IMAGE_SIZE = 224
 GPT2_TOKENS = 1024

@@ -1,68 +1,46 @@
-"""Replay ``batchfit.explore`` on throughput curves recorded by ``bench/explore.py``: a tuning aid,
-not the benchmark.
+"""Replay explore's policy on throughput curves recorded by ``bench/explore.py`` (a tuning aid).
 
-A full run of the benchmark takes 10-13 minutes and scores one exploration per example, on a
-machine whose windows vary by 7-12%: a change to the exploration's rules cannot be judged from
-one or two such runs. This script runs the real ``explore`` (its rounds, its chooser, its stopping
-rules) hundreds of times against a model of the measurements, built from a recorded run's truth:
-
-* the throughput at a batch size is the truth's level (its median polish); for a size it did
-  not measure, the line in log-log between the measured neighbours, off it by a fixed bump
-  (``UNMEASURED_BUMP``);
-* the machine's drift is the recorded one: the common factors of the passes over every size
-  (their median polish), played back in turn from a random pass on, each lasting as long as
-  such a pass takes in the model (slow spells included, as they came);
-* each window adds a residual of the recorded windows at that size (about the fit, drawn with
-  replacement), scaled by the square root of 3 steps over the window's steps (the recorded
-  windows were 3 steps long; shorter windows are noisier);
-* time is the model's alone: a step at a batch size takes batch size (x tokens) over its
-  throughput, and each round adds ``ROUND_OVERHEAD_SECONDS`` for the chooser's own work. No clock
-  explore reads is the machine's, so a replay gives the same result on a loaded machine as on an
-  idle one.
-
-Each replay's quality (the truth at the pick over the truth's best, as in the benchmark) and its
-time over the modelled sweep's (every sweep size, a warm-up step, a discarded window and
-``SWEEP_WINDOWS`` windows of 3 steps) are tallied per example. What it cannot show: effects the
-model leaves out (the first step after another shape, the allocator), and a residual of the
-truth's passes holds the drift within a pass over every size (1-8 s), more than one of explore's
-rounds over 3-5 sizes (0.2-2 s) sees. So compare variants on the same curves, with a few hundred
-replays each (``--set``), and confirm with the benchmark itself.
+It runs ``batchfit.policy.exploration.explore_rounds`` (its rounds, its chooser, its stopping
+rules) hundreds of times against a model of the measurements built from a recorded run's truth,
+on a modelled clock, and tallies per example the quality and the time over the modelled sweep's.
+The same seed gives the same replay on any machine. It is a model, not the benchmark: compare
+variants of the rules (``--set``) on the same curves, and confirm with the benchmark itself.
 
 Run: ``.venv/bin/python bench/explore_replay.py bench/results/explore.json [more.json ...]
-[--replays 200] [--set batchfit.explore.FOCUS_TIME_FACTOR=2 ...]`` (about 10 s per 100 replays
-of an example).
+[--replays 200] [--set focus_time_factor=2 ...]`` (about 10 s per 100 replays of an example).
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
-import importlib
+import dataclasses
 import json
 import math
 import random
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import batchfit
+# bench/ is the script's directory, so on sys.path.
+from _sweep import STEPS_PER_WINDOW, SWEEP_WINDOWS, polish, table_of
+from explore import QUALITY_TARGET, TIME_TARGET
 
-explore_module = importlib.import_module("batchfit.explore")  # the package's "explore" is the function
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from explore import QUALITY_TARGET, STEPS_PER_WINDOW, SWEEP_WINDOWS, TIME_TARGET, polish, table_of  # noqa: E402
+from batchfit.errors import ConfigurationError
+from batchfit.policy.exploration import Rules, explore_rounds
+from batchfit.policy.micro_batch import micro_batch_sizes
+from batchfit.runtime.steps import MIN_WINDOW_SECONDS
 
 TOKENS = {"transformer": 128}  # tokens per sample of the built-in examples that count tokens
 #: A size the truth did not measure is off the line between its neighbours by this much (a
 #: standard deviation of logarithms, fixed per size): kernels tile unevenly, and a line would
 #: flatter an exploration that leans on one.
 UNMEASURED_BUMP = 0.02
-#: The chooser's work between two rounds (its bootstraps), in modelled seconds: about what it
-#: takes on the development machine, fixed so that the replay does not depend on the load.
+#: The chooser's work between two rounds (its bootstraps), in modelled seconds: fixed so that the
+#: replay does not depend on the load.
 ROUND_OVERHEAD_SECONDS = 0.005
+#: The shortest window explore times, as the real meter's default.
 
 
 @dataclass
@@ -70,13 +48,14 @@ class Curve:
     """One recorded example: its truth, its drift and its residuals."""
 
     name: str
-    max_batch: int
+    max_batch_size: int
     tokens: int
     sizes: list[int]  # the sweep's sizes, ascending
     level: dict[int, float]  # log-throughput (per second) at each recorded size
     residuals: dict[int, list[float]]  # each recorded size's window residuals about the fit
     drift: list[float]  # the recorded passes' common factors (log), in the order they ran
     pass_seconds: float  # how long one of those passes took (modelled)
+    unmeasured_bump: float = UNMEASURED_BUMP  # how far an unrecorded size is off the line
 
     @classmethod
     def from_row(cls, row: dict[str, Any], source: str) -> Curve:
@@ -97,7 +76,7 @@ class Curve:
         )
         return cls(
             f"{row['example']}@{source}",
-            row["max_batch"],
+            row["max_batch_size"],
             tokens,
             sorted(int(b) for b in row["sweep"]["points"]),
             level,
@@ -115,7 +94,7 @@ class Curve:
         if low == high:
             return self.level[low]
         share = math.log(batch / low) / math.log(high / low)
-        bump = random.Random(f"{self.name}:{batch}").gauss(0, UNMEASURED_BUMP)
+        bump = random.Random(f"{self.name}:{batch}").gauss(0, self.unmeasured_bump)
         return self.level[low] + share * (self.level[high] - self.level[low]) + bump
 
     def step_seconds(self, batch: int) -> float:
@@ -135,57 +114,48 @@ class Curve:
         return sum(self.step_seconds(b) * (1 + windows * STEPS_PER_WINDOW) for b in self.sizes)
 
 
-class Clock:
-    """The model's time: the modelled seconds of the steps and of the chooser's rounds, nothing real."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def perf_counter(self) -> float:
-        return self.offset
-
-
 class ModelMeter:
-    """Stands in for ``batchfit.explore._Meter``: the same calls, windows drawn from the model."""
+    """Explore's ``Meter`` on a model of the machine: windows drawn from a curve, and a clock that
+    counts the modelled seconds of the steps and of the chooser's rounds, nothing real."""
 
-    def __init__(self, curve: Curve, clock: Clock, rng: random.Random) -> None:
-        self.curve, self.clock, self.rng = curve, clock, rng
+    def __init__(
+        self, curve: Curve, rng: random.Random, round_overhead_seconds: float = ROUND_OVERHEAD_SECONDS
+    ) -> None:
+        self.curve, self.rng, self.round_overhead_seconds = curve, rng, round_overhead_seconds
+        self.clock = 0.0
         self.steps: dict[int, int] = {}
-        self.phase = rng.uniform(0, len(curve.drift) * curve.pass_seconds) - clock.perf_counter()
+        self.phase = rng.uniform(0, len(curve.drift) * curve.pass_seconds)
 
-    def _advance(self, seconds: float) -> None:
-        self.clock.offset += seconds
+    def now(self) -> float:
+        return self.clock
 
     def _drift_now(self) -> float:
         """The recorded passes' common factors played back in turn, from a random one on."""
-        index = int((self.clock.perf_counter() + self.phase) / self.curve.pass_seconds)
+        index = int((self.clock + self.phase) / self.curve.pass_seconds)
         return self.curve.drift[index % len(self.curve.drift)]
 
-    def warm_up(self, batch: int) -> None:
-        step = self.curve.step_seconds(batch)
-        self._advance(2 * step)  # the warm-up step and a one-step first window
-        self.steps[batch] = max(1, math.ceil(explore_module.MIN_WINDOW_SECONDS / step))
+    def first_visit(self, batch_size: int) -> None:
+        step = self.curve.step_seconds(batch_size)
+        self.clock += 2 * step  # the warm-up step and a one-step first window
+        self.steps[batch_size] = max(1, math.ceil(MIN_WINDOW_SECONDS / step))
 
-    def rewarm(self, batch: int) -> None:
-        self._advance(self.curve.step_seconds(batch))
+    def revisit(self, batch_size: int) -> None:
+        self.clock += self.curve.step_seconds(batch_size)
 
-    def window(self, batch: int) -> float:
-        steps = self.steps[batch]
+    def window(self, batch_size: int) -> float:
+        steps = self.steps[batch_size]
         scale = math.sqrt(STEPS_PER_WINDOW / steps)
         log_rate = (
-            self.curve.log_rate(batch)
+            self.curve.log_rate(batch_size)
             + self._drift_now()
-            + scale * self.rng.choice(self.curve.residual_pool(batch))
+            + scale * self.rng.choice(self.curve.residual_pool(batch_size))
         )
         rate = math.exp(log_rate)
-        self._advance(steps * batch * self.curve.tokens / rate)
+        self.clock += steps * batch_size * self.curve.tokens / rate
         return rate  # per second, in the curve's unit (tokens for the transformer)
 
-    def reset(self) -> None:  # called once a round, when the chooser runs
-        self._advance(ROUND_OVERHEAD_SECONDS)
-
-    def close(self) -> None:
-        pass
+    def end_round(self) -> None:  # once a round, when the chooser runs
+        self.clock += self.round_overhead_seconds
 
 
 @dataclass
@@ -197,24 +167,19 @@ class Replay:
     confidence: int
 
 
-def replay(curve: Curve, seed: int, **options: Any) -> Replay:
-    rng = random.Random(seed)
-    clock = Clock()
-    originals = explore_module._Meter, explore_module.time
-    explore_module._Meter = lambda *args, **kwargs: ModelMeter(curve, clock, rng)  # type: ignore[assignment,misc]
-    explore_module.time = SimpleNamespace(perf_counter=clock.perf_counter)  # type: ignore[assignment]
-    try:
-        workload = SimpleNamespace(tokens_per_sample=curve.tokens if curve.tokens > 1 else None)
-        result = batchfit.explore(workload, device="cpu", max_batch=curve.max_batch, **options)  # type: ignore[arg-type]
-    finally:
-        explore_module._Meter, explore_module.time = originals  # type: ignore[misc]
-    pick = result.recommendation.batch_size
+def replay(curve: Curve, seed: int, rules: Rules | None = None) -> Replay:
+    """One exploration of ``curve`` by explore's policy under ``rules`` (default: explore's), the
+    model's windows drawn from ``seed``: its pick, scored on the curve's truth, and its time over
+    the modelled sweep's."""
+    meter = ModelMeter(curve, random.Random(seed))
+    exploration = explore_rounds(micro_batch_sizes(1, curve.max_batch_size), meter, rules or Rules())
+    pick = exploration.recommendation.batch_size
     return Replay(
         pick,
         math.exp(curve.log_rate(pick) - curve.best),
-        result.explore_seconds / curve.sweep_seconds(),
-        result.stop_reason,
-        result.recommendation.confidence,
+        exploration.seconds / curve.sweep_seconds(),
+        exploration.stop_reason,
+        exploration.recommendation.confidence,
     )
 
 
@@ -242,6 +207,27 @@ def summarise(curve: Curve, replays: list[Replay]) -> str:
     )
 
 
+def with_setting(rules: Rules, assignment: str) -> Rules:
+    """``rules`` with one field set from ``NAME=VALUE`` (``none`` for a field that may be None)."""
+    name, _, text = assignment.partition("=")
+    fields = {field.name for field in dataclasses.fields(Rules)}
+    if name not in fields:
+        raise ValueError(f"Rules has no field {name!r}; choose from {', '.join(sorted(fields))}")
+    default = getattr(Rules(), name)
+    value: Any
+    if text.lower() == "none":
+        value = None
+    elif isinstance(default, str):
+        value = text
+    elif isinstance(default, int) or (default is None and text.isdigit()):
+        value = int(text)
+    else:
+        value = float(text)
+    changed = dataclasses.replace(rules, **{name: value})
+    changed.check()
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("runs", nargs="+", type=Path, help="results files of bench/explore.py")
@@ -251,17 +237,16 @@ def main(argv: list[str] | None = None) -> int:
         "--set",
         action="append",
         default=[],
-        metavar="MODULE.NAME=VALUE",
-        help="override a constant for a what-if, e.g. batchfit.explore.FOCUS_TIME_FACTOR=2",
+        metavar="NAME=VALUE",
+        help="set a field of explore's Rules for a what-if, e.g. focus_time_factor=2",
     )
     args = parser.parse_args(argv)
+    rules = Rules()
     for assignment in args.set:
-        target, value = assignment.split("=", 1)
-        module_name, name = target.rsplit(".", 1)
-        module = importlib.import_module(module_name)
-        if not hasattr(module, name):
-            parser.error(f"--set {assignment}: {module_name} has no {name}")
-        setattr(module, name, type(getattr(module, name))(float(value)))
+        try:
+            rules = with_setting(rules, assignment)
+        except (ValueError, ConfigurationError) as error:
+            parser.error(f"--set {assignment}: {error}")
     curves = [
         Curve.from_row(row, path.stem)
         for path in args.runs
@@ -277,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             f"sweep {curve.sweep_seconds():.1f} s (modelled)",
             flush=True,
         )
-        replays = [replay(curve, seed) for seed in range(args.replays)]
+        replays = [replay(curve, seed, rules) for seed in range(args.replays)]
         print(summarise(curve, replays), flush=True)
         total_met += sum(r.quality >= QUALITY_TARGET and r.time_ratio <= TIME_TARGET for r in replays)
         total += len(replays)

@@ -1,94 +1,38 @@
-"""Benchmark ``batchfit.find_batch_size`` against the truth and against Lightning and accelerate.
+"""Benchmark ``batchfit.find_batch_size`` against the true maximum and against Lightning and accelerate.
 
-Each case is a workload under a memory cap, on the CPU (``--device cpu``, the default: the
-built-in examples on a CPU capped with ``batchfit.memory_limit``) or on a GPU (``--device cuda``:
-torchvision's ResNet-50 in fp32, with cuDNN's benchmark mode and with AMP, a Hugging Face GPT-2
-built from its config, and the built-in examples; a smaller card is emulated by capping the
-caching allocator with ``batchfit.memory_limit(..., device="cuda")``). For each case:
+Each case is a workload under a memory cap: the built-in examples on a capped CPU (``--device cpu``,
+the default), or on a GPU (``--device cuda``) ResNet-50 (fp32, cudnn.benchmark, AMP), GPT-2 and
+the examples under a capped caching allocator. Every method runs the same capped trial
+(``_capped.py``); each answer is checked against the truth and trains ``CONFIRM_STEPS`` steps.
 
-* the true maximum. On the CPU: an exhaustive scan that runs a trial at every batch size from 1
-  to an upper bound above every method's answer (1.5 x batchfit's answer, at least 16 more, and
-  above each competitor's); the largest batch that ran without running out of memory. On CUDA:
-  the user's question answered by force: the largest batch whose ``TRUTH_STEPS`` training
-  steps complete under the cap, found by galloping from batchfit's answer and bisecting, each
-  probe from the fresh state with the allocator's cache emptied (``--truth bisect`` does the same
-  on the CPU);
-* batchfit: ``find_batch_size(..., device=D, memory_limit=L, fraction=1.0)``;
-* PyTorch Lightning: ``Tuner.scale_batch_size(mode="binsearch", steps_per_trial=2, init_val=2,
-  max_trials=25, margin=0.0)`` (``precision="16-mixed"`` for the AMP case);
-* accelerate: ``find_executable_batch_size(starting_batch_size=512)``.
-
-A trial is the same for everyone: two training steps from the freshly built state (initial
-weights, no gradients, empty optimizer state, nothing cached), on a host batch made outside the
-cap and copied into it at each step, under ``memory_limit(L, resident=[model, optimizer],
-device=D)``. Competitors are run with no memory fraction, so batchfit runs with ``fraction=1.0``.
-Each method's answer then trains ``CONFIRM_STEPS`` steps under the cap ("trains").
-
-"bf trials" counts batchfit's real trials; "bf traces" its fake-tensor traces (CPU only), which
-run the same step on fake tensors to predict the peak (no memory is allocated) and place the real
-trials. Their time is part of "bf s". The trial ratios compare real trials with real trials.
-
-Run: ``.venv/bin/python bench/find.py [--device cuda]`` (``--quick``: one case per workload).
-Lightning and accelerate come from the ``bench`` extra (``pip install -e '.[bench]'``); without
-them their columns are skipped, as are real models whose package is missing.
+Run: ``.venv/bin/python bench/find.py [--device cuda] [--quick] [--workloads cnn,mlp]``. Lightning
+and accelerate come from the ``bench`` extra (``pip install -e '.[bench]'``); without them their
+columns are skipped, as are real models whose package is missing.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
-import gc
-import importlib.metadata
-import inspect
-import json
-import logging
 import math
-import os
 import statistics
 import sys
-import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
-import _common as tables  # bench/ is the script's directory, so on sys.path
+import _harness
 import _workloads
 import torch
-from _common import Stopwatch
+from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult
+from _peers import COMPETITORS, available_competitors, quiet_competitors
 
 import batchfit
-from batchfit.device import Measurement, parse_device
+from batchfit.runtime.resolve import parse_device
 from batchfit.units import format_bytes, parse_bytes
-from batchfit.workload import Workload, to_device
 
-STEPS_PER_TRIAL = 2
 #: Steps in a probe of the CUDA truth, and in the check that each answer trains.
 TRUTH_STEPS = 10
 CONFIRM_STEPS = 20
-#: The upper bound of every search: batchfit's default max_batch for training, and the batch
-#: size accelerate starts from.
-MAX_BATCH = 512
-LIGHTNING_INIT_VAL = 2
-
-
-@dataclass(frozen=True)
-class Case:
-    """A workload under a cap. ``cap`` is a size, or ``ref:B``: the memory a trial at batch ``B``
-    reserved (CUDA), so that the built-in examples get answers near ``B`` on any GPU."""
-
-    workload: str
-    cap: str
-    precision: str = "32-true"  # Lightning's precision: "16-mixed" where the step uses AMP
-    cudnn_benchmark: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.workload + (" (cudnn.benchmark)" if self.cudnn_benchmark else "")
-
+PACKAGES = ("torch", "batchfit", "lightning", "accelerate", "torchvision", "transformers")
 
 #: CPU limits chosen so each answer lies in about 16..300 and each exhaustive scan stays short.
 #: The mlp's memory is nearly all fixed (weights, gradients, Adam state and its temporaries, about
@@ -114,26 +58,6 @@ QUICK: dict[str, list[Case]] = {
     "cpu": [Case("mlp", "36.75MiB"), Case("cnn", "64MiB"), Case("transformer", "128MiB")],
     "cuda": [Case("resnet50-amp", "10.5GiB", precision="16-mixed"), Case("cnn", "ref:128")],
 }
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-@dataclass
-class MethodResult:
-    """One method's search: its answer, the batch sizes it ran in order, and its wall time."""
-
-    answer: int | None
-    sizes: list[int]
-    seconds: float  # wall-clock (perf_counter); with --repeat, the median of the runs
-    cpu_seconds: float  # this process's CPU time (all threads), less disturbed by other processes
-    peaks: dict[int, int] = field(default_factory=dict)  # batch size -> peak bytes of a fitting trial
-    error: str = ""
-    all_seconds: list[float] = field(default_factory=list)  # every run's wall-clock seconds
-    traces: int = 0  # batchfit only: fake-tensor traces (predictions, no memory allocated)
-    trains: bool | None = None  # CUDA: the answer trains CONFIRM_STEPS steps under the cap
-
-    @property
-    def trials(self) -> int:
-        return len(self.sizes)
 
 
 @dataclass
@@ -156,83 +80,6 @@ class Row:
     truth: Truth
     batchfit: MethodResult
     competitors: dict[str, MethodResult | None]  # None: the tool is not installed
-
-
-class Bench:
-    """One case on one device: a fresh workload per method, and the capped trial they all run."""
-
-    def __init__(self, case: Case, device: torch.device, cap_bytes: int = 0) -> None:
-        self.case, self.device, self.cap_bytes = case, device, cap_bytes
-
-    def workload(self) -> tuple[Workload, FreshState]:
-        torch.backends.cudnn.benchmark = self.case.cudnn_benchmark
-        workload = _workloads.build(self.case.workload, self.device)
-        return workload, FreshState(workload)
-
-    def train_steps(
-        self, workload: Workload, optimizer: torch.optim.Optimizer, host: Any, steps: int
-    ) -> None:
-        """The trial every method runs: ``steps`` steps, each on a fresh copy of the batch."""
-        for _ in range(steps):
-            workload.run_train_step(optimizer, to_device(host, self.device))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def capped(self, state: FreshState) -> AbstractContextManager[Measurement]:
-        return batchfit.memory_limit(
-            self.cap_bytes, resident=[state.model, state.optimizer], device=self.device
-        )
-
-    def trial(self, workload: Workload, state: FreshState, batch_size: int, steps: int) -> int | None:
-        """Run one trial under the cap from the fresh state; its peak bytes, or None if it ran out."""
-        state.reset()
-        host = workload.host_batch(batch_size)  # outside the cap, like batchfit's data
-        try:
-            with self.capped(state) as measurement:
-                self.train_steps(workload, state.optimizer, host, steps)
-        except Exception as error:
-            if not batchfit.is_out_of_memory(error):
-                raise
-            del error
-            state.reset()
-            return None
-        return measurement.peak_bytes
-
-    def reserved_at(self, batch_size: int) -> int:
-        """What a trial at ``batch_size`` reserved, uncapped: a cap near what it needs."""
-        workload, state = self.workload()
-        state.reset()
-        host = workload.host_batch(batch_size)
-        with batchfit.memory_limit(2**50, resident=[workload.model], device=self.device) as measurement:
-            self.train_steps(workload, state.optimizer, host, STEPS_PER_TRIAL)
-        return int(measurement.reserved_peak_bytes or measurement.peak_bytes)
-
-
-class FreshState:
-    """Puts a workload's model and optimizer back as built: initial weights, no gradients, no
-    optimizer state (so it is created on the first step of each trial, for every method alike),
-    and nothing left in the allocator's cache."""
-
-    def __init__(self, workload: Workload) -> None:
-        if not isinstance(workload.optimizer, torch.optim.Optimizer):
-            raise TypeError("the benchmark's workloads hold an Optimizer instance")
-        self.model = workload.model
-        self.optimizer: torch.optim.Optimizer = workload.optimizer
-        self.weights = copy.deepcopy(self.model.state_dict())
-        self.cuda = any(parameter.is_cuda for parameter in self.model.parameters())
-
-    def reset(self) -> None:
-        self.model.load_state_dict(self.weights)
-        for parameter in self.model.parameters():
-            parameter.grad = None
-        self.optimizer.state.clear()
-        self.model.train()
-        if self.cuda:  # what batchfit's CUDA trials do first too (on the CPU nothing is cached)
-            gc.collect()
-            torch.cuda.empty_cache()
-
-
-# -- the methods ---------------------------------------------------------------------------------
 
 
 def run_truth_scan(bench: Bench, upper: int) -> Truth:
@@ -296,9 +143,9 @@ def run_truth_bisect(bench: Bench, start: int) -> Truth:
                 peaks[batch_size] = peak
         return outcomes[batch_size]
 
-    true_max, first_failure = largest_fitting(fits, start, MAX_BATCH)
+    true_max, first_failure = largest_fitting(fits, start, MAX_BATCH_SIZE)
     seconds = time.perf_counter() - started
-    return Truth(true_max, MAX_BATCH, first_failure, [], seconds, peaks, len(outcomes))
+    return Truth(true_max, MAX_BATCH_SIZE, first_failure, [], seconds, peaks, len(outcomes))
 
 
 def confirm(bench: Bench, answer: int | None) -> bool | None:
@@ -312,14 +159,14 @@ def confirm(bench: Bench, answer: int | None) -> bool | None:
 def run_batchfit(bench: Bench) -> MethodResult:
     workload, state = bench.workload()
     state.reset()
-    with Stopwatch() as watch:
+    with _harness.Stopwatch() as watch:
         result = batchfit.find_batch_size(
             workload,
             "train",
             device=bench.device,
             memory_limit=bench.cap_bytes,
-            fraction=1.0,
-            max_batch=MAX_BATCH,
+            memory_fraction=1.0,
+            max_batch_size=MAX_BATCH_SIZE,
             steps_per_trial=STEPS_PER_TRIAL,
         )
     peaks = {t.batch_size: t.peak_bytes for t in result.trials if t.fits}
@@ -327,221 +174,6 @@ def run_batchfit(bench: Bench) -> MethodResult:
     return MethodResult(
         result.batch_size, sizes, watch.seconds, watch.cpu_seconds, peaks, traces=len(result.predicted_trials)
     )
-
-
-def run_lightning(bench: Bench) -> MethodResult:
-    """Lightning's binsearch, each of its trials (one ``_try_loop_run``) under the cap.
-
-    The cap is entered around each trial rather than around the whole tuner call, so that the
-    checkpoint Lightning saves before the search and loads after it is not counted; and each
-    trial starts from the fresh state, as Lightning alone would carry gradients and optimizer
-    state over from one trial to the next. The module uses manual optimization so that its step
-    is the same as everyone's (Lightning's automatic optimization zeroes the gradients after the
-    forward pass, which keeps the previous step's gradients alive through it). On a GPU, Lightning
-    moves each batch to the device itself, inside the trial.
-    """
-    import lightning.pytorch as pl
-    from lightning.pytorch.tuner import batch_size_scaling
-    from lightning.pytorch.tuner.tuning import Tuner
-
-    workload, state = bench.workload()
-    optimizer = state.optimizer
-
-    class HostBatches(torch.utils.data.IterableDataset[Any]):
-        """STEPS_PER_TRIAL copies of the trial's host batch (made outside the cap)."""
-
-        def __init__(self, module: LitWorkload) -> None:
-            self.module = module
-
-        def __iter__(self) -> Iterator[Any]:
-            for _ in range(STEPS_PER_TRIAL):
-                yield self.module.host_batch
-
-    class LitWorkload(pl.LightningModule):
-        host_batch: Any  # the trial's batch, made outside the cap
-        _batch_size: int
-
-        # Lightning sets ``batch_size`` before it rebuilds the data loader, and its data fetcher
-        # may take the first batch before the trial starts: the host batch is made right here,
-        # outside the cap, so each trial's steps all run at the trial's batch size.
-        @property
-        def batch_size(self) -> int:
-            return self._batch_size
-
-        @batch_size.setter
-        def batch_size(self, value: int) -> None:
-            self._batch_size = int(value)
-            self.host_batch = workload.host_batch(self._batch_size)
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = workload.model
-            self.batch_size = LIGHTNING_INIT_VAL  # the first trial's batch, from its first step
-            self.automatic_optimization = False
-
-        def train_dataloader(self) -> torch.utils.data.DataLoader[Any]:
-            return torch.utils.data.DataLoader(HostBatches(self), batch_size=None)
-
-        def training_step(self, batch: Any, batch_idx: int) -> None:
-            lit_optimizer = self.optimizers()
-            assert not isinstance(lit_optimizer, list)
-            if bench.device.type == "cpu":  # the copy a GPU run makes when Lightning moves the batch
-                batch = to_device(batch, bench.device)
-            lit_optimizer.zero_grad(set_to_none=True)
-            self.manual_backward(_workloads.loss_of(workload, batch))
-            lit_optimizer.step()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return optimizer
-
-    module = LitWorkload()
-    sizes: list[int] = []
-    peaks: dict[int, int] = {}
-    original = batch_size_scaling._try_loop_run
-
-    def capped_try_loop_run(trainer: pl.Trainer, params: dict[str, Any]) -> None:
-        batch_size = module.batch_size
-        sizes.append(batch_size)
-        state.reset()
-        with bench.capped(state) as measurement:
-            original(trainer, params)
-        peaks[batch_size] = measurement.peak_bytes
-
-    with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(
-            accelerator="gpu" if bench.device.type == "cuda" else "cpu",
-            devices=[bench.device.index or 0] if bench.device.type == "cuda" else 1,
-            precision=bench.case.precision,  # type: ignore[arg-type]
-            max_epochs=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=root,
-        )
-        tuner = Tuner(trainer)
-        options: dict[str, Any] = {
-            "mode": "binsearch",
-            "steps_per_trial": STEPS_PER_TRIAL,
-            "init_val": LIGHTNING_INIT_VAL,
-            "max_trials": 25,
-        }
-        if "margin" in inspect.signature(tuner.scale_batch_size).parameters:
-            options["margin"] = 0.0  # Lightning >= 2.5 takes 5% off the boundary by default
-        batch_size_scaling._try_loop_run = capped_try_loop_run
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Lightning's advice on workers, logging intervals...
-                with Stopwatch() as watch:
-                    answer = tuner.scale_batch_size(module, **options)
-        finally:
-            batch_size_scaling._try_loop_run = original
-    return MethodResult(answer, sizes, watch.seconds, watch.cpu_seconds, peaks)
-
-
-def run_accelerate(bench: Bench) -> MethodResult:
-    """accelerate's decorator from MAX_BATCH down; each call of the inner function is a trial."""
-    from accelerate.utils import find_executable_batch_size
-
-    workload, state = bench.workload()
-    sizes: list[int] = []
-    peaks: dict[int, int] = {}
-
-    @find_executable_batch_size(starting_batch_size=MAX_BATCH)  # type: ignore[untyped-decorator]
-    def train(batch_size: int) -> int:
-        sizes.append(batch_size)
-        state.reset()
-        host = workload.host_batch(batch_size)
-        with bench.capped(state) as measurement:
-            bench.train_steps(workload, state.optimizer, host, STEPS_PER_TRIAL)
-        peaks[batch_size] = measurement.peak_bytes
-        return batch_size
-
-    with Stopwatch() as watch:
-        answer = train()
-    return MethodResult(int(answer), sizes, watch.seconds, watch.cpu_seconds, peaks)
-
-
-COMPETITORS: dict[str, Callable[[Bench], MethodResult]] = {
-    "lightning": run_lightning,
-    "accelerate": run_accelerate,
-}
-
-
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for package in ("torch", "batchfit", "lightning", "accelerate", "torchvision", "transformers"):
-        try:
-            found[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            found[package] = None
-    return found
-
-
-# -- setup checks --------------------------------------------------------------------------------
-
-
-def _cap_error(device: torch.device) -> RuntimeError:
-    """The error the cap raises, to check that each competitor recognises it as an OOM."""
-    try:
-        with batchfit.memory_limit("1KiB", device=device):
-            torch.ones(2**20, device=device)
-    except RuntimeError as error:
-        return error
-    raise AssertionError("a 4 MiB tensor fitted a 1 KiB cap")
-
-
-def available_competitors(device: torch.device) -> dict[str, bool]:
-    """Which competitors can run: importable, and recognising the cap's error as out of memory."""
-    error = _cap_error(device)
-    found: dict[str, bool] = {}
-    try:
-        import lightning
-        from lightning.pytorch.tuner import batch_size_scaling
-        from lightning.pytorch.utilities.memory import is_oom_error
-
-        if not is_oom_error(error):
-            print(
-                f"lightning {lightning.__version__}: is_oom_error does not recognise the cap's error; skipped"
-            )
-        elif not hasattr(batch_size_scaling, "_try_loop_run"):
-            print(f"lightning {lightning.__version__}: no _try_loop_run to cap each trial at; skipped")
-        else:
-            found["lightning"] = True
-            print(f"lightning {lightning.__version__}: is_oom_error recognises the cap's error")
-    except ImportError as missing:
-        print(f"lightning is not installed ({missing}); its columns are skipped. pip install -e '.[bench]'")
-    try:
-        import accelerate
-        from accelerate.utils.memory import should_reduce_batch_size
-
-        if should_reduce_batch_size(error):
-            found["accelerate"] = True
-            print(f"accelerate {accelerate.__version__}: should_reduce_batch_size recognises the cap's error")
-        else:
-            print(f"accelerate {accelerate.__version__}: the cap's error is not recognised; skipped")
-    except ImportError as missing:
-        print(f"accelerate is not installed ({missing}); its columns are skipped. pip install -e '.[bench]'")
-    return found
-
-
-def quiet_competitors() -> None:
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "accelerate"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module=r"lightning(\..*)?")
-    warnings.filterwarnings("ignore", message=r".*(num_workers|does not have many workers).*")
-
-
-def warm_up(bench: Bench) -> None:
-    """One uncapped, untimed trial so no method pays for first-call setup (on CUDA: the context,
-    library handles and cuBLAS's workspace, which stays allocated for every method alike)."""
-    workload, state = bench.workload()
-    state.reset()
-    bench.train_steps(workload, state.optimizer, workload.host_batch(4), STEPS_PER_TRIAL)
-    state.reset()
-
-
-# -- the benchmark -------------------------------------------------------------------------------
 
 
 def _print_method(name: str, result: MethodResult) -> None:
@@ -593,7 +225,7 @@ def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, truth_by:
         truth = run_truth_bisect(bench, ours.answer)
         how = f"{truth.probes} probes of {TRUTH_STEPS} steps"
     else:
-        upper = min(MAX_BATCH, max([ours.answer + max(16, ours.answer // 2), *(a + 1 for a in answers)]))
+        upper = min(MAX_BATCH_SIZE, max([ours.answer + max(16, ours.answer // 2), *(a + 1 for a in answers)]))
         truth = run_truth_scan(bench, upper)
         how = f"scanned 1..{truth.upper}"
     print(
@@ -604,10 +236,6 @@ def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, truth_by:
     if truth.fitting_above_first_failure:
         print(f"  NOTE: fitting is not monotone: {truth.fitting_above_first_failure} fit above a failure")
     return Row(bench.case, bench.cap_bytes, truth, ours, results)
-
-
-def _ratio(value: float, base: float) -> str:
-    return f"{value / base:.1f}x" if base > 0 else "-"
 
 
 def headers() -> tuple[str, ...]:
@@ -652,8 +280,8 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
             else:
                 cells += [
                     str(result.answer),
-                    _ratio(result.trials, ours.trials),
-                    _ratio(result.seconds, ours.seconds),
+                    _harness.ratio(result.trials, ours.trials),
+                    _harness.ratio(result.seconds, ours.seconds),
                 ]
         lines.append(cells)
     return lines
@@ -716,13 +344,6 @@ def print_summary(rows: list[Row], device: str) -> None:
             print(f"  peaks minus the exhaustive scan's: {_peak_differences(rows, name)}")
 
 
-def _load_average() -> str:
-    try:
-        return " ".join(f"{value:.2f}" for value in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def resolve_cap(case: Case, device: torch.device) -> int:
     if case.cap.startswith("ref:"):
         reserved = Bench(case, device).reserved_at(int(case.cap.partition(":")[2]))
@@ -731,9 +352,7 @@ def resolve_cap(case: Case, device: torch.device) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    parser.add_argument("--quick", action="store_true", help="fewer cases")
+    parser = _harness.parser(__doc__, quick="fewer cases", json_default="bench/results/find-DEVICE.json")
     parser.add_argument(
         "--truth",
         choices=("scan", "bisect"),
@@ -741,8 +360,6 @@ def main(argv: list[str] | None = None) -> int:
         help="how the true maximum is found (default: scan on the CPU, bisect on CUDA)",
     )
     parser.add_argument("--workloads", default=None, help="comma-separated workloads (default: all)")
-    parser.add_argument("--json", type=Path, default=None, help="results file (default bench/results/...)")
-    parser.add_argument("--no-json", action="store_true", help="do not write the results file")
     parser.add_argument(
         "--repeat", type=int, default=1, help="run each search N times and report the median time"
     )
@@ -759,10 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
 
-    began = time.perf_counter()
-    found = ", ".join(f"{name} {version or 'not installed'}" for name, version in versions().items())
-    where = torch.cuda.get_device_name(device) if kind == "cuda" else f"{torch.get_num_threads()} threads"
-    print(f"{found}; {where}; load average {_load_average()}")
+    session = _harness.Session(device, PACKAGES)
+    print(session.machine())
     competitors = available_competitors(device)
     quiet_competitors()  # after their imports, which set their loggers' levels
     rows: list[Row] = []
@@ -771,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         if why is not None:
             print(f"{case.name}: skipped: {why}")
             continue
-        warm_up(Bench(case, device))
+        Bench(case, device).warm_up()
         bench = Bench(case, device, resolve_cap(case, device))
         print(f"{case.name} at {case.cap} ({format_bytes(bench.cap_bytes)}):", flush=True)
         rows.append(
@@ -779,28 +394,21 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     print()
-    tables.print_text_table(headers(), table_rows(rows))
+    _harness.print_text_table(headers(), table_rows(rows))
     print()
     print_summary(rows, kind)
-    total = time.perf_counter() - began
-    print(f"total wall time {total:.0f} s; load average {_load_average()} (1, 5, 15 min)")
+    print(session.finish())
     print()
-    tables.print_markdown_table(headers(), table_rows(rows), text_columns=(0, 1))
+    _harness.print_markdown_table(headers(), table_rows(rows), text_columns=(0, 1))
     if not args.no_json:
-        path = args.json or RESULTS / f"find-{kind}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
-            "device": str(device),
+            **session.to_dict(),
             "steps_per_trial": STEPS_PER_TRIAL,
-            "max_batch": MAX_BATCH,
+            "max_batch_size": MAX_BATCH_SIZE,
             "repeat": args.repeat,
-            "versions": versions(),
-            "total_seconds": total,
-            "load_average_at_end": _load_average(),
             "rows": [asdict(row) for row in rows],
         }
-        path.write_text(json.dumps(payload, indent=1))
-        print(f"\nwrote {path}")
+        _harness.write_results(args.json or _harness.RESULTS / f"find-{kind}.json", payload)
     return 0 if all(row.batchfit.answer == row.truth.true_max for row in rows) else 1
 
 

@@ -20,6 +20,9 @@ from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.tracker import resident_tensors
 from batchfit.runtime.workload import Workload, to_device
 
+#: With ``steps_per_window=None``, a timing window is the fewest steps that last this long.
+MIN_WINDOW_SECONDS = 0.02
+
 
 def timed_steps(
     workload: Workload,
@@ -186,7 +189,7 @@ class StepTimer:
         steps_per_window: int | None = None,
         tokens_per_sample: int | None = None,
         *,
-        min_window_seconds: float = 0.02,
+        min_window_seconds: float = MIN_WINDOW_SECONDS,
         restore_every: int = 32,
     ) -> None:
         self.workload, self.device, self.fixed_steps = workload, device, steps_per_window

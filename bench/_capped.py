@@ -1,0 +1,138 @@
+"""The trial every method in ``bench/find.py`` runs: a workload from its freshly built state,
+``STEPS_PER_TRIAL`` training steps under a memory cap; and what a method's search returns."""
+
+from __future__ import annotations
+
+import copy
+import gc
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import _workloads
+import torch
+
+import batchfit
+from batchfit.runtime.device import Measurement
+from batchfit.runtime.workload import Workload, to_device
+
+STEPS_PER_TRIAL = 2
+#: The upper bound of every search: batchfit's default max_batch_size for training, and the batch
+#: size accelerate starts from.
+MAX_BATCH_SIZE = 512
+
+
+@dataclass(frozen=True)
+class Case:
+    """A workload under a cap. ``cap`` is a size, or ``ref:B``: the memory a trial at batch ``B``
+    reserved (CUDA), so that the built-in examples get answers near ``B`` on any GPU."""
+
+    workload: str
+    cap: str
+    precision: str = "32-true"  # Lightning's precision: "16-mixed" where the step uses AMP
+    cudnn_benchmark: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.workload + (" (cudnn.benchmark)" if self.cudnn_benchmark else "")
+
+
+@dataclass
+class MethodResult:
+    """One method's search: its answer, the batch sizes it ran in order, and its wall time."""
+
+    answer: int | None
+    sizes: list[int]
+    seconds: float  # wall-clock (perf_counter); with --repeat, the median of the runs
+    cpu_seconds: float  # this process's CPU time (all threads), less disturbed by other processes
+    peaks: dict[int, int] = field(default_factory=dict)  # batch size -> peak bytes of a fitting trial
+    error: str = ""
+    all_seconds: list[float] = field(default_factory=list)  # every run's wall-clock seconds
+    traces: int = 0  # batchfit only: fake-tensor traces (predictions, no memory allocated)
+    trains: bool | None = None  # the answer trains find.py's CONFIRM_STEPS steps under the cap
+
+    @property
+    def trials(self) -> int:
+        return len(self.sizes)
+
+
+class Bench:
+    """One case on one device: a fresh workload per method, and the capped trial they all run."""
+
+    def __init__(self, case: Case, device: torch.device, cap_bytes: int = 0) -> None:
+        self.case, self.device, self.cap_bytes = case, device, cap_bytes
+
+    def workload(self) -> tuple[Workload, FreshState]:
+        torch.backends.cudnn.benchmark = self.case.cudnn_benchmark
+        workload = _workloads.build(self.case.workload, self.device)
+        return workload, FreshState(workload)
+
+    def train_steps(
+        self, workload: Workload, optimizer: torch.optim.Optimizer, host: Any, steps: int
+    ) -> None:
+        """The trial every method runs: ``steps`` steps, each on a fresh copy of the batch."""
+        for _ in range(steps):
+            workload.run_train_step(optimizer, to_device(host, self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def capped(self, state: FreshState) -> AbstractContextManager[Measurement]:
+        return batchfit.memory_limit(
+            self.cap_bytes, resident=[state.model, state.optimizer], device=self.device
+        )
+
+    def trial(self, workload: Workload, state: FreshState, batch_size: int, steps: int) -> int | None:
+        """Run one trial under the cap from the fresh state; its peak bytes, or None if it ran out."""
+        state.reset()
+        host = workload.host_batch(batch_size)  # outside the cap, like batchfit's data
+        try:
+            with self.capped(state) as measurement:
+                self.train_steps(workload, state.optimizer, host, steps)
+        except Exception as error:
+            if not batchfit.is_out_of_memory(error):
+                raise
+            del error
+            state.reset()
+            return None
+        return measurement.peak_bytes
+
+    def reserved_at(self, batch_size: int) -> int:
+        """What a trial at ``batch_size`` reserved, uncapped: a cap near what it needs."""
+        workload, state = self.workload()
+        state.reset()
+        host = workload.host_batch(batch_size)
+        with batchfit.memory_limit(2**50, resident=[workload.model], device=self.device) as measurement:
+            self.train_steps(workload, state.optimizer, host, STEPS_PER_TRIAL)
+        return int(measurement.reserved_peak_bytes or measurement.peak_bytes)
+
+    def warm_up(self) -> None:
+        """One uncapped, untimed trial so no method pays for first-call setup (on CUDA: the context,
+        library handles and cuBLAS's workspace, which stays allocated for every method alike)."""
+        workload, state = self.workload()
+        state.reset()
+        self.train_steps(workload, state.optimizer, workload.host_batch(4), STEPS_PER_TRIAL)
+        state.reset()
+
+
+class FreshState:
+    """Puts a workload's model and optimizer back as built: initial weights, no gradients, no
+    optimizer state (so it is created on the first step of each trial, for every method alike),
+    and nothing left in the allocator's cache."""
+
+    def __init__(self, workload: Workload) -> None:
+        if not isinstance(workload.optimizer, torch.optim.Optimizer):
+            raise TypeError("the benchmark's workloads hold an Optimizer instance")
+        self.model = workload.model
+        self.optimizer: torch.optim.Optimizer = workload.optimizer
+        self.weights = copy.deepcopy(self.model.state_dict())
+        self.cuda = any(parameter.is_cuda for parameter in self.model.parameters())
+
+    def reset(self) -> None:
+        self.model.load_state_dict(self.weights)
+        for parameter in self.model.parameters():
+            parameter.grad = None
+        self.optimizer.state.clear()
+        self.model.train()
+        if self.cuda:  # what batchfit's CUDA trials do first too (on the CPU nothing is cached)
+            gc.collect()
+            torch.cuda.empty_cache()

@@ -1,0 +1,127 @@
+"""What the benchmarks share: the options they all take, a stopwatch, the machine they ran on,
+aligned text and Markdown tables, ratios, and the results file under ``bench/results/``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parser(doc: str | None, *, quick: str, json_default: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes: ``--device``, ``--quick``, ``--json``, ``--no-json``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json", type=Path, default=None, help=f"results file (default {json_default})")
+    parser.add_argument("--no-json", action="store_true", help="do not write the results file")
+    return parser
+
+
+class Stopwatch:
+    """Wall-clock (``time.perf_counter``) and process CPU seconds of a block."""
+
+    def __enter__(self) -> Stopwatch:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        self.seconds = self.cpu_seconds = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._wall
+        self.cpu_seconds = time.process_time() - self._cpu
+
+
+def versions(packages: Sequence[str]) -> dict[str, str | None]:
+    """Each package's installed version, or None."""
+    found: dict[str, str | None] = {}
+    for package in packages:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages: the machine may be shared."""
+    try:
+        return " ".join(f"{value:.2f}" for value in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+class Session:
+    """One run of a benchmark: what ran it, how long it took, and the load average (the machine
+    may be shared) at its start and at its end."""
+
+    def __init__(self, device: torch.device, packages: Sequence[str]) -> None:
+        self.device, self.versions = device, versions(packages)
+        self.began, self.load_at_start = time.perf_counter(), load_average()
+        self.total_seconds, self.load_at_end = 0.0, "unknown"
+
+    def machine(self) -> str:
+        """Versions, the GPU or the CPU threads, and the load average at the start."""
+        found = ", ".join(f"{name} {version or 'not installed'}" for name, version in self.versions.items())
+        where = (
+            torch.cuda.get_device_name(self.device)
+            if self.device.type == "cuda"
+            else f"{torch.get_num_threads()} threads"
+        )
+        return f"{found}; {where}; load average {self.load_at_start} (1, 5, 15 min)"
+
+    def finish(self) -> str:
+        """Stop the clock; a line with the total time and the load averages."""
+        self.total_seconds, self.load_at_end = time.perf_counter() - self.began, load_average()
+        return (
+            f"total wall time {self.total_seconds:.0f} s; load average {self.load_at_start} at start, "
+            f"{self.load_at_end} at end"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The results file's fields about the run (after ``finish``)."""
+        return {
+            "device": str(self.device),
+            "versions": self.versions,
+            "total_seconds": self.total_seconds,
+            "load_average_at_start": self.load_at_start,
+            "load_average_at_end": self.load_at_end,
+        }
+
+
+def ratio(value: float, base: float) -> str:
+    """``value`` as a multiple of ``base`` ("2.5x"), or "-" when there is no base."""
+    return f"{value / base:.1f}x" if base > 0 else "-"
+
+
+def print_text_table(headers: Sequence[str], lines: list[list[str]]) -> None:
+    cells = [list(headers), *lines]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(headers))]
+    for index, line in enumerate(cells):
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def print_markdown_table(
+    headers: Sequence[str], lines: list[list[str]], text_columns: Collection[int]
+) -> None:
+    """Columns in ``text_columns`` are left-aligned, the others (numbers) right-aligned."""
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "|".join("---" if i in text_columns else "---:" for i in range(len(headers))) + "|")
+    for line in lines:
+        print("| " + " | ".join(line) + " |")
+
+
+def write_results(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))
+    print(f"\nwrote {path}")

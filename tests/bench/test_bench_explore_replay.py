@@ -1,0 +1,92 @@
+"""The replay of explore on recorded curves (bench/explore_replay.py): explore's policy, driven
+through its public seam (``explore_rounds`` and a ``Meter``), against a model of the machine."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchfit.policy.exploration import Rules, explore_rounds
+from batchfit.policy.micro_batch import micro_batch_sizes
+
+# bench/ is a directory of scripts, not a package: its directory goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import explore_replay as replay_tool
+
+KNEE = {1: 100.0, 2: 190.0, 4: 350.0, 8: 600.0, 16: 960.0, 32: 1000.0, 64: 1010.0}
+
+
+def quiet_curve() -> replay_tool.Curve:
+    """A knee with no noise and no drift: windows read the truth exactly."""
+    return replay_tool.Curve(
+        name="knee",
+        max_batch_size=64,
+        tokens=1,
+        sizes=sorted(KNEE),
+        level={batch: math.log(value) for batch, value in KNEE.items()},
+        residuals={batch: [0.0] for batch in KNEE},
+        drift=[0.0],
+        pass_seconds=1.0,
+        unmeasured_bump=0.0,  # unmeasured sizes on the line
+    )
+
+
+def test_without_noise_explore_finds_the_rule_s_answer() -> None:
+    curve = quiet_curve()
+    result = replay_tool.replay(curve, seed=0)
+    # The replay scores what the policy's public seam answers, on the model's clock.
+    exploration = explore_rounds(
+        micro_batch_sizes(1, 64), replay_tool.ModelMeter(curve, random.Random(0)), Rules()
+    )
+    assert (result.pick, result.stop_reason, result.confidence) == (
+        exploration.recommendation.batch_size,
+        exploration.stop_reason,
+        exploration.recommendation.confidence,
+    )
+    assert result.time_ratio == exploration.seconds / curve.sweep_seconds()
+    # 32 is within 3% of 64; explore refines below it (24, on the line between 16 and 32 at 0.973
+    # of the best, also within) and takes the smallest that is, confidently.
+    assert result.pick == 24 and result.quality == pytest.approx(math.exp(curve.log_rate(24)) / 1010.0)
+    assert result.stop_reason == "confident" and result.confidence >= 90
+    # The modelled time: a fraction of the modelled sweep's, which counts every sweep size.
+    assert 0 < result.time_ratio < 1
+    sweep = sum((1 + 10 * 3) * batch / value for batch, value in KNEE.items())
+    assert curve.sweep_seconds() == pytest.approx(sweep)
+
+
+def test_a_recorded_run_replays() -> None:
+    # The cnn row of a full benchmark run (bench/results/ is not in the repository).
+    recorded = json.loads((Path(__file__).parent / "data" / "explore_bench_cnn.json").read_text())
+    row = next(row for row in recorded["rows"] if row["example"] == "cnn")
+    curve = replay_tool.Curve.from_row(row, "recorded")
+    # The truth is the benchmark's: the level of its median polish at each sweep size.
+    for batch, point in row["sweep"]["points"].items():
+        assert math.exp(curve.level[int(batch)]) == pytest.approx(point["level"])
+    assert len(curve.drift) == recorded["truth_windows"] and curve.pass_seconds > 0
+    results = [replay_tool.replay(curve, seed) for seed in range(3)]
+    assert all(
+        1 <= r.pick <= curve.max_batch_size and 0 < r.quality <= 1 and r.time_ratio > 0 for r in results
+    )
+
+
+def test_a_replay_reads_no_real_clock() -> None:
+    # Every clock explore reads is the model's: the same seed gives the same replay to the bit,
+    # however loaded the machine is (a real clock made the stop reason depend on the load).
+    recorded = json.loads((Path(__file__).parent / "data" / "explore_bench_cnn.json").read_text())
+    curve = replay_tool.Curve.from_row(next(r for r in recorded["rows"] if r["example"] == "cnn"), "rec")
+    first, again = replay_tool.replay(curve, seed=5), replay_tool.replay(curve, seed=5)
+    assert first == again
+
+
+def test_set_changes_one_rule_of_a_copy() -> None:
+    rules = replay_tool.with_setting(Rules(), "focus_time_factor=2")
+    assert rules == Rules(focus_time_factor=2.0) and Rules().focus_time_factor == 1.5
+    assert replay_tool.with_setting(rules, "time_budget_seconds=none").time_budget_seconds is None
+    assert replay_tool.with_setting(rules, "settled_rounds=3").settled_rounds == 3
+    with pytest.raises(ValueError, match="Rules has no field 'FOCUS_TIME_FACTOR'"):
+        replay_tool.with_setting(rules, "FOCUS_TIME_FACTOR=2")
