@@ -88,7 +88,7 @@ def test_no_import_circles() -> None:
         while stack:
             node, path = stack.pop()
             for nxt in graph[node]:
-                if nxt == start and not (start == "batchfit" or len(path) == 1 and nxt == node):
+                if nxt == start and not (start == "batchfit" or (len(path) == 1 and nxt == node)):
                     circles.append([*path, nxt])
                 elif nxt not in path and nxt != "batchfit":
                     stack.append((nxt, [*path, nxt]))
