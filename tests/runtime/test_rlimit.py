@@ -32,6 +32,9 @@ def run_child(headroom_mib: int, steps: int, fraction: float, extra_env: dict[st
     env.pop("GLIBC_TUNABLES", None)
     # One thread: no OpenMP/MKL worker stacks in the address space, and stable timings.
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra_env})
+    # The CPU under RLIMIT_AS: no GPU. (A CUDA build's driver and autograd's per-device threads
+    # cannot start inside the limit: "Resource temporarily unavailable" on an H100 machine.)
+    env["CUDA_VISIBLE_DEVICES"] = ""
     process = subprocess.run(
         [sys.executable, str(CHILD), str(headroom_mib), str(steps), str(fraction)],
         capture_output=True,
