@@ -19,6 +19,8 @@ from batchfit import is_out_of_memory
         RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.00 GB)"),
         RuntimeError("CUDA error: out of memory"),
         RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+        RuntimeError("FIND was unable to find an engine to execute this computation"),
+        RuntimeError("GET was unable to find an engine to execute this computation"),
         RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
         RuntimeError(
             "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a "
