@@ -6,15 +6,17 @@ import copy
 import dataclasses
 import gc
 import random
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from conftest import build
+from conftest import build, classification_batch, tiny_mlp
 from torch import nn
 
 import batchfit
 from batchfit import ConfigurationError, DeviceUnavailableError, DoesNotFitError, Workload, find_batch_size
+from batchfit.policy.trial import Trial
 
 
 def brute_force(
@@ -416,3 +418,86 @@ def test_progress_callbacks_bracket_every_trial(mlp_workload: Workload) -> None:
         for event in (("start", trial.batch_size), ("done", trial.batch_size))
     ]
     assert events == expected
+
+
+class HistorySGD(torch.optim.SGD):
+    """SGD that keeps its last ``keep`` gradients in its state, as L-BFGS and gradient-averaging
+    methods do: its memory grows over the first ``keep`` steps, so two steps do not show it."""
+
+    def __init__(self, params: Any, keep: int = 8, lr: float = 0.1) -> None:
+        super().__init__(params, lr=lr)
+        self.keep = keep
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                if parameter.grad is not None:
+                    history = self.state[parameter].setdefault("history", [])
+                    history.append(parameter.grad.clone())
+                    del history[: -self.keep]
+        return super().step(closure)
+
+
+def _history_workload() -> Workload:
+    torch.manual_seed(0)
+    model = tiny_mlp()
+    return Workload(
+        model=model,
+        optimizer=HistorySGD(model.parameters()),
+        make_batch=classification_batch((64,)),
+        loss_fn=nn.functional.cross_entropy,
+        name="history",
+    )
+
+
+def _trains(batch_size: int, steps: int, limit: int) -> bool:
+    """Whether ``steps`` steps from the freshly built workload complete under a cap of ``limit``."""
+    workload = _history_workload()
+    assert workload.make_batch is not None and isinstance(workload.optimizer, torch.optim.Optimizer)
+    inputs, target = workload.make_batch(batch_size)
+    try:
+        with batchfit.memory_limit(limit, resident=[workload.model, workload.optimizer]):
+            for _ in range(steps):
+                workload.optimizer.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(workload.model(inputs.clone()), target.clone()).backward()
+                workload.optimizer.step()
+    except torch.OutOfMemoryError:
+        return False
+    return True
+
+
+def test_confirm_steps_hold_the_answer_to_longer_training() -> None:
+    # The memory grows over the first 8 steps (as a caching allocator's fragmentation does on
+    # CUDA, where confirm_steps is 10 by default): the 2-step answer fails within 10 steps, and
+    # the confirmation steps down to what trains 10 steps, with every later trial 10 steps long.
+    limit = 5_000_000
+    workload = _history_workload()
+    short = find_batch_size(workload, device="cpu", memory_limit=limit, memory_fraction=1.0)
+    assert short.confirm_steps is None and _trains(short.batch_size, 2, limit)
+    assert not _trains(short.batch_size, 10, limit)
+
+    seen: list[Trial] = []
+    result = find_batch_size(
+        workload,
+        device="cpu",
+        memory_limit=limit,
+        memory_fraction=1.0,
+        confirm_steps=10,
+        on_trial=seen.append,
+    )
+    assert result.confirm_steps == 10 and result.answer.steps == 10 and result.answer.fits
+    assert result.batch_size < short.batch_size and result.stop_reason == "boundary"
+    assert list(result.trials) == seen
+    confirming = result.trials[len(short.trials) :]
+    assert confirming[0].batch_size == short.batch_size and not confirming[0].fits
+    assert all(trial.steps == 10 for trial in confirming)
+    # The truth by force: the answer trains 10 steps. (A trial holds one more label tensor at its
+    # peak than this loop, 8 bytes a sample, so the next batch up can squeeze in here; two cannot.)
+    assert _trains(result.batch_size, 10, limit) and not _trains(result.batch_size + 2, 10, limit)
+    assert "the answer confirmed over 10 steps" in result.summary()
+
+
+def test_confirm_steps_must_be_positive(mlp_workload: Workload) -> None:
+    with pytest.raises(ConfigurationError, match="confirm_steps"):
+        find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", confirm_steps=0)

@@ -14,7 +14,7 @@ import torch
 from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.policy.cache import TrialCache
-from batchfit.policy.search import Candidates, StopReason, recheck, search
+from batchfit.policy.search import Candidates, StopReason, confirm, search
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.runtime.device import Device
 from batchfit.runtime.resolve import resolve_device
@@ -48,6 +48,7 @@ class SearchResult:
     max_batch_size: int
     multiple_of: int | None
     steps_per_trial: int
+    confirm_steps: int | None  # the answer trained this many steps before it was final (CUDA)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +64,7 @@ class SearchResult:
         traced = (
             f" (placed by {len(self.predicted_trials)} fake-tensor traces)" if self.predicted_trials else ""
         )
+        confirmed = f", the answer confirmed over {self.confirm_steps} steps" if self.confirm_steps else ""
         retries = self.answer.allocator_retries
         retried = (
             f" Its steps needed {retries} allocator retries under the cap (the allocator freed its "
@@ -74,7 +76,7 @@ class SearchResult:
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
             f"{format_bytes(self.capacity_bytes)} on {self.device}); {len(self.trials)} trials"
-            f"{traced} in {self.search_seconds:.2f} s; stopped because {why}.{retried}"
+            f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}.{retried}"
         )
 
     @property
@@ -94,6 +96,7 @@ def find_batch_size(
     max_batch_size: int | None = None,
     multiple_of: int | None = None,
     steps_per_trial: int = 2,
+    confirm_steps: int | None = None,
     eval_with_training_state: bool = True,
     on_trial: Callable[[Trial], None] | None = None,
     on_trial_start: Callable[[int], None] | None = None,
@@ -105,6 +108,9 @@ def find_batch_size(
     ``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (default: cuda if available); with
     ``memory_limit`` (e.g. ``"2GiB"``) the device's capacity is that size (a smaller GPU, or a
     CPU standing in for one).
+    Each trial runs ``steps_per_trial`` steps; the answer then runs ``confirm_steps`` (default: 10
+    on CUDA, whose caching allocator fragments over the first steps; none on the CPU) and, if
+    those no longer fit, the search goes on below it.
     For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
     gradients and optimizer state resident, as when validation runs inside a training loop.
     ``on_trial_start(batch_size)`` and ``on_trial(trial)`` report progress. A ``cache`` shared by
@@ -120,6 +126,7 @@ def find_batch_size(
         max_batch_size=max_batch_size,
         multiple_of=multiple_of,
         steps_per_trial=steps_per_trial,
+        confirm_steps=confirm_steps,
         eval_with_training_state=eval_with_training_state,
         on_trial=on_trial,
         on_trial_start=on_trial_start,
@@ -137,6 +144,7 @@ def find_on(
     max_batch_size: int | None = None,
     multiple_of: int | None = None,
     steps_per_trial: int = 2,
+    confirm_steps: int | None = None,
     eval_with_training_state: bool = True,
     on_trial: Callable[[Trial], None] | None = None,
     on_trial_start: Callable[[int], None] | None = None,
@@ -145,6 +153,10 @@ def find_on(
     """``find_batch_size`` on a device already resolved (``explore`` searches on the one it times)."""
     check_memory_fraction(memory_fraction)
     check_positive_int("steps_per_trial", steps_per_trial)
+    if confirm_steps is None:
+        confirm_steps = target.confirm_steps
+    else:
+        check_positive_int("confirm_steps", confirm_steps)
     if max_batch_size is None:
         max_batch_size = default_max_batch_size(mode)
     candidates = Candidates.between(min_batch_size, max_batch_size, multiple_of)
@@ -173,8 +185,12 @@ def find_on(
             prior=forecast.trials if forecast else (),
             seed=forecast.batch_size if forecast else None,
         )
-        if not target.exact:
-            outcome = recheck(outcome, run, candidates, budget)
+        if confirm_steps is not None and confirm_steps > steps_per_trial:
+            longer = TrialRunner(workload, target, mode, confirm_steps, budget, snapshot, warm_batch)
+            confirmed = _Oracle(longer, budget, None, on_trial, on_trial_start)
+            outcome = confirm(outcome, confirmed, candidates, budget)
+        elif not target.exact:
+            outcome = confirm(outcome, run, candidates, budget, always=False)
     finally:
         snapshot.restore(gradients=True)
         target.release()
@@ -200,6 +216,7 @@ def find_on(
         max_batch_size=max_batch_size,
         multiple_of=multiple_of,
         steps_per_trial=steps_per_trial,
+        confirm_steps=confirm_steps if confirm_steps and confirm_steps > steps_per_trial else None,
     )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.search import Candidates, search
+from batchfit.policy.search import Candidates, confirm, search
 from batchfit.policy.trial import Trial
 
 PeakFn = Callable[[int], float]
@@ -227,3 +227,50 @@ def test_candidates_with_multiple_of() -> None:
     candidates = Candidates.between(5, 50, 8)
     assert [candidates.batch(i) for i in range(candidates.count)] == [8, 16, 24, 32, 40, 48]
     assert candidates.index_at_most(47.9) == 4 and candidates.index_at_most(3) == -1
+
+
+def stepped_oracle(fits_up_to: int, log: list[tuple[int, int]], steps: int) -> Callable[[int], Trial]:
+    """Trials of ``steps`` steps on a device where batches up to ``fits_up_to`` fit (and log them)."""
+
+    def run(batch: int) -> Trial:
+        log.append((batch, steps))
+        fits = batch <= fits_up_to
+        return Trial(batch, "ok" if fits else "oom", 1000 * batch, 0.01 if fits else None, steps=steps)
+
+    return run
+
+
+def test_confirm_steps_down_to_what_longer_trials_fit() -> None:
+    # A caching allocator fragments over the first steps: 2-step trials fit up to 53, 10-step ones
+    # up to 48 (as a small CNN did on an H100). The longer trial refutes 53, and the search below
+    # runs longer trials only, from the next candidate down, so the answer is 48, proven by them.
+    log: list[tuple[int, int]] = []
+    candidates = Candidates.between(1, 512)
+    outcome = search(stepped_oracle(53, log, 2), candidates, 10**9)
+    assert outcome.batch_size == 53
+    short = len(log)
+    confirmed = confirm(outcome, stepped_oracle(48, log, 10), candidates, 10**9)
+    assert confirmed.batch_size == 48 and confirmed.stop_reason == "boundary"
+    longer = log[short:]
+    assert longer[:2] == [(53, 10), (52, 10)] and all(steps == 10 for _, steps in longer)
+    tried = {t.batch_size: t for t in confirmed.trials if t.steps == 10}
+    assert tried[48].fits and not tried[49].fits
+    assert [batch for batch, _ in longer] == [53, 52, 50, 46, 48, 49]  # down 1, 2, 4; then bisect
+
+
+def test_confirm_costs_one_trial_when_the_answer_holds() -> None:
+    log: list[tuple[int, int]] = []
+    candidates = Candidates.between(1, 512)
+    outcome = search(stepped_oracle(53, log, 2), candidates, 10**9)
+    confirmed = confirm(outcome, stepped_oracle(53, log, 10), candidates, 10**9)
+    assert confirmed.batch_size == 53 and log[-1] == (53, 10)
+    assert confirmed.trials == (*outcome.trials, confirmed.trials[-1])
+
+
+def test_confirm_after_failure_only_looks_again_after_an_allocator_failure() -> None:
+    # glibc under RLIMIT_AS: no real failure in the search, no second look.
+    candidates = Candidates.between(1, 64)
+    log: list[tuple[int, int]] = []
+    outcome = search(stepped_oracle(100, log, 2), candidates, 10**9)
+    assert outcome.stop_reason == "max_batch_size"
+    assert confirm(outcome, stepped_oracle(10, log, 2), candidates, 10**9, always=False) == outcome

@@ -30,6 +30,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--steps-per-trial", type=int, default=2, help="steps per trial (default: %(default)s)"
     )
+    parser.add_argument(
+        "--confirm-steps",
+        type=int,
+        default=None,
+        help="steps the answer trains before it is final (default: 10 on CUDA, none on the CPU)",
+    )
     flags.add_device(parser)
     flags.add_output(parser, ("text", "json"))
     return parser
@@ -52,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
             max_batch_size=default_max_batch_size(mode, train_max),
             multiple_of=args.multiple_of,
             steps_per_trial=args.steps_per_trial,
-            on_trial=functools.partial(flags.print_trial, mode),
+            confirm_steps=args.confirm_steps,
+            on_trial=functools.partial(flags.print_trial, mode, usual_steps=args.steps_per_trial),
             on_trial_start=functools.partial(flags.show_candidate, mode),
         )
         flags.say(result.summary())

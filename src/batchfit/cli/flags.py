@@ -101,9 +101,11 @@ def show_candidate(label: str, batch_size: int) -> None:
         )
 
 
-def print_trial(label: str, trial: Trial) -> None:
+def print_trial(label: str, trial: Trial, usual_steps: int | None = None) -> None:
     peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"  # 0: failed before a step
     extras = []
+    if trial.steps is not None and usual_steps is not None and trial.steps != usual_steps:
+        extras.append(f"{trial.steps} steps")
     if trial.step_seconds is not None:
         extras.append(f"{trial.step_seconds * 1000:8.1f} ms/step")
     if trial.reserved_peak_bytes is not None:

@@ -247,18 +247,27 @@ def _overshoots(
     return predicted is not None and candidates.index_at_most(predicted) >= index
 
 
-def recheck(
-    outcome: SearchOutcome, run: Callable[[int], Trial], candidates: Candidates, budget: int
+def confirm(
+    outcome: SearchOutcome,
+    run: Callable[[int], Trial],
+    candidates: Candidates,
+    budget: int,
+    *,
+    always: bool = True,
 ) -> SearchOutcome:
-    """After a real allocator failure, run the answer again; if it no longer fits, search below it.
+    """Run the answer again with ``run``; while it no longer fits, search below it with ``run``.
 
-    glibc's heap keeps what a failed trial grew it to (under RLIMIT_AS), so a batch that fitted
-    early in the search may not fit after it, which is when training starts. The capped CPU and
-    CUDA (whose cache is emptied before each trial) are exact and need no second look.
+    Two devices need this second look. A caching allocator (CUDA) fragments over the first steps:
+    a batch whose two steps fit under the cap may fail at its fifth, so ``run`` is a longer trial
+    (``always``). And glibc's heap keeps what a failed trial grew it to (under RLIMIT_AS), so a
+    batch that fitted early in the search may not fit after it, which is when training starts:
+    ``run`` is the search's own, needed only after a real allocator failure (``always=False``).
+    The answer that failed was just over the line, so the search below gallops down from the next
+    smaller candidate (strides 1, 2, 4, ...) and bisects the last stride.
     """
     trials = list(outcome.trials)
     for _ in range(3):
-        if outcome.batch_size is None or all(t.outcome != "oom" for t in trials):
+        if outcome.batch_size is None or (not always and all(t.outcome != "oom" for t in trials)):
             break
         again = run(outcome.batch_size)
         trials.append(again)
@@ -268,9 +277,32 @@ def recheck(
         if below < candidates.first:
             outcome = SearchOutcome(None, outcome.trials, outcome.memory_model, "min_batch_size_failed")
             break
-        lower = Candidates(candidates.first, candidates.step, candidates.index_at_most(below) + 1)
-        outcome = search(run, lower, budget)
+        outcome = _downwards(run, candidates, candidates.index_at_most(below), outcome.memory_model)
         trials.extend(outcome.trials)
-        if outcome.stop_reason == "max_batch_size":  # the top of the lower range is below a failure
-            outcome = SearchOutcome(outcome.batch_size, outcome.trials, outcome.memory_model, "boundary")
+        if always:  # the search below ran ``run``'s own trials: its answer is confirmed
+            break
     return SearchOutcome(outcome.batch_size, tuple(trials), outcome.memory_model, outcome.stop_reason)
+
+
+def _downwards(
+    run: Callable[[int], Trial], candidates: Candidates, top: int, model: MemoryModel | None
+) -> SearchOutcome:
+    """The largest candidate at most index ``top`` that ``run`` fits, where ``top + 1`` failed:
+    down in doubling strides from ``top`` to the first that fits, then bisection above it."""
+    trials: list[Trial] = []
+    high, index, stride = top + 1, top, 2  # offsets from the failure: 1, 3, 7, 15, ...
+    while True:
+        trial = run(candidates.batch(index))
+        trials.append(trial)
+        if trial.fits:
+            break
+        if index == 0:
+            return SearchOutcome(None, tuple(trials), model, "min_batch_size_failed")
+        high, index, stride = index, max(0, index - stride), 2 * stride
+    low = index
+    while high - low > 1:
+        middle = (low + high) // 2
+        trial = run(candidates.batch(middle))
+        trials.append(trial)
+        low, high = (middle, high) if trial.fits else (low, middle)
+    return SearchOutcome(candidates.batch(low), tuple(trials), model, "boundary")

@@ -24,6 +24,7 @@ class Trial:
     allocator_retries: int = 0  # times a caching allocator freed its cache to go on (they cost speed)
     reserved_peak_bytes: int | None = None  # what a caching allocator held at most (CUDA)
     reused: bool = False  # measured by an earlier search (another fraction) and judged again
+    steps: int | None = None  # the steps it ran (a confirmation of the answer runs more)
 
     @property
     def fits(self) -> bool:

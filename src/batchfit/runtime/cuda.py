@@ -14,6 +14,11 @@ from batchfit.errors import DeviceUnavailableError
 from batchfit.runtime.device import Measurement
 from batchfit.units import format_bytes
 
+#: Steps the answer trains before it is final on CUDA: under the cap the caching allocator's
+#: fragmentation builds over the first steps. On an H100 a small CNN at a 160 MiB cap trained 2
+#: steps at batch 50 and 53 and failed within 10 (docs/search.md); 10 is the truth's probe.
+CONFIRM_STEPS = 10
+
 
 class CudaDevice:
     """A CUDA (or ROCm) GPU. The cap is the caching allocator's own per-process memory fraction,
@@ -21,6 +26,7 @@ class CudaDevice:
     measurements are its allocated and reserved peaks and its retries."""
 
     exact = True  # release() empties the cache: a failed trial leaves nothing behind
+    confirm_steps: int | None = CONFIRM_STEPS
 
     def __init__(self, index: int, limit_bytes: int | None = None) -> None:
         self.torch_device = torch.device("cuda", index)

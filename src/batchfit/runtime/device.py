@@ -89,6 +89,9 @@ class Device(Protocol):
     #: A failed trial leaves nothing behind once ``release`` has run, so an answer found after a
     #: failure fits as well in the state training starts from (no second look needed).
     exact: bool
+    #: Steps the answer is run again for before it is final, where the allocator's state builds
+    #: over the first steps (a caching allocator fragments); None where the trial's steps decide.
+    confirm_steps: int | None
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
         """Bytes the workload may use in all, counting the ``resident`` tensors it already holds."""
@@ -116,6 +119,7 @@ class CpuDevice:
     name = "cpu"
     torch_device = torch.device("cpu")
     exact = False  # a real allocator failure (RLIMIT_AS) can leave the heap larger than it was
+    confirm_steps: int | None = None  # the tracker counts live bytes: step 2 is every later step
 
     def __init__(self, *, fake: bool = False) -> None:
         self.fake = fake  # measure fake tensors: a trace, not a run

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -156,8 +157,9 @@ class TrialRunner:
                 failure,
                 allocator_retries=measurement.allocator_retries,
                 reserved_peak_bytes=measurement.reserved_peak_bytes,
+                steps=self.steps,
             )
-        return judge(batch_size, measurement, step_seconds, self.budget_bytes)
+        return replace(judge(batch_size, measurement, step_seconds, self.budget_bytes), steps=self.steps)
 
 
 @contextmanager
