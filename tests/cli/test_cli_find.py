@@ -88,6 +88,7 @@ RUNS: dict[str, Run] = {
         ("find", "--example", "transformer", "--device", "cpu", "--memory-limit", "32MiB")
     ),
     "multiple-of-8": Run((*MLP_48, "--multiple-of", "8", "--format", "json")),
+    "confirm-steps": Run((*MLP_48, "--modes", "train", "--confirm-steps", "10", "--format", "json")),
     # The script's sys.path does not hold the working directory: batchfit must add it.
     "workload-script": Run(
         (
@@ -178,6 +179,10 @@ BAD_INPUTS: dict[str, Bad] = {
             "against a budget of 819.20 KiB (0.8 x 1.00 MiB).",
             f"The fixed part alone, parameters and buffers, takes {_mlp_parameter_bytes()} before",
         ),
+    ),
+    "confirm-steps-0": _bad(
+        "--example", "mlp", "--confirm-steps", "0",
+        message=("confirm_steps must be a positive integer, got 0.",),
     ),
     "modes-foo": _bad(
         "--example", "mlp", "--modes", "foo",
@@ -402,6 +407,23 @@ def test_find_multiple_of(cli: dict[str, Done | None]) -> None:
         assert all(trial["batch_size"] % 8 == 0 for trial in result["trials"])
         check_result(result, step=8)
         assert result["stop_reason"] == "boundary"
+
+
+def test_find_confirm_steps(cli: dict[str, Done | None]) -> None:
+    # The answer trains 10 steps after the 2-step search (the default on CUDA, asked for here on
+    # the CPU); its progress line says so, and the summary.
+    done = finished(cli, "confirm-steps")
+    assert done.returncode == 0, done.stderr
+    (result,) = json.loads(done.stdout)["results"]
+    assert result["confirm_steps"] == 10 and result["steps_per_trial"] == 2
+    *search, last = result["trials"]
+    assert last["steps"] == 10 and last["batch_size"] == result["batch_size"] and last["outcome"] == "ok"
+    assert all(trial["steps"] == 2 for trial in search)
+    lines = [line for line in done.stderr.splitlines() if PROGRESS.match(line)]
+    assert len(lines) == len(result["trials"])
+    assert lines[-1].startswith(f"batchfit: train batch_size={result['batch_size']} ")
+    assert "10 steps" in lines[-1] and not any("steps" in line for line in lines[:-1])
+    assert "the answer confirmed over 10 steps" in done.stderr
 
 
 def test_find_workload_from_a_module_with_the_console_script(cli: dict[str, Done | None]) -> None:
