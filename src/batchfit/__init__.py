@@ -8,6 +8,7 @@ from batchfit.errors import (
     ConfigurationError,
     DeviceUnavailableError,
     DoesNotFitError,
+    RankFailedError,
 )
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
@@ -30,6 +31,7 @@ __all__ = [
     "ExploreResult",
     "MemoryModel",
     "Plan",
+    "RankFailedError",
     "SearchResult",
     "Trial",
     "Workload",

@@ -15,5 +15,9 @@ class DeviceUnavailableError(BatchfitError, RuntimeError):
     """The requested device is not present, or a memory query on it failed."""
 
 
+class RankFailedError(BatchfitError, RuntimeError):
+    """Another rank of a lockstep search (torch.distributed) raised; this rank stopped with it."""
+
+
 class DoesNotFitError(BatchfitError, RuntimeError):
     """Even the smallest allowed batch does not fit in the memory budget."""

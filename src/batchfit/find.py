@@ -14,9 +14,10 @@ import torch
 from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.policy.cache import TrialCache
-from batchfit.policy.search import Candidates, StopReason, confirm, search
+from batchfit.policy.search import Candidates, SearchOutcome, StopReason, confirm, search
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.runtime.device import Device
+from batchfit.runtime.lockstep import Lockstep
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
@@ -160,7 +161,11 @@ def find_on(
     if max_batch_size is None:
         max_batch_size = default_max_batch_size(mode)
     candidates = Candidates.between(min_batch_size, max_batch_size, multiple_of)
-    _check_workload(workload, mode, target)
+    lockstep = Lockstep.current()  # under torch.distributed every rank searches together
+    if lockstep is None:
+        _check_workload(workload, mode, target)
+    else:  # a rank whose workload is wrong stops every rank, not only itself
+        lockstep.run(lambda: _check_workload(workload, mode, target))
 
     started = time.perf_counter()
     snapshot = TrainingSnapshot.capture(
@@ -169,15 +174,23 @@ def find_on(
     )
     try:
         snapshot.set_gradients_aside()
-        capacity = target.capacity_bytes(resident_tensors(workload.model, workload.optimizer))
+
+        def prepare() -> int:
+            return target.capacity_bytes(resident_tensors(workload.model, workload.optimizer))
+
+        # With several ranks the answer must fit the smallest device: one budget for all.
+        capacity = prepare() if lockstep is None else min(lockstep.run(prepare))
         budget = int(memory_fraction * capacity)
         warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
         runner = TrialRunner(workload, target, mode, steps_per_trial, budget, snapshot, warm_batch)
-        forecast = forecast_search(
-            workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache
-        )
 
-        run = _Oracle(runner, budget, cache, on_trial, on_trial_start)
+        def forecast_here() -> SearchOutcome | None:
+            return forecast_search(
+                workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache
+            )
+
+        forecast = forecast_here() if lockstep is None else lockstep.shared(forecast_here)
+        run = _Oracle(runner, budget, cache, on_trial, on_trial_start, lockstep)
         outcome = search(
             run,
             candidates,
@@ -187,7 +200,7 @@ def find_on(
         )
         if confirm_steps is not None and confirm_steps > steps_per_trial:
             longer = TrialRunner(workload, target, mode, confirm_steps, budget, snapshot, warm_batch)
-            confirmed = _Oracle(longer, budget, None, on_trial, on_trial_start)
+            confirmed = _Oracle(longer, budget, None, on_trial, on_trial_start, lockstep)
             outcome = confirm(outcome, confirmed, candidates, budget)
         elif not target.exact:
             outcome = confirm(outcome, run, candidates, budget, always=False)
@@ -231,8 +244,9 @@ class _Oracle:
         cache: TrialCache | None,
         on_trial: Callable[[Trial], None] | None,
         on_trial_start: Callable[[int], None] | None,
+        lockstep: Lockstep | None = None,
     ) -> None:
-        self.runner, self.budget, self.cache = runner, budget, cache
+        self.runner, self.budget, self.cache, self.lockstep = runner, budget, cache, lockstep
         self.on_trial, self.on_trial_start = on_trial, on_trial_start
 
     def __call__(self, batch_size: int) -> Trial:
@@ -240,7 +254,10 @@ class _Oracle:
         if trial is None:
             if self.on_trial_start is not None:
                 self.on_trial_start(batch_size)
-            trial = self.runner.run(batch_size)
+            if self.lockstep is None:
+                trial = self.runner.run(batch_size)
+            else:  # every rank runs it on its own device; all act on the merged trial
+                trial = self.lockstep.trial(lambda: self.runner.run(batch_size))
             if self.cache is not None:
                 self.cache.real[batch_size] = (trial, self.budget)
                 self.cache.runs += 1

@@ -1,0 +1,77 @@
+"""The ranks of an initialised process group searching together (torchrun, DDP).
+
+Every rank runs the same search policy on the same trials: each rank runs the candidate on its
+own device, then one ``all_gather_object`` per trial hands every rank everyone's result, which
+``policy.ranks.merge_trials`` turns into the one trial all act on. A rank whose step raises (not an
+out-of-memory) or is interrupted still takes part in that collective, with its error, so every
+rank raises after the same trial and none waits on a rank that is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from batchfit.errors import RankFailedError
+from batchfit.policy.ranks import merge_trials
+from batchfit.policy.trial import Trial
+
+T = TypeVar("T")
+
+
+class Lockstep:
+    """The ranks of ``group`` (the default process group when None)."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    @classmethod
+    def current(cls) -> Lockstep | None:
+        """The default process group when one of two or more ranks is initialised, else None."""
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return cls()
+        return None
+
+    def smallest(self, value: int) -> int:
+        """The least of every rank's ``value`` (a capacity: the answer must fit the smallest)."""
+        return min(self.run(lambda: value))
+
+    def shared(self, make: Callable[[], T]) -> T:
+        """Rank 0's ``make()``, on every rank (a forecast: the ranks agree where to place trials)."""
+        return self.run(make if self.rank == 0 else lambda: None)[0]  # type: ignore[return-value]
+
+    def trial(self, run: Callable[[], Trial]) -> Trial:
+        """This rank's trial, merged with every other rank's at the same batch size."""
+        return merge_trials(self.run(run))
+
+    def run(self, work: Callable[[], T]) -> list[T]:
+        """``work()`` on this rank, and every rank's result (index = rank). When any rank raised,
+        every rank raises after this one collective: the rank that failed its own error, the others
+        ``RankFailedError`` naming the first rank that failed and its error."""
+        error: BaseException | None = None
+        try:
+            payload: tuple[str, Any] = ("value", work())
+        except BaseException as raised:  # KeyboardInterrupt too: the others must hear of it
+            error = raised
+            payload = ("error", f"{type(raised).__name__}: {raised}".strip())
+        gathered = self._gather(payload)
+        if error is not None:
+            error.add_note(f"batchfit: on rank {self.rank} of {self.world_size}; every rank stopped with it.")
+            raise error
+        failures = [(rank, message) for rank, (kind, message) in enumerate(gathered) if kind == "error"]
+        if failures:
+            rank, message = failures[0]
+            raise RankFailedError(
+                f"rank {rank} of {self.world_size} raised {message}; the lockstep search stopped on "
+                f"every rank. Fix the error on rank {rank} (its own traceback says where)."
+            )
+        return [value for _, value in gathered]
+
+    def _gather(self, payload: tuple[str, Any]) -> list[Any]:
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, payload, group=self.group)
+        return gathered

@@ -1,0 +1,75 @@
+"""The ranks of the lockstep tests: each a real process in a real gloo group (spawned by
+test_lockstep.py), searching a tiny MLP on a capped CPU that plays its own device."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from conftest import build
+from torch import nn
+
+from batchfit import Workload, find_batch_size
+
+
+def _failing(rank: int, error_rank: int, error: BaseException, after_steps: int) -> Workload:
+    """The MLP whose train step on ``error_rank`` raises ``error`` at its ``after_steps``-th real step."""
+    workload = build("mlp", "sgd")
+    steps = [0]
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        inputs, target = batch
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(inputs), target).backward()
+        optimizer.step()
+        if rank == error_rank and not isinstance(inputs, torch._subclasses.FakeTensor):
+            steps[0] += 1
+            if steps[0] == after_steps:
+                raise error
+
+    workload.train_step = train_step
+    return workload
+
+
+def run(rank: int, scenario: str, limits: list[str]) -> dict[str, Any]:
+    if scenario == "capacities":
+        workload = build("mlp", "sgd")
+    elif scenario == "value-error":
+        workload = _failing(rank, 1, ValueError("a bug in rank 1's step"), after_steps=3)
+    elif scenario == "interrupt":
+        workload = _failing(rank, 1, KeyboardInterrupt(), after_steps=3)
+    else:
+        raise ValueError(scenario)
+    result = find_batch_size(workload, device="cpu", memory_limit=limits[rank], max_batch_size=4096)
+    return {
+        "batch_size": result.batch_size,
+        "budget_bytes": result.budget_bytes,
+        "trials": [trial.batch_size for trial in result.trials],
+        "outcomes": [trial.outcome for trial in result.trials],
+        "details": [trial.detail for trial in result.trials],
+    }
+
+
+def main(rank: int, world_size: int, store: str, scenario: str, limits: list[str], out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
+    started = time.perf_counter()
+    report: dict[str, Any]
+    try:
+        report = run(rank, scenario, limits)
+    except BaseException as error:
+        report = {
+            "error": type(error).__name__,
+            "message": str(error),
+            "notes": getattr(error, "__notes__", []),
+        }
+    report["seconds"] = time.perf_counter() - started
+    Path(out, f"{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()

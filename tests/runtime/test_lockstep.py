@@ -1,0 +1,90 @@
+"""The lockstep search on real 2-process gloo groups: every rank agrees, and a failure on one rank
+ends every rank within seconds (marker ``distributed``)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+import lockstep_workers
+import pytest
+from conftest import build
+
+from batchfit import find_batch_size
+from batchfit.policy.ranks import merge_trials
+from batchfit.policy.trial import Trial
+
+pytestmark = pytest.mark.distributed
+#: Generous for a 2-core machine that starts two Pythons importing torch; a hang takes 60 s.
+TIMEOUT_SECONDS = 45
+
+
+def spawn(scenario: str, limits: list[str], tmp_path: Path) -> list[dict[str, Any]]:
+    """Run ``scenario`` on two real ranks; their reports (index = rank). Fails on a hang."""
+    context = multiprocessing.get_context("spawn")
+    args = (str(tmp_path / "store"), scenario, limits, str(tmp_path))
+    ranks = [context.Process(target=lockstep_workers.main, args=(rank, 2, *args)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    for process in ranks:
+        process.join(max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, process in enumerate(ranks) if process.is_alive()]
+    for process in ranks:
+        process.kill() if process.is_alive() else None
+    assert not hung, f"ranks {hung} still running after {TIMEOUT_SECONDS} s: the lockstep search hung"
+    assert [process.exitcode for process in ranks] == [0, 0]
+    return [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_ranks_with_different_capacities_agree_on_the_smaller_one(tmp_path: Path) -> None:
+    # Rank 0 plays a 3 MiB device, rank 1 a 6 MiB one: rank 0 runs out of memory where rank 1
+    # does not, and both return the answer of a single process at 3 MiB, from the same trials.
+    reports = spawn("capacities", ["3MiB", "6MiB"], tmp_path)
+    assert all("error" not in report for report in reports), reports
+    alone = find_batch_size(build("mlp", "sgd"), device="cpu", memory_limit="3MiB", max_batch_size=4096)
+    assert reports[0]["batch_size"] == reports[1]["batch_size"] == alone.batch_size
+    assert reports[0]["budget_bytes"] == reports[1]["budget_bytes"] == alone.budget_bytes
+    assert reports[0]["trials"] == reports[1]["trials"]
+    assert reports[0]["outcomes"] == reports[1]["outcomes"]
+    pairs = zip(reports[0]["outcomes"], reports[0]["details"], strict=True)
+    failed = [detail for outcome, detail in pairs if outcome != "ok"]
+    assert failed and all(detail.startswith("rank 0: ") for detail in failed)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "error"), [("value-error", "ValueError"), ("interrupt", "KeyboardInterrupt")]
+)
+def test_an_error_on_one_rank_stops_every_rank(scenario: str, error: str, tmp_path: Path) -> None:
+    # Rank 1's step raises in its third real step (its second trial) while rank 0 runs the same
+    # trial. Both end after it: rank 1 with its own error, rank 0 with RankFailedError naming rank 1
+    # and the error.
+    reports = spawn(scenario, ["6MiB", "6MiB"], tmp_path)
+    assert reports[1]["error"] == error
+    assert any("on rank 1 of 2" in note for note in reports[1]["notes"])
+    assert reports[0]["error"] == "RankFailedError"
+    assert reports[0]["message"].startswith(f"rank 1 of 2 raised {error}")
+    assert all(report["seconds"] < 20 for report in reports), reports
+
+
+def _trial(outcome: str, peak: int, seconds: float | None, detail: str = "") -> Trial:
+    return Trial(64, outcome, peak, seconds, detail, reserved_peak_bytes=peak + 10)  # type: ignore[arg-type]
+
+
+def test_merge_takes_any_failure_the_largest_peak_and_the_slowest_step() -> None:
+    merged = merge_trials([_trial("ok", 100, 0.2), _trial("ok", 150, 0.3)])
+    assert (merged.outcome, merged.peak_bytes, merged.step_seconds, merged.reserved_peak_bytes) == (
+        "ok",
+        150,
+        0.3,
+        160,
+    )
+    merged = merge_trials([_trial("ok", 100, 0.2), _trial("oom", 90, None, "out of memory")])
+    assert (merged.outcome, merged.detail, merged.step_seconds) == ("oom", "rank 1: out of memory", None)
+    merged = merge_trials([_trial("over_budget", 120, 0.2, "over"), _trial("oom", 90, None, "oom")])
+    assert merged.outcome == "oom" and merged.detail == "rank 1: oom"
+    with pytest.raises(ValueError, match="out of step"):
+        merge_trials([_trial("ok", 1, 0.1), Trial(65, "ok", 1, 0.1)])
