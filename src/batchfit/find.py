@@ -154,10 +154,10 @@ def find_on(
     """``find_batch_size`` on a device already resolved (``explore`` searches on the one it times)."""
     check_memory_fraction(memory_fraction)
     check_positive_int("steps_per_trial", steps_per_trial)
-    if confirm_steps is None:
-        confirm_steps = target.confirm_steps
-    else:
+    if confirm_steps is not None:
         check_positive_int("confirm_steps", confirm_steps)
+    asked = target.confirm_steps if confirm_steps is None else confirm_steps
+    confirming = asked if asked is not None and asked > steps_per_trial else None
     if max_batch_size is None:
         max_batch_size = default_max_batch_size(mode)
     candidates = Candidates.between(min_batch_size, max_batch_size, multiple_of)
@@ -198,8 +198,8 @@ def find_on(
             prior=forecast.trials if forecast else (),
             seed=forecast.batch_size if forecast else None,
         )
-        if confirm_steps is not None and confirm_steps > steps_per_trial:
-            longer = TrialRunner(workload, target, mode, confirm_steps, budget, snapshot, warm_batch)
+        if confirming is not None:
+            longer = TrialRunner(workload, target, mode, confirming, budget, snapshot, warm_batch)
             confirmed = _Oracle(longer, budget, None, on_trial, on_trial_start, lockstep)
             outcome = confirm(outcome, confirmed, candidates, budget)
         elif not target.exact:
@@ -229,7 +229,7 @@ def find_on(
         max_batch_size=max_batch_size,
         multiple_of=multiple_of,
         steps_per_trial=steps_per_trial,
-        confirm_steps=confirm_steps if confirm_steps and confirm_steps > steps_per_trial else None,
+        confirm_steps=confirming,
     )
 
 

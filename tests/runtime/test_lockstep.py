@@ -14,8 +14,6 @@ import pytest
 from conftest import build
 
 from batchfit import find_batch_size
-from batchfit.policy.ranks import merge_trials
-from batchfit.policy.trial import Trial
 
 pytestmark = pytest.mark.distributed
 #: Generous for a 2-core machine that starts two Pythons importing torch; a hang takes 60 s.
@@ -68,23 +66,3 @@ def test_an_error_on_one_rank_stops_every_rank(scenario: str, error: str, tmp_pa
     assert reports[0]["error"] == "RankFailedError"
     assert reports[0]["message"].startswith(f"rank 1 of 2 raised {error}")
     assert all(report["seconds"] < 20 for report in reports), reports
-
-
-def _trial(outcome: str, peak: int, seconds: float | None, detail: str = "") -> Trial:
-    return Trial(64, outcome, peak, seconds, detail, reserved_peak_bytes=peak + 10)  # type: ignore[arg-type]
-
-
-def test_merge_takes_any_failure_the_largest_peak_and_the_slowest_step() -> None:
-    merged = merge_trials([_trial("ok", 100, 0.2), _trial("ok", 150, 0.3)])
-    assert (merged.outcome, merged.peak_bytes, merged.step_seconds, merged.reserved_peak_bytes) == (
-        "ok",
-        150,
-        0.3,
-        160,
-    )
-    merged = merge_trials([_trial("ok", 100, 0.2), _trial("oom", 90, None, "out of memory")])
-    assert (merged.outcome, merged.detail, merged.step_seconds) == ("oom", "rank 1: out of memory", None)
-    merged = merge_trials([_trial("over_budget", 120, 0.2, "over"), _trial("oom", 90, None, "oom")])
-    assert merged.outcome == "oom" and merged.detail == "rank 1: oom"
-    with pytest.raises(ValueError, match="out of step"):
-        merge_trials([_trial("ok", 1, 0.1), Trial(65, "ok", 1, 0.1)])

@@ -36,10 +36,6 @@ class Lockstep:
             return cls()
         return None
 
-    def smallest(self, value: int) -> int:
-        """The least of every rank's ``value`` (a capacity: the answer must fit the smallest)."""
-        return min(self.run(lambda: value))
-
     def shared(self, make: Callable[[], T]) -> T:
         """Rank 0's ``make()``, on every rank (a forecast: the ranks agree where to place trials)."""
         return self.run(make if self.rank == 0 else lambda: None)[0]  # type: ignore[return-value]
