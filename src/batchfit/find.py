@@ -50,6 +50,7 @@ class SearchResult:
     multiple_of: int | None
     steps_per_trial: int
     confirm_steps: int | None  # the answer trained this many steps before it was final (CUDA)
+    world_size: int = 1  # ranks that searched in lockstep; the capacity is the smallest one's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +66,7 @@ class SearchResult:
         traced = (
             f" (placed by {len(self.predicted_trials)} fake-tensor traces)" if self.predicted_trials else ""
         )
+        ranks = f", the smallest of {self.world_size} ranks" if self.world_size > 1 else ""
         confirmed = f", the answer confirmed over {self.confirm_steps} steps" if self.confirm_steps else ""
         retries = self.answer.allocator_retries
         retried = (
@@ -76,7 +78,7 @@ class SearchResult:
         return (
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
-            f"{format_bytes(self.capacity_bytes)} on {self.device}); {len(self.trials)} trials"
+            f"{format_bytes(self.capacity_bytes)} on {self.device}{ranks}); {len(self.trials)} trials"
             f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}.{retried}"
         )
 
@@ -230,6 +232,7 @@ def find_on(
         multiple_of=multiple_of,
         steps_per_trial=steps_per_trial,
         confirm_steps=confirming,
+        world_size=1 if lockstep is None else lockstep.world_size,
     )
 
 

@@ -44,3 +44,19 @@ def tiny_on(device: torch.device) -> batchfit.Workload:
     workload.model.to(device)
     workload.name = f"tiny-on-{device.type}"
     return workload
+
+
+def fails_on_rank_1() -> batchfit.Workload:
+    """``tiny``, whose train step raises ValueError on rank 1 of a process group (torchrun tests)."""
+    workload = tiny()
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: object) -> None:
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
+            raise ValueError("a bug in rank 1's train step")
+        inputs, target = batch  # type: ignore[misc]
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(inputs), target).backward()
+        optimizer.step()
+
+    workload.train_step = train_step
+    return workload

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import batchfit
 from batchfit.cli import analyze, explore, find, plan
-from batchfit.errors import BatchfitError
+from batchfit.errors import BatchfitError, RankFailedError
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
 
@@ -33,6 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except (BatchfitError, OSError) as error:
+        if isinstance(error, RankFailedError) and not _speaks(args):
+            return 1  # rank 0 names the rank that failed, and its error
         if debug:
             traceback.print_exc()
         print(f"batchfit: error: {error}", file=sys.stderr)
@@ -42,3 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("batchfit: interrupted; the model and optimizer were left as they were.", file=sys.stderr)
         return 130
+
+
+def _speaks(args: argparse.Namespace) -> bool:
+    """Whether this process prints: alone, rank 0 of a torchrun job, or every rank with --all-ranks."""
+    return bool(getattr(args, "all_ranks", False)) or os.environ.get("RANK", "0") == "0"

@@ -9,8 +9,9 @@ from typing import Any
 from batchfit.analyze import REPORT_FORMATS, analyze
 from batchfit.autobatch import bounds_from_config, workload_from_config
 from batchfit.cli import flags
-from batchfit.config import load_config
+from batchfit.config import ExperimentConfig, load_config
 from batchfit.errors import ConfigurationError
+from batchfit.policy.trial import Mode
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -27,6 +28,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--modes", default="train,val", help="comma-separated: train, val (default: %(default)s)"
     )
     parser.add_argument("--output", type=Path, default=None, help="report.json, report.jsonl or report.csv")
+    flags.add_ranks(parser)
     parser.add_argument(
         "overrides",
         nargs="*",
@@ -43,6 +45,17 @@ def run(args: argparse.Namespace) -> int:
     suffix = args.output.suffix.lower().lstrip(".") if args.output is not None else None
     if suffix is not None and suffix not in REPORT_FORMATS:
         raise ConfigurationError(f"--output {str(args.output)!r} must end in .json, .jsonl or .csv.")
+    with flags.launched(args, cfg.DEVICE):
+        return _run(args, cfg, fractions, modes, suffix)
+
+
+def _run(
+    args: argparse.Namespace,
+    cfg: ExperimentConfig,
+    fractions: list[float],
+    modes: list[Mode],
+    suffix: str | None,
+) -> int:
     analysis = analyze(
         workload_from_config(cfg),
         fractions,

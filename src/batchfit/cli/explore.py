@@ -38,7 +38,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=None,
         help="the speed-up's base (default: the smallest measured)",
     )
-    parser.add_argument("--world-size", type=int, default=1, help="devices, with --global-batch-size")
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="devices, with --global-batch-size (default: the ranks under torchrun, else 1)",
+    )
     parser.add_argument(
         "--global-batch-size", type=int, default=None, help="the micro-batch must divide it / --world-size"
     )
@@ -68,6 +73,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    with flags.launched(args, args.device):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     advice = malloc_advice() if parse_device(args.device).type == "cpu" else None
     notes = [f"note: {advice}"] if advice else []
 

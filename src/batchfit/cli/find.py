@@ -14,6 +14,7 @@ from batchfit.checks import DEFAULT_MAX_BATCH_SIZE, default_max_batch_size
 from batchfit.cli import flags
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.policy.search import Candidates
+from batchfit.policy.trial import Mode
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -45,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
     modes = flags.parse_modes(args.modes)
     train_max = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     Candidates.between(args.min_batch_size, train_max, args.multiple_of)  # bad bounds fail before any work
+    with flags.launched(args, args.device):
+        return _run(args, modes, train_max)
+
+
+def _run(args: argparse.Namespace, modes: list[Mode], train_max: int) -> int:
     workload = flags.workload(args)
     results = []
     for mode in modes:

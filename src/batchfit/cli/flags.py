@@ -4,13 +4,17 @@ on stderr, the result on stdout or in ``--output``. A flag is its parameter's na
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from batchfit.checks import DEFAULT_MAX_BATCH_SIZE
 from batchfit.errors import ConfigurationError
 from batchfit.policy.trial import Mode, Trial
 from batchfit.runtime.examples import EXAMPLES, build_example
+from batchfit.runtime.launch import launched_process_group
 from batchfit.runtime.loading import load_workload
 from batchfit.runtime.workload import Workload
 from batchfit.units import format_bytes
@@ -32,6 +36,15 @@ def add_device(parser: argparse.ArgumentParser) -> None:
         "--memory-limit",
         default=None,
         help="a capacity such as 2GiB: the device's memory is capped there (a smaller GPU, or a CPU as one)",
+    )
+    add_ranks(parser)
+
+
+def add_ranks(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="under torchrun, every rank prints its trials and result (default: rank 0 alone)",
     )
 
 
@@ -66,6 +79,19 @@ def workload(args: argparse.Namespace) -> Workload:
     if args.example:
         return build_example(args.example, args.device)
     return load_workload(args.workload, device=args.device, source="--workload")
+
+
+@contextmanager
+def launched(args: argparse.Namespace, device: str | None) -> Iterator[None]:
+    """Under torchrun, the command runs on every rank in one process group (the search in
+    lockstep); rank 0 alone prints and writes ``--output``, unless ``--all-ranks``."""
+    with launched_process_group(device) as rank:
+        if rank in (None, 0) or args.all_ranks:
+            yield
+            return
+        args.output = None
+        with open(os.devnull, "w") as sink, redirect_stdout(sink), redirect_stderr(sink):
+            yield
 
 
 def parse_modes(text: str) -> list[Mode]:
