@@ -17,8 +17,9 @@ import torch
 from batchfit.checks import check_batch_range, check_positive_int
 from batchfit.find import find_on
 from batchfit.policy.choose import Objective, Point, Recommendation, estimates
-from batchfit.policy.exploration import Rules, StopReason, explore_rounds
+from batchfit.policy.exploration import Meter, Rules, StopReason, explore_rounds
 from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
+from batchfit.runtime.lockstep import Lockstep, LockstepMeter
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.steps import StepTimer
 from batchfit.runtime.workload import Workload
@@ -97,7 +98,7 @@ def explore(
     tolerance: float = 0.03,
     objective: Objective = "smallest-within-tolerance",
     base_batch_size: int | None = None,
-    world_size: int = 1,
+    world_size: int | None = None,
     global_batch_size: int | None = None,
     multiple_of: int | None = None,
     windows: int = 3,
@@ -115,10 +116,14 @@ def explore(
     smallest batch within ``tolerance`` of the fastest that reaches ``confidence_target``, or the
     fastest with ``objective="max-throughput"``; ``on_update`` hears each new recommendation.
     A window is ``steps_per_window`` steps or, when None, the fewest that last 20 ms. With
-    ``world_size`` and ``global_batch_size``, the micro-batch must divide
-    ``global_batch_size / world_size``; with ``multiple_of``, be a multiple of it.
+    ``global_batch_size``, the micro-batch must divide ``global_batch_size / world_size`` (the
+    ranks of the process group when None, else 1); with ``multiple_of``, be a multiple of it.
+    Under torch.distributed every rank runs it together and gets the same result.
     """
     started = time.perf_counter()
+    lockstep = Lockstep.current()  # under torch.distributed every rank times the same windows
+    if world_size is None:
+        world_size = 1 if lockstep is None else lockstep.world_size
     for name, value in (
         ("steps_per_window", steps_per_window),
         ("world_size", world_size),
@@ -157,7 +162,11 @@ def explore(
     )
     tokens_per_sample = tokens_per_sample or workload.tokens_per_sample
     with StepTimer(workload, target, steps_per_window, tokens_per_sample) as timer:
-        exploration = explore_rounds(candidates, timer, rules, started=started, on_update=on_update)
+        meter: Meter = timer
+        if lockstep is not None:
+            meter = LockstepMeter(timer, lockstep)
+            started = lockstep.shared(lambda: started)  # the time budget on rank 0's clock
+        exploration = explore_rounds(candidates, meter, rules, started=started, on_update=on_update)
     return ExploreResult(
         exploration.points,
         exploration.recommendation,

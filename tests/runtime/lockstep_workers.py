@@ -16,7 +16,7 @@ import torch.distributed as dist
 from conftest import build
 from torch import nn
 
-from batchfit import Workload, find_batch_size
+from batchfit import Workload, analyze, explore, find_batch_size
 
 
 def _failing(rank: int, error_rank: int, error: BaseException, after_steps: int) -> Workload:
@@ -45,6 +45,10 @@ def run(rank: int, scenario: str, limits: list[str]) -> dict[str, Any]:
         workload = _failing(rank, 1, ValueError("a bug in rank 1's step"), after_steps=3)
     elif scenario == "interrupt":
         workload = _failing(rank, 1, KeyboardInterrupt(), after_steps=3)
+    elif scenario == "explore":
+        return explore_report(build("mlp", "sgd"), limits[rank])
+    elif scenario == "analyze":
+        return analyze_report(build("mlp", "sgd"), limits[rank])
     else:
         raise ValueError(scenario)
     result = find_batch_size(workload, device="cpu", memory_limit=limits[rank], max_batch_size=4096)
@@ -54,6 +58,26 @@ def run(rank: int, scenario: str, limits: list[str]) -> dict[str, Any]:
         "trials": [trial.batch_size for trial in result.trials],
         "outcomes": [trial.outcome for trial in result.trials],
         "details": [trial.detail for trial in result.trials],
+    }
+
+
+def explore_report(workload: Workload, limit: str) -> dict[str, Any]:
+    """explore on the capped CPU up to the memory-safe maximum, briefly."""
+    result = explore(workload, device="cpu", memory_limit=limit, time_budget_seconds=3, confidence_target=80)
+    return {
+        "max_batch_size": result.max_batch_size,
+        "points": [point.to_dict() for point in result.points],
+        "recommendation": result.recommendation.to_dict(),
+        "stop_reason": result.stop_reason,
+    }
+
+
+def analyze_report(workload: Workload, limit: str) -> dict[str, Any]:
+    """analyze at two fractions, train and eval, on the capped CPU."""
+    analysis = analyze(workload, [0.6, 0.8], ["train", "eval"], device="cpu", memory_limit=limit)
+    return {
+        "rows": [[row.memory_fraction, row.mode, row.batch_size, row.budget_bytes] for row in analysis.rows],
+        "trials_run": analysis.trials_run,
     }
 
 

@@ -66,3 +66,24 @@ def test_an_error_on_one_rank_stops_every_rank(scenario: str, error: str, tmp_pa
     assert reports[0]["error"] == "RankFailedError"
     assert reports[0]["message"].startswith(f"rank 1 of 2 raised {error}")
     assert all(report["seconds"] < 20 for report in reports), reports
+
+
+def test_explore_on_ranks_with_different_capacities_measures_the_same_points(tmp_path: Path) -> None:
+    # The bound is the lockstep find's answer at the smaller device; each window's throughput is
+    # the slower rank's, and the stop is read on rank 0's clock: the ranks end with equal results.
+    reports = spawn("explore", ["3MiB", "6MiB"], tmp_path)
+    assert all("error" not in report for report in reports), reports
+    alone = find_batch_size(build("mlp", "sgd"), device="cpu", memory_limit="3MiB")
+    assert reports[0]["max_batch_size"] == reports[1]["max_batch_size"] == alone.batch_size
+    for key in ("points", "recommendation", "stop_reason"):
+        assert reports[0][key] == reports[1][key], key
+
+
+def test_analyze_on_ranks_with_different_capacities_matches_one_process_at_the_smaller(
+    tmp_path: Path,
+) -> None:
+    reports = spawn("analyze", ["3MiB", "6MiB"], tmp_path)
+    assert all("error" not in report for report in reports), reports
+    alone = lockstep_workers.analyze_report(build("mlp", "sgd"), "3MiB")
+    assert reports[0]["rows"] == reports[1]["rows"] == alone["rows"]
+    assert reports[0]["trials_run"] == reports[1]["trials_run"]

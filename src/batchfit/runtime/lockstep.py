@@ -17,6 +17,7 @@ import torch.distributed as dist
 from batchfit.errors import RankFailedError
 from batchfit.policy.ranks import merge_trials
 from batchfit.policy.trial import Trial
+from batchfit.runtime.steps import StepTimer
 
 T = TypeVar("T")
 
@@ -71,3 +72,31 @@ class Lockstep:
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, payload, group=self.group)
         return gathered
+
+
+class LockstepMeter:
+    """Explore's meter on every rank at once: each rank times the same window on its own device,
+    and all read the slowest rank's throughput (the pace of a job whose ranks wait for each
+    other) and rank 0's clock, so every rank takes the same decisions."""
+
+    def __init__(self, timer: StepTimer, lockstep: Lockstep) -> None:
+        self.timer, self.lockstep = timer, lockstep
+
+    def first_visit(self, batch_size: int) -> None:
+        def visit() -> int:
+            self.timer.first_visit(batch_size)
+            return self.timer.steps[batch_size]
+
+        self.timer.use_window_steps(batch_size, max(self.lockstep.run(visit)))
+
+    def revisit(self, batch_size: int) -> None:
+        self.lockstep.run(lambda: self.timer.revisit(batch_size))
+
+    def window(self, batch_size: int) -> float:
+        return min(self.lockstep.run(lambda: self.timer.window(batch_size)))
+
+    def end_round(self) -> None:
+        self.lockstep.run(self.timer.end_round)
+
+    def now(self) -> float:
+        return self.lockstep.shared(self.timer.now)

@@ -220,6 +220,11 @@ class StepTimer:
             1, math.ceil(self.min_window_seconds * first / seconds)
         )
 
+    def use_window_steps(self, batch_size: int, steps: int) -> None:
+        """Time ``steps`` steps per window at ``batch_size`` from now on (the ranks of a lockstep
+        exploration agree on the longest any of them chose)."""
+        self.steps[batch_size] = steps
+
     def revisit(self, batch_size: int) -> None:
         """One untimed step: the first step after another shape runs slower."""
         self._run(batch_size, 1)
