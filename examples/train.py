@@ -2,11 +2,18 @@
 
     python examples/train.py --cfg examples/exp.yaml DATA.AUTOBATCH.ENABLED True
     python examples/train.py --cfg examples/exp.yaml --steps 5 DATA.BATCH_SIZE 16
+    torchrun --nproc_per_node=2 examples/train.py --cfg examples/exp.yaml DATA.AUTOBATCH.ENABLED True
 
 It loads the config (KEY VALUE overrides after the options), builds the workload, runs
 ``batchfit.apply_autobatch`` (which overwrites DATA.BATCH_SIZE / DATA.BATCH_SIZE_VAL when
 DATA.AUTOBATCH.ENABLED / ENABLED_VAL), then trains ``--steps`` steps at DATA.BATCH_SIZE and
 evaluates one batch at DATA.BATCH_SIZE_VAL, inside the config's memory limit.
+
+Under torchrun every rank joins one process group first (gloo on the CPU, NCCL on GPUs, one GPU
+per LOCAL_RANK), so the search runs on all ranks in lockstep and every rank trains at the same
+size, the one that fits the smallest device. The model is wrapped in DistributedDataParallel after
+the search: a search runs the plain model, whose trials hold no collective that an out-of-memory on
+one rank could leave waiting. Rank 0 prints the report.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 import batchfit
 from batchfit.autobatch import apply_autobatch, workload_from_config
@@ -37,16 +46,36 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     try:
         cfg = load_config(args.cfg, args.overrides)
-        workload = workload_from_config(cfg)
-        apply_autobatch(cfg, workload)
-        report = train(cfg, workload, args.steps)
+        with _process_group(cfg) as rank:
+            if rank != 0:  # rank 0 tells the search; the others only warn
+                logging.getLogger().setLevel(logging.WARNING)
+            workload = workload_from_config(cfg)
+            apply_autobatch(cfg, workload)  # every rank together under a process group
+            report = train(cfg, workload, args.steps)
     except batchfit.BatchfitError as error:
         if os.environ.get("BATCHFIT_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
         print(f"train: error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(report))
+    if rank == 0:
+        print(json.dumps(report))
     return 0
+
+
+@contextlib.contextmanager
+def _process_group(cfg: ExperimentConfig) -> Iterator[int]:
+    """Under torchrun (WORLD_SIZE > 1), join its process group for the block; yields the rank."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        yield 0
+        return
+    cuda = cfg.DEVICE != "cpu" and torch.cuda.is_available()
+    if cuda and cfg.DEVICE in (None, "cuda"):
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # "cuda" is this rank's own GPU
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        yield dist.get_rank()
+    finally:
+        dist.destroy_process_group()
 
 
 def train(cfg: ExperimentConfig, workload: batchfit.Workload, steps: int) -> dict[str, object]:
@@ -59,23 +88,31 @@ def train(cfg: ExperimentConfig, workload: batchfit.Workload, steps: int) -> dic
         )
     losses = []
     device = next(model.parameters()).device  # the config's DEVICE: the workload was built there
+    network: torch.nn.Module = model
+    if dist.is_initialized():
+        network = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     with _capped(cfg.MEMORY_LIMIT, device, model, optimizer):
-        model.train()
+        network.train()
         for _ in range(steps):
             inputs, target = workload.host_batch(cfg.DATA.BATCH_SIZE)
             optimizer.zero_grad(set_to_none=True)
-            loss = workload.loss_fn(model(inputs.to(device, copy=True)), target.to(device, copy=True))
+            loss = workload.loss_fn(network(inputs.to(device, copy=True)), target.to(device, copy=True))
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
-        model.eval()
+        network.eval()
         with torch.no_grad():
             inputs, target = workload.host_batch(cfg.DATA.BATCH_SIZE_VAL)
             inputs, target = inputs.to(device, copy=True), target.to(device, copy=True)
             val_loss = workload.loss_fn(model(inputs), target).item()
+    sizes = [(cfg.DATA.BATCH_SIZE, cfg.DATA.BATCH_SIZE_VAL)]
+    if dist.is_initialized():  # what each rank trained at, for the report
+        sizes = [(0, 0)] * dist.get_world_size()
+        dist.all_gather_object(sizes, (cfg.DATA.BATCH_SIZE, cfg.DATA.BATCH_SIZE_VAL))
     return {
         "batch_size": cfg.DATA.BATCH_SIZE,
         "batch_size_val": cfg.DATA.BATCH_SIZE_VAL,
+        "sizes_by_rank": sizes,
         "train_losses": losses,
         "val_loss": val_loss,
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,38 @@ def test_example_training_script_bad_config_is_one_message(tmp_path: Path) -> No
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("train: error: DATA.AUTOBATCH.TARGET_MEMORY_FRACTION")
+
+
+@pytest.mark.distributed
+def test_example_training_script_under_torchrun_trains_every_rank_at_the_agreed_size() -> None:
+    # Two CPU ranks in a gloo group: the search runs in lockstep, both train (with DDP) at the
+    # answer of one process, and rank 0 alone reports and logs.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "examples" / "train.py"),
+            "--cfg",
+            str(EXAMPLE_CONFIG),
+            "--steps",
+            "2",
+            *SMALL,
+            "DATA.AUTOBATCH.ENABLED",
+            "True",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)  # one line: rank 0's
+    train = find_batch_size(build_example("cnn", "cpu"), "train", device="cpu", memory_limit="32MiB")
+    assert report["sizes_by_rank"] == [[train.batch_size, report["batch_size_val"]]] * 2
+    assert len(report["train_losses"]) == 2
+    assert done.stderr.count("autobatch: DATA.BATCH_SIZE 32 ->") == 1
+    assert "the smallest of 2 ranks" in done.stderr
