@@ -18,6 +18,10 @@ from batchfit.units import format_bytes
 #: fragmentation builds over the first steps. On an H100 a small CNN at a 160 MiB cap trained 2
 #: steps at batch 50 and 53 and failed within 10 (docs/search.md); 10 is the truth's probe.
 CONFIRM_STEPS = 10
+#: The fewest steps in an explore window on CUDA. Each window starts on an idle, synchronised GPU,
+#: so its first step pays the launch ramp and the unhidden batch copy that back-to-back training
+#: steps overlap; one-step windows under-read small batches, where that ramp weighs most.
+WINDOW_STEPS = 3
 
 
 class CudaDevice:
@@ -27,6 +31,7 @@ class CudaDevice:
 
     exact = True  # release() empties the cache: a failed trial leaves nothing behind
     confirm_steps: int | None = CONFIRM_STEPS
+    min_window_steps = WINDOW_STEPS
 
     def __init__(self, index: int, limit_bytes: int | None = None) -> None:
         self.torch_device = torch.device("cuda", index)

@@ -179,9 +179,9 @@ class StepTimer:
     weights put back every ``restore_every`` steps (a long exploration must not train the model
     into another regime) and, with the gradients, on ``close``.
 
-    A window is ``steps_per_window`` steps or, when None, the fewest that last
-    ``min_window_seconds`` (set by the first, discarded window). Throughput is per sample, or per
-    token with ``tokens_per_sample``.
+    A window is ``steps_per_window`` steps or, when None, the fewest (at least
+    ``min_window_steps``, the device's unless given) that last ``min_window_seconds`` (set by the
+    first, discarded window). Throughput is per sample, or per token with ``tokens_per_sample``.
     """
 
     def __init__(
@@ -192,9 +192,11 @@ class StepTimer:
         tokens_per_sample: int | None = None,
         *,
         min_window_seconds: float = MIN_WINDOW_SECONDS,
+        min_window_steps: int | None = None,
         restore_every: int = 32,
     ) -> None:
         self.workload, self.device, self.fixed_steps = workload, device, steps_per_window
+        self.min_window_steps = min_window_steps or device.min_window_steps
         self.tokens = tokens_per_sample or 1
         self.min_window_seconds, self.restore_every = min_window_seconds, restore_every
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
@@ -214,10 +216,10 @@ class StepTimer:
         self.workload.model.train()
         self.batches[batch_size] = self.workload.host_batch(batch_size)
         self._run(batch_size, 1)
-        first = self.fixed_steps or 1
+        first = self.fixed_steps or self.min_window_steps
         seconds = self._run(batch_size, first)
         self.steps[batch_size] = self.fixed_steps or max(
-            1, math.ceil(self.min_window_seconds * first / seconds)
+            self.min_window_steps, math.ceil(self.min_window_seconds * first / seconds)
         )
 
     def use_window_steps(self, batch_size: int, steps: int) -> None:
