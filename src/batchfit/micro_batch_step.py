@@ -7,6 +7,7 @@ import contextlib
 import functools
 import gc
 import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -14,14 +15,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from batchfit.errors import ConfigurationError, DoesNotFitError, OptimizerStepOutOfMemoryError
-from batchfit.policy.shrink import MicroBatchChange, MicroBatchShrink
-from batchfit.runtime.gradients import BUCKET_BYTES, GradientAverage, gradient_mask
+from batchfit.errors import ConfigurationError, OptimizerStepOutOfMemoryError
+from batchfit.policy.shrink import MicroBatchChange, MicroBatchShrink, merge_outcomes
+from batchfit.runtime.gradients import GradientAverage, gradient_mask, prepare_average
 from batchfit.runtime.lockstep import Lockstep
 from batchfit.runtime.micro_batches import count_samples, micro_batch
-from batchfit.runtime.oom import is_out_of_memory
+from batchfit.runtime.oom import first_line, is_out_of_memory
 from batchfit.runtime.workload import model_loss
-from batchfit.units import format_bytes
 
 if TYPE_CHECKING:
     from torch.amp import GradScaler
@@ -154,7 +154,8 @@ class MicroBatchStep:
                 last = index == len(sizes) - 1
                 work = functools.partial(self._micro_batch, batch, start, size, last, losses)
                 statuses = self._exchange(work)
-                failure = self._failure(statuses)
+                outcomes = [(samples, failure) for samples, failure, _ in statuses]
+                failure = merge_outcomes(outcomes, ranks=self._lockstep is not None)
                 if failure is not None:
                     break
                 start += size
@@ -182,7 +183,7 @@ class MicroBatchStep:
         except BaseException as error:
             if not is_out_of_memory(error):
                 raise
-            return samples, (phase, _first_line(error)), None  # a value: the other ranks must hear it
+            return samples, (phase, first_line(error)), None  # a value: the other ranks must hear it
         losses.append(weighted.detach())
         return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
 
@@ -202,43 +203,15 @@ class MicroBatchStep:
             )
         return loss
 
-    def _failure(self, statuses: list[Status]) -> tuple[str, str] | None:
-        """Where the micro-batch ran out of memory, on any rank, and the first error; None if nowhere."""
-        if len({samples for samples, _, _ in statuses}) > 1:
-            sizes = ", ".join(f"rank {rank}: {samples}" for rank, (samples, _, _) in enumerate(statuses))
-            raise ConfigurationError(
-                f"the ranks' batches hold different numbers of samples ({sizes}); under a process group "
-                f"every rank's batch must hold as many (DistributedSampler gives each rank as many "
-                f"samples), so that the ranks run the same micro-batches."
-            )
-        failed = [(rank, failure) for rank, (_, failure, _) in enumerate(statuses) if failure is not None]
-        if not failed:
-            return None
-        if self._lockstep is None:
-            return failed[0][1]
-        where = ", ".join(f"{phase} on rank {rank}" for rank, (phase, _) in failed)
-        return where, f"rank {failed[0][0]}: {failed[0][1][1]}"
-
     def _average_gradients(self, lockstep: Lockstep, masks: list[tuple[bool, ...] | None]) -> None:
         prepared: list[GradientAverage] = []
         held = [mask for mask in masks if mask is not None]
+        # All the average's memory is taken in its own exchange, before any rank enters its collectives.
         self._exchange(functools.partial(self._prepare_average, held, prepared))
         prepared[0].all_reduce(lockstep.group, lockstep.world_size)
 
     def _prepare_average(self, masks: list[tuple[bool, ...]], prepared: list[GradientAverage]) -> None:
-        # All the reduction's memory is taken here, before any rank enters its collectives.
-        try:
-            prepared.append(GradientAverage(self._parameters, masks))
-        except BaseException as error:
-            if not is_out_of_memory(error):
-                raise
-            raise DoesNotFitError(
-                f"out of memory preparing the gradient all-reduce (optimizer step {self.optimizer_steps}, "
-                f"micro_batch_size {self.micro_batch_size}): {_first_line(error)}. It needs buckets of up "
-                f"to {format_bytes(BUCKET_BYTES)} per dtype beside the gradients, which a smaller "
-                f"micro-batch does not lower. The optimizer did not step and the batch's gradients were "
-                f"dropped; free memory on this device."
-            ) from error
+        prepared.append(prepare_average(self._parameters, masks))
 
     def _step_optimizer(self) -> None:
         try:
@@ -256,7 +229,7 @@ class MicroBatchStep:
                 raise
             raise OptimizerStepOutOfMemoryError(
                 f"out of memory in the optimizer step (optimizer step {self.optimizer_steps}, "
-                f"micro_batch_size {self.micro_batch_size}): {_first_line(error)}. The optimizer may have "
+                f"micro_batch_size {self.micro_batch_size}): {first_line(error)}. The optimizer may have "
                 f"updated part of the parameters and of its state before it failed, so MicroBatchStep does "
                 f"not run the step again (that would apply part of it twice), and a smaller micro-batch "
                 f"would not lower this memory (the activations are freed by then). Load the last "
@@ -324,18 +297,7 @@ def _check(
 
 
 def _is_fully_sharded(model: nn.Module) -> bool:
-    try:
-        from torch.distributed import fsdp
-    except ImportError:  # a torch built without distributed
-        return False
-    kinds = tuple(
-        kind
-        for kind in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
-        if isinstance(kind, type)
-    )
-    return bool(kinds) and any(isinstance(module, kinds) for module in model.modules())
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # no model is sharded before FSDP is imported
+    names = ("FullyShardedDataParallel", "FSDPModule")  # FSDP1, and FSDP2's fully_shard
+    kinds = tuple(kind for kind in (getattr(fsdp, name, None) for name in names) if isinstance(kind, type))
+    return any(isinstance(module, kinds) for module in model.modules())

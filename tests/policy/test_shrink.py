@@ -7,7 +7,7 @@ import re
 import pytest
 
 from batchfit.errors import ConfigurationError, DoesNotFitError
-from batchfit.policy.shrink import MicroBatchChange, MicroBatchShrink, split
+from batchfit.policy.shrink import MicroBatchChange, MicroBatchShrink, merge_outcomes, split
 
 
 @pytest.mark.parametrize(
@@ -86,6 +86,30 @@ def test_growth_never_passes_the_batch_and_never_happens_without_grow_after() ->
     never.out_of_memory(0, 128, "backward")
     assert all(never.stepped(step, 128) is None for step in range(1000))
     assert never.micro_batch_size == 32
+
+
+def test_the_ranks_outcomes_merge_into_one_place_and_the_first_error() -> None:
+    assert merge_outcomes([(100, None)], ranks=False) is None
+    assert merge_outcomes([(100, ("backward", "OutOfMemoryError: x"))], ranks=False) == (
+        "backward",
+        "OutOfMemoryError: x",
+    )
+    assert merge_outcomes([(100, None), (100, None)], ranks=True) is None
+    assert merge_outcomes([(100, None), (100, ("backward", "OOM b"))], ranks=True) == (
+        "backward on rank 1",
+        "rank 1: OOM b",
+    )
+    assert merge_outcomes([(8, ("forward", "OOM a")), (8, None), (8, ("backward", "OOM c"))], ranks=True) == (
+        "forward on rank 0, backward on rank 2",
+        "rank 0: OOM a",
+    )
+    message = (
+        "the ranks' batches hold different numbers of samples (rank 0: 100, rank 1: 60); under a process "
+        "group every rank's batch must hold as many (DistributedSampler gives each rank as many samples), "
+        "so that the ranks run the same micro-batches."
+    )
+    with pytest.raises(ConfigurationError, match=f"^{re.escape(message)}$"):
+        merge_outcomes([(100, None), (60, ("forward", "OOM"))], ranks=True)
 
 
 def test_a_change_is_a_plain_record() -> None:

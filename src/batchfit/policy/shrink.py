@@ -3,6 +3,7 @@ back after clean optimizer steps, each change kept as a ``MicroBatchChange``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +29,31 @@ def split(batch_size: int, micro_batch_size: int) -> list[int]:
         raise ValueError(f"cannot split {batch_size} samples into micro-batches of {micro_batch_size}")
     full, rest = divmod(batch_size, micro_batch_size)
     return [micro_batch_size] * full + ([rest] if rest else [])
+
+
+#: One rank's micro-batch: the samples of its batch, and where it ran out of memory ("forward",
+#: "backward") with the error's first line, or None.
+Outcome = tuple[int, tuple[str, str] | None]
+
+
+def merge_outcomes(outcomes: Sequence[Outcome], *, ranks: bool) -> tuple[str, str] | None:
+    """Where a micro-batch ran out of memory on any rank (index = rank), and the first error; None if
+    nowhere. With ``ranks``, the place names the ranks ("backward on rank 1"). The ranks' batches must
+    hold as many samples: otherwise they would run different micro-batches."""
+    if len({samples for samples, _ in outcomes}) > 1:
+        sizes = ", ".join(f"rank {rank}: {samples}" for rank, (samples, _) in enumerate(outcomes))
+        raise ConfigurationError(
+            f"the ranks' batches hold different numbers of samples ({sizes}); under a process group "
+            f"every rank's batch must hold as many (DistributedSampler gives each rank as many "
+            f"samples), so that the ranks run the same micro-batches."
+        )
+    failed = [(rank, failure) for rank, (_, failure) in enumerate(outcomes) if failure is not None]
+    if not failed:
+        return None
+    if not ranks:
+        return failed[0][1]
+    where = ", ".join(f"{phase} on rank {rank}" for rank, (phase, _) in failed)
+    return where, f"rank {failed[0][0]}: {failed[0][1][1]}"
 
 
 class MicroBatchShrink:

@@ -9,7 +9,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from batchfit.errors import ConfigurationError
+from batchfit.errors import ConfigurationError, DoesNotFitError
+from batchfit.runtime.oom import first_line, is_out_of_memory
+from batchfit.units import format_bytes
 
 #: The most bytes one flat bucket carries (DDP's default bucket_cap_mb). A gradient larger than this
 #: is all-reduced on its own, in place.
@@ -84,6 +86,25 @@ class GradientAverage:
         for grad in self.large:
             dist.all_reduce(grad, group=group)
             grad.div_(world_size)
+
+
+def prepare_average(
+    parameters: Sequence[torch.nn.Parameter],
+    masks: Sequence[Sequence[bool]],
+    bucket_bytes: int = BUCKET_BYTES,
+) -> GradientAverage:
+    """``GradientAverage(...)``; an out-of-memory while it takes its memory is a ``DoesNotFitError``."""
+    try:
+        return GradientAverage(parameters, masks, bucket_bytes)
+    except BaseException as error:
+        if not is_out_of_memory(error):
+            raise
+        raise DoesNotFitError(
+            f"out of memory preparing the gradient all-reduce ({first_line(error)}): it needs buckets of "
+            f"up to {format_bytes(bucket_bytes)} per dtype beside the gradients, which a smaller "
+            f"micro-batch does not lower. The optimizer did not step and the batch's gradients were "
+            f"dropped; free memory on this device."
+        ) from error
 
 
 def _reduce_bucket(
