@@ -154,7 +154,7 @@ class MicroBatchStep:
                 last = index == len(sizes) - 1
                 work = functools.partial(self._micro_batch, batch, start, size, last, losses)
                 statuses = self._exchange(work)
-                outcomes = [(samples, failure) for samples, failure, _ in statuses]
+                outcomes = [(rank_samples, rank_failure) for rank_samples, rank_failure, _ in statuses]
                 failure = merge_outcomes(outcomes, ranks=self._lockstep is not None)
                 if failure is not None:
                     break
