@@ -8,11 +8,14 @@ from batchfit.errors import (
     ConfigurationError,
     DeviceUnavailableError,
     DoesNotFitError,
+    OptimizerStepOutOfMemoryError,
     RankFailedError,
 )
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
+from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.policy.plan import Plan, plan
+from batchfit.policy.shrink import MicroBatchChange
 from batchfit.policy.trial import MemoryModel, Trial
 from batchfit.runtime.oom import is_out_of_memory
 from batchfit.runtime.resolve import memory_limit
@@ -30,6 +33,9 @@ __all__ = [
     "ExperimentConfig",
     "ExploreResult",
     "MemoryModel",
+    "MicroBatchChange",
+    "MicroBatchStep",
+    "OptimizerStepOutOfMemoryError",
     "Plan",
     "RankFailedError",
     "SearchResult",

@@ -21,3 +21,8 @@ class RankFailedError(BatchfitError, RuntimeError):
 
 class DoesNotFitError(BatchfitError, RuntimeError):
     """Even the smallest allowed batch does not fit in the memory budget."""
+
+
+class OptimizerStepOutOfMemoryError(DoesNotFitError):
+    """An out-of-memory inside a ``MicroBatchStep``'s optimizer step: the parameters and the optimizer
+    state may be partly updated, so the step is not run again; load a checkpoint to go on."""

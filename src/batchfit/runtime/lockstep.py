@@ -63,8 +63,8 @@ class Lockstep:
         if failures:
             rank, message = failures[0]
             raise RankFailedError(
-                f"rank {rank} of {self.world_size} raised {message}; the lockstep search stopped on "
-                f"every rank. Fix the error on rank {rank} (its own traceback says where)."
+                f"rank {rank} of {self.world_size} raised {message}; every rank stopped with it. "
+                f"Fix the error on rank {rank} (its own traceback says where)."
             )
         return [value for _, value in gathered]
 

@@ -35,3 +35,9 @@ def is_out_of_memory(error: BaseException) -> bool:
         return False
     message = str(error).lower()
     return any(fragment in message for fragment in OOM_MESSAGES)
+
+
+def first_line(error: BaseException) -> str:
+    """``Type: first line of the message``: a CUDA out-of-memory's message runs over many lines."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")

@@ -136,22 +136,36 @@ class Workload:
                 _call(self.model, batch)
 
     def _loss(self, batch: Any) -> torch.Tensor:
-        if self.loss_fn is not None:
-            if not (isinstance(batch, Sequence) and len(batch) == 2):
-                raise ConfigurationError(
-                    f"with loss_fn, a batch must be a pair (inputs, target), got "
-                    f"{type(batch).__name__}; pass train_step=... for other layouts."
-                )
-            inputs, target = batch
-            return self.loss_fn(_call(self.model, inputs), target)
-        output = _call(self.model, batch)
-        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", output)
-        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+        return model_loss(self.model, batch, self.loss_fn)
+
+
+def model_loss(
+    model: torch.nn.Module,
+    batch: Any,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    *,
+    owner: str = "Workload",
+    custom: str = "train_step",
+) -> torch.Tensor:
+    """The default step's loss: ``loss_fn(model(inputs), target)`` on a batch ``(inputs, target)``,
+    else the model's output (or its ``.loss``/``["loss"]``). Errors name ``owner(loss_fn=...)`` and
+    ``custom=...``, the parameters that replace this default."""
+    if loss_fn is not None:
+        if not (isinstance(batch, Sequence) and len(batch) == 2):
             raise ConfigurationError(
-                f"the model returned {type(output).__name__}, not a scalar loss; pass "
-                f"Workload(loss_fn=...) or train_step=... so batchfit can compute one."
+                f"with loss_fn, a batch must be a pair (inputs, target), got "
+                f"{type(batch).__name__}; pass {custom}=... for other layouts."
             )
-        return loss
+        inputs, target = batch
+        return loss_fn(_call(model, inputs), target)
+    output = _call(model, batch)
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", output)
+    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+        raise ConfigurationError(
+            f"the model returned {type(output).__name__}, not a scalar loss; pass "
+            f"{owner}(loss_fn=...) or {custom}=... so batchfit can compute one."
+        )
+    return loss
 
 
 def _call(model: torch.nn.Module, inputs: Any) -> Any:

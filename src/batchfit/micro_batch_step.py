@@ -1,0 +1,303 @@
+"""``MicroBatchStep``: one optimizer step on a full per-device batch, run as micro-batches with gradient
+accumulation, that halves the micro-batch and runs the same batch again after an out-of-memory."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import logging
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from batchfit.errors import ConfigurationError, OptimizerStepOutOfMemoryError
+from batchfit.policy.shrink import MicroBatchChange, MicroBatchShrink, merge_outcomes
+from batchfit.runtime.gradients import GradientAverage, gradient_mask, prepare_average
+from batchfit.runtime.lockstep import Lockstep
+from batchfit.runtime.micro_batches import count_samples, micro_batch
+from batchfit.runtime.oom import first_line, is_out_of_memory
+from batchfit.runtime.workload import model_loss
+
+if TYPE_CHECKING:
+    from torch.amp import GradScaler
+    from torch.optim.lr_scheduler import LRScheduler
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+#: What a rank tells the others after a micro-batch: its batch's samples; where it ran out of memory
+#: ("forward" or "backward") and the error's first line, or None; after the last micro-batch of a
+#: DistributedDataParallel model, which parameters hold a gradient.
+Status = tuple[int, tuple[str, str] | None, tuple[bool, ...] | None]
+
+
+class MicroBatchStep:
+    """One optimizer step per call on a full per-device batch, run as micro-batches with gradient
+    accumulation; after an out-of-memory it halves the micro-batch and runs the same batch again.
+
+        step = MicroBatchStep(model, optimizer, loss_fn=F.cross_entropy, micro_batch_size=64)
+        for inputs, targets in loader:          # full per-device batches
+            loss = step((inputs, targets))      # one optimizer step; the batch's mean loss
+
+    The batch is a pytree: its tensors are cut along ``batch_dim`` (they must agree on its size),
+    its other leaves go to every micro-batch. Micro-batch i's loss, a mean over its n_i samples, is
+    backpropagated times n_i / N, so the accumulated gradient is that of the batch's mean loss, an
+    uneven last micro-batch included; the call returns that mean, detached. The loss is
+    ``loss_fn(model(inputs), target)`` on a batch ``(inputs, target)``, else the model's output (or
+    its ``.loss``/``["loss"]``), as in ``Workload``. ``compute_loss(model, micro_batch) -> loss`` (a
+    mean over the micro-batch) replaces that; unlike Workload's ``train_step(model, optimizer,
+    batch)`` it returns the loss instead of stepping, because the micro-batches' gradients must add
+    up before the one optimizer step.
+
+    An out-of-memory in a forward or backward (``is_out_of_memory``) drops the batch's gradients,
+    frees memory, halves the micro-batch that failed and runs the batch again from its first
+    micro-batch: no sample is lost or counted twice, and the optimizer, ``scaler`` and ``scheduler``
+    see only the attempt that succeeds. At one sample it raises ``DoesNotFitError``. Any other error
+    propagates unchanged, the gradients dropped. With ``grow_after``, the micro-batch doubles after
+    that many optimizer steps in a row without an out-of-memory, up to ``micro_batch_size``. Each
+    change is logged (WARNING; rank 0 under a process group) and kept in ``history``.
+
+    An out-of-memory in the optimizer step (unscaling, clipping, ``optimizer.step``,
+    ``scaler.update``) raises ``OptimizerStepOutOfMemoryError`` and is not retried: the optimizer may
+    have updated part of the parameters and of its state before it failed (foreach kernels update
+    in groups, the for-loop one parameter at a time), so a second run would apply part of the
+    update twice, and a smaller micro-batch would not lower that phase's memory (the activations
+    are freed by then). Load the last checkpoint and lower the optimizer's own memory.
+
+    Under a process group of 2+ ranks every rank tells the others, after each micro-batch, whether
+    it ran out of memory (one ``Lockstep`` collective): if any did, all drop their gradients and
+    halve together, so they always hold the same micro-batch; an error that is not an out-of-memory
+    raises on its rank and ``RankFailedError`` on the others. Every rank's batch must hold the same
+    number of samples. A ``DistributedDataParallel`` model runs every micro-batch in ``no_sync()``;
+    its gradients are averaged over the ranks once, after the last micro-batch succeeded on every
+    rank (flat buckets, summed then divided by the world size; DDP comm hooks are not used), so a
+    rank that fails in backward never leaves another waiting in DDP's hooks. Collectives inside the
+    forward (SyncBatchNorm) and FSDP are not covered. BatchNorm sees micro-batches, as with any
+    accumulation, and the forwards of a failed attempt have already updated its running statistics.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+        micro_batch_size: int,
+        compute_loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+        scaler: GradScaler | None = None,
+        scheduler: LRScheduler | None = None,
+        max_grad_norm: float | None = None,
+        grow_after: int | None = None,
+        batch_dim: int = 0,
+    ) -> None:
+        _check(model, optimizer, loss_fn, compute_loss, max_grad_norm, batch_dim)
+        self._policy = MicroBatchShrink(micro_batch_size, grow_after=grow_after)
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.compute_loss = compute_loss
+        self.scaler = scaler
+        self.scheduler = scheduler
+        self.max_grad_norm = max_grad_norm
+        self.batch_dim = batch_dim
+        self.optimizer_steps = 0  # completed
+        self._parameters = list(model.parameters())
+        self._ddp = isinstance(model, DistributedDataParallel)
+        lockstep = Lockstep(model.process_group) if self._ddp else Lockstep.current()
+        self._lockstep = lockstep if lockstep is not None and lockstep.world_size > 1 else None
+
+    @property
+    def micro_batch_size(self) -> int:
+        """The micro-batch the next call starts with."""
+        return self._policy.micro_batch_size
+
+    @property
+    def history(self) -> tuple[MicroBatchChange, ...]:
+        """Every change of the micro-batch so far, oldest first."""
+        return self._policy.history
+
+    def __call__(self, batch: Any) -> torch.Tensor:
+        """One optimizer step on ``batch``; its mean loss over all its samples (detached)."""
+        samples = count_samples(batch, self.batch_dim)
+        self._drop_gradients()
+        try:
+            loss, masks = self._accumulate(batch, samples)
+            if self._ddp and self._lockstep is not None:
+                self._average_gradients(self._lockstep, masks)
+            self._exchange(self._step_optimizer)
+        except BaseException:
+            self._drop_gradients()
+            raise
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self._drop_gradients()
+        change = self._policy.stepped(self.optimizer_steps, samples)
+        self.optimizer_steps += 1
+        if change is not None:
+            self._log(change)
+        return loss
+
+    def _accumulate(self, batch: Any, samples: int) -> tuple[torch.Tensor, list[tuple[bool, ...] | None]]:
+        """The gradients of the whole batch, accumulated micro-batch by micro-batch, at half the
+        micro-batch again after an out-of-memory on any rank; the loss and each rank's gradient mask."""
+        while True:
+            sizes = self._policy.sizes(samples)
+            losses: list[torch.Tensor] = []
+            if isinstance(self.model, DistributedDataParallel):
+                self.model.require_forward_param_sync = True  # buffers broadcast at the first forward
+            start = 0
+            for index, size in enumerate(sizes):
+                last = index == len(sizes) - 1
+                work = functools.partial(self._micro_batch, batch, start, size, last, losses)
+                statuses = self._exchange(work)
+                outcomes = [(rank_samples, rank_failure) for rank_samples, rank_failure, _ in statuses]
+                failure = merge_outcomes(outcomes, ranks=self._lockstep is not None)
+                if failure is not None:
+                    break
+                start += size
+            else:
+                return torch.stack(losses).sum(), [mask for _, _, mask in statuses]
+            del losses, work
+            self._drop_gradients()
+            change = self._policy.out_of_memory(self.optimizer_steps, samples, *failure)
+            self._log(change)
+            gc.collect()  # the failed attempt's activations, held in cycles with its traceback
+            if any(parameter.is_cuda for parameter in self._parameters):
+                torch.cuda.empty_cache()
+
+    def _micro_batch(
+        self, batch: Any, start: int, size: int, last: bool, losses: list[torch.Tensor]
+    ) -> Status:
+        """Forward and backward of samples ``start`` to ``start + size``; this rank's ``Status``."""
+        samples = count_samples(batch, self.batch_dim)
+        phase = "forward"
+        try:
+            with self._no_sync():
+                weighted = self._loss(micro_batch(batch, start, size, self.batch_dim)) * (size / samples)
+                phase = "backward"
+                (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
+        except BaseException as error:
+            if not is_out_of_memory(error):
+                raise
+            return samples, (phase, first_line(error)), None  # a value: the other ranks must hear it
+        losses.append(weighted.detach())
+        return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
+
+    def _loss(self, micro_batch: Any) -> torch.Tensor:
+        if self.compute_loss is None:
+            loss = model_loss(
+                self.model, micro_batch, self.loss_fn, owner="MicroBatchStep", custom="compute_loss"
+            )
+        else:
+            loss = self.compute_loss(self.model, micro_batch)
+        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            source = "loss_fn" if self.compute_loss is None else "compute_loss"
+            raise ConfigurationError(
+                f"{source} returned {shape}, not a scalar loss; it must return the mean loss over the "
+                f"micro-batch (reduction='mean'), which MicroBatchStep weights by the micro-batch's samples."
+            )
+        return loss
+
+    def _average_gradients(self, lockstep: Lockstep, masks: list[tuple[bool, ...] | None]) -> None:
+        prepared: list[GradientAverage] = []
+        held = [mask for mask in masks if mask is not None]
+        # All the average's memory is taken in its own exchange, before any rank enters its collectives.
+        self._exchange(functools.partial(self._prepare_average, held, prepared))
+        prepared[0].all_reduce(lockstep.group, lockstep.world_size)
+
+    def _prepare_average(self, masks: list[tuple[bool, ...]], prepared: list[GradientAverage]) -> None:
+        prepared.append(prepare_average(self._parameters, masks))
+
+    def _step_optimizer(self) -> None:
+        try:
+            if self.max_grad_norm is not None:
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
+                nn.utils.clip_grad_norm_(self._parameters, self.max_grad_norm)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        except BaseException as error:
+            if not is_out_of_memory(error):
+                raise
+            raise OptimizerStepOutOfMemoryError(
+                f"out of memory in the optimizer step (optimizer step {self.optimizer_steps}, "
+                f"micro_batch_size {self.micro_batch_size}): {first_line(error)}. The optimizer may have "
+                f"updated part of the parameters and of its state before it failed, so MicroBatchStep does "
+                f"not run the step again (that would apply part of it twice), and a smaller micro-batch "
+                f"would not lower this memory (the activations are freed by then). Load the last "
+                f"checkpoint and lower the optimizer's memory: foreach=False (one parameter at a time, "
+                f"fewer temporaries), an optimizer with less state, or a device with more memory."
+            ) from error
+
+    def _exchange(self, work: Callable[[], T]) -> list[T]:
+        """``work()`` here and, under a process group, every rank's result (see ``Lockstep.run``)."""
+        return [work()] if self._lockstep is None else self._lockstep.run(work)
+
+    def _no_sync(self) -> contextlib.AbstractContextManager[Any]:
+        if isinstance(self.model, DistributedDataParallel):
+            return self.model.no_sync()  # every micro-batch: the gradients are averaged after the last
+        return contextlib.nullcontext()
+
+    def _drop_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        for parameter in self._parameters:
+            parameter.grad = None
+
+    def _log(self, change: MicroBatchChange) -> None:
+        if self._lockstep is None or self._lockstep.rank == 0:
+            logger.warning(
+                f"MicroBatchStep: micro_batch_size {change.old_micro_batch_size} -> "
+                f"{change.new_micro_batch_size} at optimizer step {change.optimizer_step}: {change.reason}."
+            )
+
+
+def _check(
+    model: Any,
+    optimizer: Any,
+    loss_fn: Any,
+    compute_loss: Any,
+    max_grad_norm: float | None,
+    batch_dim: Any,
+) -> None:
+    if not isinstance(model, nn.Module):
+        raise ConfigurationError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigurationError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}; MicroBatchStep "
+            f"steps it once per call."
+        )
+    if loss_fn is not None and compute_loss is not None:
+        raise ConfigurationError(
+            "pass loss_fn or compute_loss, not both: compute_loss(model, micro_batch) computes the loss "
+            "itself, loss_fn(model(inputs), target) on a batch (inputs, target)."
+        )
+    for name, function in (("loss_fn", loss_fn), ("compute_loss", compute_loss)):
+        if function is not None and not callable(function):
+            raise ConfigurationError(f"{name} must be callable, got {type(function).__name__}.")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ConfigurationError(f"max_grad_norm ({max_grad_norm}) must be positive; None does not clip.")
+    if isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim < 0:
+        raise ConfigurationError(
+            f"batch_dim ({batch_dim!r}) must be 0 or more: the dimension of the batch's tensors that "
+            f"holds the samples."
+        )
+    if _is_fully_sharded(model):
+        raise ConfigurationError(
+            "MicroBatchStep does not run FSDP models: their backward runs collectives, so a rank that ran "
+            "out of memory there would leave the others waiting. Use DistributedDataParallel."
+        )
+
+
+def _is_fully_sharded(model: nn.Module) -> bool:
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # no model is sharded before FSDP is imported
+    names = ("FullyShardedDataParallel", "FSDPModule")  # FSDP1, and FSDP2's fully_shard
+    kinds = tuple(kind for kind in (getattr(fsdp, name, None) for name in names) if isinstance(kind, type))
+    return any(isinstance(module, kinds) for module in model.modules())
