@@ -133,8 +133,8 @@ def test_an_error_on_one_rank_ends_both_with_rank_0_naming_it(runs: dict[str, Fi
     run = runs["error"]
     assert run.returncode != 0
     assert (
-        "batchfit: error: rank 1 of 2 raised ValueError: a bug in rank 1's train step; the lockstep "
-        "search stopped on every rank. Fix the error on rank 1 (its own traceback says where)."
+        "batchfit: error: rank 1 of 2 raised ValueError: a bug in rank 1's train step; every rank "
+        "stopped with it. Fix the error on rank 1 (its own traceback says where)."
     ) in run.stderr
     assert "ValueError: a bug in rank 1's train step" in run.stderr  # rank 1's own traceback
     assert run.stderr.count("batchfit: error:") == 1  # rank 1 does not repeat it
