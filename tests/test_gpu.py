@@ -319,3 +319,67 @@ def test_memory_limit_lifts_its_cap_on_every_device() -> None:
         torch.empty(2**20)
     assert _get_current_dispatch_mode() is None
     assert batchfit.memory_limit is memory_limit
+
+
+#: MicroBatchStep's test: (hidden width, batch) per device: activations far above the weights and, on
+#: CUDA, half the micro-batch's activations far above the caching allocator's rounding.
+MICRO_BATCH_SIZES = {"cpu": (256, 2048), "cuda": (1024, 32768)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_micro_batch_step_survives_an_out_of_memory_under_the_cap(device: str) -> None:
+    # The cap lies halfway between the peaks of the whole batch in one micro-batch and in two, both
+    # measured: the first call runs out of memory, halves, and steps as one unbroken step would.
+    width, samples = MICRO_BATCH_SIZES[device]
+    target = parse_device(device)
+
+    def fresh() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+        )
+        model = model.to(target)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    generator = torch.Generator().manual_seed(0)
+    batch = (
+        torch.randn(samples, 256, generator=generator).to(target),
+        torch.randint(0, 10, (samples,), generator=generator).to(target),
+    )
+
+    def peak(micro_batch_size: int) -> int:
+        model, optimizer = fresh()
+        step = batchfit.MicroBatchStep(
+            model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=micro_batch_size
+        )
+        with memory_limit(
+            "64GiB" if device == "cpu" else torch.cuda.mem_get_info(target)[1],
+            resident=[model, optimizer, *batch],
+            device=device,
+        ) as measured:
+            step(batch)
+        del model, optimizer, step
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return max(measured.peak_bytes, measured.reserved_peak_bytes or 0)
+
+    whole, halves = peak(samples), peak(samples // 2)
+    assert whole > halves * 1.2, (whole, halves)  # the activations make the difference
+    reference, reference_optimizer = fresh()
+    expected = torch.nn.functional.cross_entropy(reference(batch[0]), batch[1])
+    expected.backward()
+    reference_optimizer.step()
+
+    model, optimizer = fresh()
+    step = batchfit.MicroBatchStep(
+        model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=samples
+    )
+    with memory_limit((whole + halves) // 2, resident=[model, optimizer, *batch], device=device):
+        loss = step(batch)
+    assert step.micro_batch_size == samples // 2
+    reasons = [change.reason for change in step.history]
+    assert reasons in (["out of memory in backward"], ["out of memory in forward"])
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
