@@ -42,6 +42,20 @@ RUNS: dict[str, tuple[str, ...]] = {
         "json",
         "--all-ranks",
     ),
+    "analyze": (
+        *TORCHRUN,
+        "-m",
+        "batchfit",
+        "analyze",
+        "--cfg",
+        str(TESTS.parents[1] / "examples" / "exp.yaml"),
+        "--fractions",
+        "0.8",
+        "--modes",
+        "train",
+        "MEMORY_LIMIT",
+        "32MiB",
+    ),
     "error": (
         *TORCHRUN,
         "-m",
@@ -127,6 +141,18 @@ def test_explore_under_torchrun_gives_every_rank_the_same_measurements(runs: dic
     sizes = [point["batch_size"] for point in results[0]["points"]]
     assert max(sizes) == results[0]["max_batch_size"] == 64
     assert results[0]["recommendation"]["batch_size"] in sizes
+
+
+def test_analyze_under_torchrun_prints_one_table_of_the_single_process_answer(
+    runs: dict[str, Finished],
+) -> None:
+    run = runs["analyze"]
+    assert run.returncode == 0, run.stderr
+    alone = find_batch_size(build_example("cnn", "cpu"), device="cpu", memory_limit="32MiB")
+    header, row = run.stdout.splitlines()  # one table: rank 0's
+    assert header.split() == ["fraction", "mode", "batch_size", "peak", "budget", "trials", "seconds"]
+    assert row.split()[:3] == ["0.8", "train", str(alone.batch_size)]
+    assert sum("real trials for 1 searches" in line for line in run.stderr.splitlines()) == 1
 
 
 def test_an_error_on_one_rank_ends_both_with_rank_0_naming_it(runs: dict[str, Finished]) -> None:
