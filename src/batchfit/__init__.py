@@ -2,6 +2,7 @@
 
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import apply_autobatch
+from batchfit.compare import Comparison, ComparisonRow, compare
 from batchfit.config import ExperimentConfig, load_config
 from batchfit.errors import (
     BatchfitError,
@@ -27,6 +28,8 @@ __all__ = [
     "Analysis",
     "AnalysisRow",
     "BatchfitError",
+    "Comparison",
+    "ComparisonRow",
     "ConfigurationError",
     "DeviceUnavailableError",
     "DoesNotFitError",
@@ -44,6 +47,7 @@ __all__ = [
     "__version__",
     "analyze",
     "apply_autobatch",
+    "compare",
     "explore",
     "find_batch_size",
     "is_out_of_memory",

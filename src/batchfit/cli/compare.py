@@ -1,0 +1,90 @@
+"""``batchfit compare``: what each technique buys on the workload (batch, memory, throughput)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from batchfit.cli import flags
+from batchfit.compare import ComparisonRow, compare
+from batchfit.policy.techniques import TECHNIQUES
+from batchfit.policy.trial import Trial
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "compare",
+        help="what mixed precision, checkpointing, cuDNN's auto-tuner and accumulation buy on this workload",
+        description=(
+            "Apply each technique to the workload and measure it: the largest memory-safe batch, its "
+            "memory and its throughput, against the baseline as given."
+        ),
+    )
+    flags.add_workload(parser)
+    parser.add_argument(
+        "--techniques",
+        default=None,
+        help=(
+            f"comma-separated settings, each one of {', '.join(TECHNIQUES)} or several joined with '+' "
+            f"(amp+checkpointing), or accumulation (default: the usual ones for the device)"
+        ),
+    )
+    flags.add_bounds(parser, flags.DEFAULT_MAX_HELP)
+    parser.add_argument(
+        "--global-batch-size", type=int, default=None, help="adds accumulation to reach this global batch"
+    )
+    parser.add_argument(
+        "--checkpoint-module",
+        default=None,
+        help="the module type checkpointing wraps (default: the most repeated block)",
+    )
+    parser.add_argument(
+        "--windows", type=int, default=3, help="timing windows at each largest batch (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--explore-seconds",
+        type=float,
+        default=10.0,
+        help="explore's time for each technique's recommended batch; 0 skips it (default: %(default)s)",
+    )
+    flags.add_device(parser)
+    flags.add_output(parser, ("text", "json", "csv"))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    with flags.launched(args, args.device):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    def row_done(row: ComparisonRow) -> None:
+        if row.applied and row.batch_size is not None:
+            flags.say(f"{row.technique}: batch_size={row.batch_size} ({row.note}) in {row.seconds:.1f} s")
+        else:
+            flags.say(f"{row.technique}: {row.note}")
+
+    def trial_done(technique: str, trial: Trial) -> None:
+        flags.print_trial(technique, trial)
+
+    techniques = None if args.techniques is None else args.techniques.split(",")
+    comparison = compare(
+        flags.workload(args),
+        techniques,
+        device=args.device,
+        memory_limit=args.memory_limit,
+        memory_fraction=args.memory_fraction,
+        min_batch_size=args.min_batch_size,
+        max_batch_size=args.max_batch_size,
+        multiple_of=args.multiple_of,
+        global_batch_size=args.global_batch_size,
+        checkpoint_module=args.checkpoint_module,
+        windows=args.windows,
+        explore_seconds=args.explore_seconds,
+        on_row=row_done,
+        on_trial=trial_done,
+    )
+    flags.say(f"compared {len(comparison.rows)} settings in {comparison.seconds:.1f} s.")
+    render = {"text": comparison.table, "json": comparison.to_json, "csv": comparison.to_csv}
+    flags.emit(render[args.format](), args.output)
+    return 0

@@ -1,0 +1,322 @@
+"""``compare``: what each technique (mixed precision, activation checkpointing, cuDNN's auto-tuner,
+gradient accumulation) buys on the user's own model: the largest memory-safe batch, its memory and
+its throughput, against the baseline as given."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from batchfit.errors import ConfigurationError, DoesNotFitError
+from batchfit.explore import explore
+from batchfit.find import find_on
+from batchfit.policy.exploration import Meter
+from batchfit.policy.micro_batch import chosen_micro_batch
+from batchfit.policy.techniques import (
+    ACCUMULATION,
+    Facts,
+    default_settings,
+    parse_settings,
+    repeated_block,
+    setting_name,
+    why_not,
+)
+from batchfit.policy.trial import Trial
+from batchfit.runtime.device import Device
+from batchfit.runtime.lockstep import Lockstep, LockstepMeter
+from batchfit.runtime.resolve import resolve_device
+from batchfit.runtime.steps import StepTimer
+from batchfit.runtime.techniques import applied, module_blocks
+from batchfit.runtime.workload import Workload
+from batchfit.units import format_bytes
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One technique's measurements, or why it did not apply (``applied`` False, ``note`` the reason)."""
+
+    technique: str  # "baseline", "amp", "amp+checkpointing", "accumulation", ...
+    applied: bool
+    note: str  # how it was applied ("autocast bfloat16"), or why not
+    batch_size: int | None = None  # the largest memory-safe batch (accumulation: the micro-batch)
+    peak_bytes: int | None = None
+    bytes_per_sample: float | None = None  # the fitted memory line's slope (forward and backward)
+    fixed_bytes: float | None = None  # and its intercept
+    samples_per_second: float | None = None  # at batch_size (accumulation: the global batch's)
+    recommended_batch_size: int | None = None  # explore's recommendation up to batch_size
+    recommended_samples_per_second: float | None = None
+    accumulation_steps: int | None = None
+    batch_ratio: float | None = None  # batch_size over the baseline's
+    throughput_ratio: float | None = None  # samples_per_second over the baseline's
+    trials: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every technique's row, the baseline first, at one memory fraction on one device."""
+
+    rows: tuple[ComparisonRow, ...]
+    device: str
+    memory_fraction: float
+    budget_bytes: int | None
+    unit: str  # of samples_per_second: "samples/s" or "tokens/s"
+    global_batch_size: int | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def to_csv(self) -> str:
+        buffer = io.StringIO()
+        fields = list(ComparisonRow.__dataclass_fields__)
+        writer = csv.DictWriter(buffer, fieldnames=fields)
+        writer.writeheader()
+        for row in self.rows:
+            writer.writerow(asdict(row))
+        return buffer.getvalue()
+
+    def table(self) -> str:
+        header = (
+            f"{'technique':<22} {'batch_size':>10} {'x batch':>7} {'peak':>11} {'per sample':>11} "
+            f"{self.unit:>12} {'x speed':>7} {'recommended':>11}"
+        )
+        lines = [header]
+        for row in self.rows:
+            if not row.applied or row.batch_size is None:
+                lines.append(f"{row.technique:<22} {'-':>10}  {row.note}")
+                continue
+            batch = f"{row.batch_size}" + (f"x{row.accumulation_steps}" if row.accumulation_steps else "")
+            recommended = "-" if row.recommended_batch_size is None else str(row.recommended_batch_size)
+            lines.append(
+                f"{row.technique:<22} {batch:>10} {_times(row.batch_ratio):>7} "
+                f"{_bytes(row.peak_bytes):>11} {_bytes(row.bytes_per_sample):>11} "
+                f"{_number(row.samples_per_second):>12} {_times(row.throughput_ratio):>7} {recommended:>11}"
+            )
+        lines.append(f"on {self.device}, memory_fraction {self.memory_fraction:g}; how each applied:")
+        lines.extend(f"  {row.technique}: {row.note}" for row in self.rows if row.applied)
+        return "\n".join(lines) + "\n"
+
+
+def compare(
+    workload: Workload,
+    techniques: Sequence[str] | None = None,
+    *,
+    device: str | torch.device | None = None,
+    memory_limit: str | int | None = None,
+    memory_fraction: float = 0.8,
+    min_batch_size: int = 1,
+    max_batch_size: int | None = None,
+    multiple_of: int | None = None,
+    global_batch_size: int | None = None,
+    checkpoint_module: str | None = None,
+    windows: int = 3,
+    explore_seconds: float = 10.0,
+    on_row: Callable[[ComparisonRow], None] | None = None,
+    on_trial: Callable[[str, Trial], None] | None = None,
+) -> Comparison:
+    """Apply each technique to ``workload`` (``techniques``: names such as ``amp``,
+    ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``, ``accumulation``; None: the
+    defaults for the device) and measure it as ``find`` and ``explore`` would: the largest batch
+    under a hard cap at ``memory_fraction``, its peak and memory line, the throughput at that batch
+    (the median of ``windows`` timing windows) and at explore's recommendation (within
+    ``explore_seconds``; 0 skips it; ``multiple_of`` as in both). ``accumulation`` reaches
+    ``global_batch_size`` with the baseline's largest batch as micro-batch. Checkpointing wraps
+    ``checkpoint_module`` (a type name), by default the most repeated block. The model, optimizer
+    and RNG are left as they were.
+    """
+    started = time.perf_counter()
+    if windows < 1:
+        raise ConfigurationError(f"windows ({windows}) must be 1 or more.")
+    if explore_seconds < 0:
+        raise ConfigurationError(f"explore_seconds ({explore_seconds}) must be 0 (no explore) or more.")
+    target = resolve_device(device, memory_limit)
+    facts = Facts(
+        cuda=target.torch_device.type == "cuda",
+        custom_train_step=workload.train_step is not None,
+        repeated_block=checkpoint_module or repeated_block(module_blocks(workload.model)),
+        global_batch_size=global_batch_size,
+    )
+    if techniques is None:
+        settings = default_settings(facts, torch.backends.cudnn.benchmark)
+    else:  # a global batch asked for is reached with accumulation, named or not
+        settings = parse_settings([*techniques, *([ACCUMULATION] if global_batch_size else [])])
+    measure = _Measure(workload, target, memory_limit, memory_fraction, min_batch_size, max_batch_size)
+    measure.multiple_of, measure.windows = multiple_of, windows
+    measure.explore_seconds, measure.on_trial = explore_seconds, on_trial
+    rows: list[ComparisonRow] = []
+    for parts in settings:
+        reason = why_not(parts, facts)
+        if reason is not None:
+            row = ComparisonRow(setting_name(parts), False, reason)
+        elif parts == (ACCUMULATION,):
+            row = measure.accumulation(rows[0], global_batch_size or 0, facts)
+        else:
+            row = measure.row(parts, facts)
+        row = _against(row, rows[0] if rows else row)
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return Comparison(
+        tuple(rows),
+        target.name,
+        float(memory_fraction),
+        measure.budget_bytes,
+        "tokens/s" if workload.tokens_per_sample else "samples/s",
+        global_batch_size,
+        time.perf_counter() - started,
+    )
+
+
+class _Measure:
+    """The measurements of one row: a search, timing windows, an exploration."""
+
+    multiple_of: int | None = None
+    windows = 3
+    explore_seconds = 10.0
+    on_trial: Callable[[str, Trial], None] | None = None
+
+    def __init__(
+        self,
+        workload: Workload,
+        target: Device,
+        memory_limit: str | int | None,
+        memory_fraction: float,
+        min_batch_size: int,
+        max_batch_size: int | None,
+    ) -> None:
+        self.workload, self.target, self.memory_limit = workload, target, memory_limit
+        self.memory_fraction, self.min_batch_size, self.max_batch_size = (
+            memory_fraction,
+            min_batch_size,
+            max_batch_size,
+        )
+        self.budget_bytes: int | None = None
+
+    def row(self, parts: tuple[str, ...], facts: Facts) -> ComparisonRow:
+        name, started = setting_name(parts), time.perf_counter()
+        device = self.target.torch_device
+        with applied(self.workload, parts, device, block=facts.repeated_block) as (variant, how):
+            report = self.on_trial
+            on_trial = None if report is None else functools.partial(report, name)
+            try:
+                result = find_on(
+                    self.target,
+                    variant,
+                    "train",
+                    memory_fraction=self.memory_fraction,
+                    min_batch_size=self.min_batch_size,
+                    max_batch_size=self.max_batch_size,
+                    multiple_of=self.multiple_of,
+                    on_trial=on_trial,
+                )
+            except DoesNotFitError as error:
+                return ComparisonRow(name, True, f"{how}; {error}", seconds=time.perf_counter() - started)
+            self.budget_bytes = result.budget_bytes
+            speed = self.throughput(variant, result.batch_size)
+            recommended, recommended_speed = self.recommend(variant, result.batch_size)
+        model = result.memory_model
+        return ComparisonRow(
+            name,
+            True,
+            how,
+            batch_size=result.batch_size,
+            peak_bytes=result.peak_bytes,
+            bytes_per_sample=None if model is None else model.bytes_per_sample,
+            fixed_bytes=None if model is None else model.fixed_bytes,
+            samples_per_second=speed,
+            recommended_batch_size=recommended,
+            recommended_samples_per_second=recommended_speed,
+            trials=len(result.trials),
+            seconds=time.perf_counter() - started,
+        )
+
+    def accumulation(self, baseline: ComparisonRow, global_batch_size: int, facts: Facts) -> ComparisonRow:
+        """The baseline's largest batch (or a divisor of the global batch below it) as the
+        micro-batch, accumulated to ``global_batch_size``: its throughput per optimizer step."""
+        if baseline.batch_size is None:
+            return ComparisonRow(ACCUMULATION, False, "the baseline has no batch that fits to accumulate")
+        started = time.perf_counter()
+        try:
+            micro = chosen_micro_batch(global_batch_size, 1, baseline.batch_size)
+        except ConfigurationError as error:
+            return ComparisonRow(ACCUMULATION, False, str(error))
+        steps = global_batch_size // micro
+        with applied(self.workload, (ACCUMULATION,), self.target.torch_device, accumulation_steps=steps) as (
+            variant,
+            how,
+        ):
+            speed = self.throughput(variant, micro) * steps  # a step holds micro x steps samples
+        return ComparisonRow(
+            ACCUMULATION,
+            True,
+            f"global_batch_size {global_batch_size} = micro_batch_size {micro} x {how}",
+            batch_size=micro,
+            samples_per_second=speed,
+            accumulation_steps=steps,
+            seconds=time.perf_counter() - started,
+        )
+
+    def throughput(self, workload: Workload, batch_size: int) -> float:
+        """The median of ``windows`` training windows at ``batch_size`` (samples or tokens per
+        second); under a process group, the slowest rank's, as explore reads it."""
+        lockstep = Lockstep.current()
+        with StepTimer(workload, self.target, None, workload.tokens_per_sample) as timer:
+            meter: Meter = timer if lockstep is None else LockstepMeter(timer, lockstep)
+            meter.first_visit(batch_size)
+            return statistics.median(meter.window(batch_size) for _ in range(self.windows))
+
+    def recommend(self, workload: Workload, batch_size: int) -> tuple[int | None, float | None]:
+        if self.explore_seconds <= 0:
+            return None, None
+        result = explore(
+            workload,
+            device=self.target.torch_device,
+            memory_limit=self.memory_limit,
+            min_batch_size=min(self.min_batch_size, batch_size),
+            max_batch_size=batch_size,
+            multiple_of=self.multiple_of,
+            time_budget_seconds=self.explore_seconds,
+        )
+        chosen = result.recommendation.batch_size
+        return chosen, result.estimates()[chosen]
+
+
+def _against(row: ComparisonRow, baseline: ComparisonRow) -> ComparisonRow:
+    """The row with its batch and throughput as multiples of the baseline's."""
+
+    def share(value: float | None, base: float | None) -> float | None:
+        return None if value is None or not base else value / base
+
+    batch = None if row.accumulation_steps else share(row.batch_size, baseline.batch_size)
+    return ComparisonRow(
+        **{
+            **asdict(row),
+            "batch_ratio": batch,
+            "throughput_ratio": share(row.samples_per_second, baseline.samples_per_second),
+        }
+    )
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _bytes(value: float | None) -> str:
+    return "-" if value is None else format_bytes(int(value))
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

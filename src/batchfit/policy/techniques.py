@@ -1,0 +1,101 @@
+"""The techniques ``compare`` applies, free of torch: their names, the default set for a device,
+which one applies to a workload (and why not), and the repeated block that checkpointing wraps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from batchfit.errors import ConfigurationError
+
+BASELINE = "baseline"
+ACCUMULATION = "accumulation"
+#: The techniques a setting combines with "+" (``amp+checkpointing``).
+TECHNIQUES = ("amp", "checkpointing", "cudnn-benchmark-on", "cudnn-benchmark-off")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What decides whether a technique applies to a workload on a device."""
+
+    cuda: bool
+    custom_train_step: bool  # the workload's own train_step: batchfit cannot add autocast inside it
+    repeated_block: str | None  # the module type checkpointing wraps, None when none repeats
+    global_batch_size: int | None = None
+
+
+def parse_settings(names: Sequence[str]) -> list[tuple[str, ...]]:
+    """Each setting's techniques (``()`` for the baseline, which always comes first, once)."""
+    settings: list[tuple[str, ...]] = [()]
+    for name in names:
+        name = name.strip()
+        if name in ("", BASELINE):
+            continue
+        if name == ACCUMULATION:
+            parts: tuple[str, ...] = (ACCUMULATION,)
+        else:
+            parts = tuple(part.strip() for part in name.split("+"))
+            unknown = [part for part in parts if part not in TECHNIQUES]
+            if unknown:
+                raise ConfigurationError(
+                    f"technique {name!r}: {', '.join(repr(part) for part in unknown)} is not one of "
+                    f"{', '.join(TECHNIQUES)} (combined with '+', e.g. amp+checkpointing), {BASELINE} or "
+                    f"{ACCUMULATION}."
+                )
+            if {"cudnn-benchmark-on", "cudnn-benchmark-off"} <= set(parts):
+                raise ConfigurationError(f"technique {name!r} turns cuDNN's benchmark both on and off.")
+        if parts not in settings:
+            settings.append(parts)
+    return settings
+
+
+def setting_name(parts: tuple[str, ...]) -> str:
+    return "+".join(parts) if parts else BASELINE
+
+
+def default_settings(facts: Facts, cudnn_benchmark: bool) -> list[tuple[str, ...]]:
+    """The baseline, mixed precision, checkpointing and both; on CUDA cuDNN's auto-tuner flipped
+    from the baseline's; accumulation when a global batch is asked for."""
+    names = ["amp", "checkpointing", "amp+checkpointing"]
+    if facts.cuda:
+        names.append("cudnn-benchmark-off" if cudnn_benchmark else "cudnn-benchmark-on")
+    if facts.global_batch_size is not None:
+        names.append(ACCUMULATION)
+    return parse_settings(names)
+
+
+def why_not(parts: tuple[str, ...], facts: Facts) -> str | None:
+    """Why the setting cannot apply to this workload here, or None when it can."""
+    reasons = []
+    if "amp" in parts and facts.custom_train_step:
+        reasons.append(
+            "amp: the workload has its own train_step, which batchfit cannot wrap in autocast (add "
+            "autocast and a GradScaler to the train_step and compare it as the baseline)"
+        )
+    if "checkpointing" in parts and facts.repeated_block is None:
+        reasons.append(
+            "checkpointing: the model has no repeated block (no module type with parameters and "
+            "children occurs twice); name one with checkpoint_module"
+        )
+    if any(part.startswith("cudnn-benchmark") for part in parts) and not facts.cuda:
+        reasons.append("cuDNN's benchmark needs CUDA")
+    if ACCUMULATION in parts and facts.global_batch_size is None:
+        reasons.append("accumulation needs global_batch_size, the global batch to reach")
+    if ACCUMULATION in parts and facts.custom_train_step:
+        reasons.append(
+            "accumulation: the workload's own train_step steps the optimizer, which batchfit cannot "
+            "defer to every n-th micro-batch"
+        )
+    return "; ".join(reasons) or None
+
+
+def repeated_block(modules: Sequence[tuple[str, bool]]) -> str | None:
+    """The type name checkpointing wraps: among ``(type name, is a block)`` pairs, one per module
+    (a block has parameters and children), the most frequent block type that occurs twice or more;
+    the first seen wins a tie."""
+    counts: dict[str, int] = {}
+    for name, block in modules:
+        if block:
+            counts[name] = counts.get(name, 0) + 1
+    repeated = [(count, -index, name) for index, (name, count) in enumerate(counts.items()) if count >= 2]
+    return max(repeated)[2] if repeated else None

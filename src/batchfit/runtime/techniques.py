@@ -1,0 +1,130 @@
+"""Techniques applied to a workload without the user rewriting their step: mixed precision,
+activation checkpointing, cuDNN's auto-tuner, gradient accumulation. Each is applied for a block and
+put back after it (the model's modules, the global cuDNN flag)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from batchfit.errors import ConfigurationError
+from batchfit.policy.techniques import ACCUMULATION
+from batchfit.runtime.workload import Workload, model_loss
+
+
+def module_blocks(model: nn.Module) -> list[tuple[str, bool]]:
+    """Each submodule's type name, and whether it is a block (it has parameters and children)."""
+    return [
+        (
+            type(module).__name__,
+            any(True for _ in module.children()) and any(True for _ in module.parameters()),
+        )
+        for module in model.modules()
+        if module is not model
+    ]
+
+
+def mixed_precision(device: torch.device) -> tuple[torch.dtype, bool]:
+    """The autocast dtype on ``device`` and whether it needs a GradScaler: bfloat16 on the CPU and
+    on GPUs that support it, else float16 with a GradScaler."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16, True
+    return torch.bfloat16, False
+
+
+@contextmanager
+def applied(
+    workload: Workload,
+    parts: tuple[str, ...],
+    device: torch.device,
+    *,
+    block: str | None = None,
+    accumulation_steps: int = 1,
+) -> Iterator[tuple[Workload, str]]:
+    """The workload with ``parts`` applied, and a line saying how; the model's modules and the
+    cuDNN flag are put back when the block ends."""
+    variant = dataclasses.replace(workload)
+    notes = []
+    with ExitStack() as undo:
+        if "checkpointing" in parts:
+            if block is None:
+                raise ConfigurationError("checkpointing needs the type name of the block to wrap.")
+            wrapped = _checkpoint_blocks(workload.model, block, undo)
+            notes.append(f"checkpointing {wrapped} {block} block{'s' if wrapped != 1 else ''}")
+        if "amp" in parts:
+            dtype, scaled = mixed_precision(device)
+            variant.train_step = _autocast_step(workload, device, dtype, scaled)
+            notes.append(
+                f"autocast {str(dtype).removeprefix('torch.')}{' with a GradScaler' if scaled else ''}"
+            )
+        for part in parts:
+            if part.startswith("cudnn-benchmark"):
+                previous = torch.backends.cudnn.benchmark
+                undo.callback(setattr, torch.backends.cudnn, "benchmark", previous)
+                torch.backends.cudnn.benchmark = part.endswith("-on")
+                notes.append(f"cudnn.benchmark={torch.backends.cudnn.benchmark}")
+        if ACCUMULATION in parts:
+            variant.train_step = _accumulated_step(workload, accumulation_steps)
+            notes.append(f"{accumulation_steps} accumulation steps per optimizer step")
+        yield variant, ", ".join(notes) or "as given"
+
+
+def _checkpoint_blocks(model: nn.Module, block: str, undo: ExitStack) -> int:
+    """Wrap every module of type ``block`` in activation checkpointing until ``undo`` closes."""
+    found = [module for module in model.modules() if type(module).__name__ == block and module is not model]
+    if not found:
+        raise ConfigurationError(
+            f"checkpoint_module={block!r}: the model has no module of that type; name one of "
+            f"{sorted({type(module).__name__ for module in model.modules()})}."
+        )
+    for module in found:
+        original = module.forward
+        module.forward = functools.partial(_checkpointed, original)  # type: ignore[method-assign]
+        undo.callback(delattr, module, "forward")  # the class's own forward again
+    return len(found)
+
+
+def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _autocast_step(workload: Workload, device: torch.device, dtype: torch.dtype, scaled: bool) -> Any:
+    scaler = torch.amp.GradScaler(device.type) if scaled else None
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
+        if optimizer is None:
+            raise ConfigurationError("amp needs Workload.optimizer: it steps the optimizer itself.")
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype):
+            loss = model_loss(model, batch, workload.loss_fn)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    return step
+
+
+def _accumulated_step(workload: Workload, accumulation_steps: int) -> Any:
+    """``accumulation_steps`` forwards and backwards of the batch, then one optimizer step: the
+    step of a micro-batch x accumulation run."""
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
+        if optimizer is None:
+            raise ConfigurationError("accumulation needs Workload.optimizer: it steps it once per batch.")
+        optimizer.zero_grad(set_to_none=True)
+        for _ in range(accumulation_steps):
+            (model_loss(model, batch, workload.loss_fn) / accumulation_steps).backward()
+        optimizer.step()
+
+    return step

@@ -1,0 +1,59 @@
+"""``batchfit compare`` run for real: the JSON rows, the progress lines, a bad technique."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from batchfit.compare import compare
+from batchfit.runtime.examples import build_example
+
+ARGS = (
+    "--example",
+    "cnn",
+    "--device",
+    "cpu",
+    "--memory-limit",
+    "64MiB",
+    "--windows",
+    "1",
+    "--explore-seconds",
+    "0",
+)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "batchfit", "compare", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_compare_prints_rows_as_json_and_a_line_per_setting() -> None:
+    done = run(
+        *ARGS, "--techniques", "amp,cudnn-benchmark-on", "--global-batch-size", "96", "--format", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    assert [row["technique"] for row in rows] == ["baseline", "amp", "cudnn-benchmark-on", "accumulation"]
+    alone = compare(
+        build_example("cnn", "cpu"), ["amp"], device="cpu", memory_limit="64MiB", windows=1, explore_seconds=0
+    )
+    assert [row["batch_size"] for row in rows[:2]] == [row.batch_size for row in alone.rows]
+    assert rows[2]["applied"] is False and rows[2]["note"] == "cuDNN's benchmark needs CUDA"
+    assert rows[3]["batch_size"] * rows[3]["accumulation_steps"] == 96
+    said = [
+        line for line in done.stderr.splitlines() if line.startswith("batchfit: ") and ": batch_size=" in line
+    ]
+    assert [line.split(":")[1].strip() for line in said] == ["baseline", "amp", "accumulation"]
+    assert "batchfit: cudnn-benchmark-on: cuDNN's benchmark needs CUDA" in done.stderr
+
+
+def test_a_bad_technique_is_one_message() -> None:
+    done = run(*ARGS, "--techniques", "amp,turbo")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("batchfit: error: technique 'turbo': 'turbo' is not one of amp,")

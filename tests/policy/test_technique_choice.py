@@ -1,0 +1,73 @@
+"""compare's techniques in plain Python: names, defaults, which apply, the repeated block."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchfit.errors import ConfigurationError
+from batchfit.policy.techniques import Facts, default_settings, parse_settings, repeated_block, why_not
+
+CPU = Facts(cuda=False, custom_train_step=False, repeated_block="Block")
+
+
+def test_settings_start_with_the_baseline_once_and_drop_repeats() -> None:
+    assert parse_settings(["amp", "baseline", " amp ", "amp+checkpointing", "accumulation"]) == [
+        (),
+        ("amp",),
+        ("amp", "checkpointing"),
+        ("accumulation",),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "amp+fp8",
+            (
+                "technique 'amp+fp8': 'fp8' is not one of amp, checkpointing, cudnn-benchmark-on, "
+                "cudnn-benchmark-off (combined with '+', e.g. amp+checkpointing), baseline or accumulation."
+            ),
+        ),
+        (
+            "cudnn-benchmark-on+cudnn-benchmark-off",
+            "technique 'cudnn-benchmark-on+cudnn-benchmark-off' turns cuDNN's benchmark both on and off.",
+        ),
+    ],
+)
+def test_bad_names_are_refused_with_the_choices(name: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        parse_settings([name])
+    assert str(raised.value) == message
+
+
+def test_the_defaults_follow_the_device_and_the_global_batch() -> None:
+    assert default_settings(CPU, cudnn_benchmark=False) == [
+        (),
+        ("amp",),
+        ("checkpointing",),
+        ("amp", "checkpointing"),
+    ]
+    cuda = Facts(cuda=True, custom_train_step=False, repeated_block=None, global_batch_size=1024)
+    assert default_settings(cuda, cudnn_benchmark=False)[-2:] == [("cudnn-benchmark-on",), ("accumulation",)]
+    assert ("cudnn-benchmark-off",) in default_settings(cuda, cudnn_benchmark=True)
+
+
+def test_a_technique_that_cannot_apply_says_why() -> None:
+    assert why_not(("amp", "checkpointing"), CPU) is None
+    custom = Facts(cuda=False, custom_train_step=True, repeated_block=None)
+    reason = why_not(("amp", "checkpointing", "cudnn-benchmark-on"), custom)
+    assert reason is not None
+    assert reason.startswith("amp: the workload has its own train_step")
+    assert "checkpointing: the model has no repeated block" in reason
+    assert reason.endswith("cuDNN's benchmark needs CUDA")
+    assert (
+        why_not(("accumulation",), CPU) == "accumulation needs global_batch_size, the global batch to reach"
+    )
+
+
+def test_the_repeated_block_is_the_most_frequent_block_type() -> None:
+    blocks = [("Layer", True), ("Linear", False), ("Linear", False), ("Layer", True), ("Stage", True)]
+    assert repeated_block(blocks) == "Layer"  # Linear is more frequent but not a block
+    assert repeated_block([("Stage", True), ("Layer", True), ("Layer", True), ("Stage", True)]) == "Stage"
+    assert repeated_block([("Stage", True), ("Linear", False), ("Linear", False)]) is None

@@ -1,0 +1,126 @@
+"""compare on real models under a real cap: each technique's largest batch is the truth by force,
+and everything is left as it was."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import build
+
+from batchfit import ConfigurationError, Workload, compare, memory_limit
+from batchfit.runtime.examples import build_example
+from batchfit.runtime.techniques import applied
+
+#: Steps each probe of the truth trains (the search's trials train 2).
+TRUTH_STEPS = 10
+
+
+def fits(parts: tuple[str, ...], budget: int, batch_size: int) -> bool:
+    """Whether TRUTH_STEPS steps of the freshly built cnn, with ``parts`` applied, complete under
+    a hard cap of ``budget`` bytes."""
+    workload = build_example("cnn", "cpu")
+    optimizer = workload.build_optimizer()
+    with applied(workload, parts, torch.device("cpu"), block="Sequential") as (variant, _):
+        host = variant.host_batch(batch_size)
+        try:
+            with memory_limit(budget, resident=[workload.model, optimizer]):
+                for _ in range(TRUTH_STEPS):
+                    variant.run_train_step(optimizer, [tensor.clone() for tensor in host])
+        except torch.OutOfMemoryError:
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def comparison() -> Any:
+    return compare(
+        build_example("cnn", "cpu"),
+        ["amp", "checkpointing", "amp+checkpointing"],
+        device="cpu",
+        memory_limit="64MiB",
+        global_batch_size=96,
+        windows=1,
+        explore_seconds=0,
+    )
+
+
+def test_each_technique_s_largest_batch_is_the_truth_under_the_cap(comparison: Any) -> None:
+    rows = {row.technique: row for row in comparison.rows}
+    assert list(rows) == ["baseline", "amp", "checkpointing", "amp+checkpointing", "accumulation"]
+    for name, parts in (
+        ("baseline", ()),
+        ("amp", ("amp",)),
+        ("checkpointing", ("checkpointing",)),
+        ("amp+checkpointing", ("amp", "checkpointing")),
+    ):
+        answer = rows[name].batch_size
+        window = range(answer - 2, answer + 3)
+        fitting = [batch for batch in window if fits(parts, comparison.budget_bytes, batch)]
+        assert fitting == list(range(answer - 2, answer + 1)), (name, answer, fitting)
+    # What each buys on this BatchNorm CNN, measured: mixed precision and checkpointing both raise
+    # the largest batch, and together most.
+    baseline = rows["baseline"].batch_size
+    assert baseline < rows["checkpointing"].batch_size < rows["amp+checkpointing"].batch_size
+    assert baseline < rows["amp"].batch_size < rows["amp+checkpointing"].batch_size
+    assert rows["amp"].batch_ratio == rows["amp"].batch_size / baseline
+    assert rows["amp"].bytes_per_sample < rows["baseline"].bytes_per_sample
+
+
+def test_accumulation_reaches_the_global_batch_from_the_baseline_s_largest(comparison: Any) -> None:
+    baseline, accumulation = comparison.rows[0], comparison.rows[-1]
+    assert accumulation.technique == "accumulation" and accumulation.applied
+    assert accumulation.batch_size * accumulation.accumulation_steps == 96
+    assert accumulation.batch_size <= baseline.batch_size < 2 * accumulation.batch_size
+    assert accumulation.samples_per_second > 0 and accumulation.throughput_ratio is not None
+
+
+def test_the_outputs_carry_every_row(comparison: Any) -> None:
+    table = comparison.table()
+    assert all(row.technique in table for row in comparison.rows)
+    assert comparison.to_dict()["rows"][1]["technique"] == "amp"
+    lines = comparison.to_csv().splitlines()
+    assert lines[0].startswith("technique,applied,note,batch_size") and len(lines) == 1 + len(comparison.rows)
+
+
+def test_compare_leaves_the_model_optimizer_and_rng_as_they_were() -> None:
+    workload = build("cnn", "adam")
+    workload.run_train_step(workload.optimizer, workload.host_batch(4))  # optimizer state exists
+    weights = {name: value.clone() for name, value in workload.model.state_dict().items()}
+    state = {key: {k: v.clone() for k, v in value.items()} for key, value in workload.optimizer.state.items()}
+    rng = torch.get_rng_state()
+    gradients = [parameter.grad.clone() for parameter in workload.model.parameters()]
+    compare(workload, ["amp"], device="cpu", memory_limit="16MiB", windows=1, explore_seconds=0)
+    assert all(torch.equal(value, weights[name]) for name, value in workload.model.state_dict().items())
+    for key, value in workload.optimizer.state.items():
+        assert all(torch.equal(v, state[key][k]) for k, v in value.items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    got = [parameter.grad for parameter in workload.model.parameters()]
+    assert all(torch.equal(now, then) for now, then in zip(got, gradients, strict=True))
+
+
+def test_a_technique_that_cannot_wrap_the_step_says_why_and_the_others_run() -> None:
+    workload: Workload = build("mlp", "sgd")
+    default = workload
+
+    def train_step(model: torch.nn.Module, optimizer: Any, batch: Any) -> None:
+        default.train_step = None
+        default.run_train_step(optimizer, batch)
+        default.train_step = train_step
+
+    workload.train_step = train_step
+    result = compare(
+        workload, ["amp", "checkpointing"], device="cpu", memory_limit="8MiB", windows=1, explore_seconds=0
+    )
+    baseline, amp, checkpointing = result.rows
+    assert baseline.applied and baseline.batch_size is not None
+    assert not amp.applied and amp.note.startswith("amp: the workload has its own train_step")
+    assert not checkpointing.applied and "no repeated block" in checkpointing.note
+
+
+def test_bad_settings_are_refused_before_any_work() -> None:
+    with pytest.raises(ConfigurationError, match=r"^windows \(0\) must be 1 or more\.$"):
+        compare(build("mlp"), windows=0)
+    with pytest.raises(ConfigurationError, match=r"^technique 'fast': 'fast' is not one of"):
+        compare(build("mlp"), ["fast"], device="cpu")
