@@ -106,7 +106,7 @@ class Comparison:
                 f"{_number(row.samples_per_second):>12} {_times(row.throughput_ratio):>7} {recommended:>11}"
             )
         lines.append(f"on {self.device}, memory_fraction {self.memory_fraction:g}; how each applied:")
-        lines.extend(f"  {row.technique}: {row.note}" for row in self.rows if row.applied)
+        lines.extend(f"  {row.technique}: {row.note}" for row in self.rows if row.batch_size is not None)
         return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,139 @@
+"""``batchfit compare`` on real models, each technique's largest batch checked by force.
+
+    .venv/bin/python bench/compare.py                  # CPU: the built-in examples, capped
+    .venv/bin/python bench/compare.py --device cuda    # ResNet-50 and GPT-2 where installed, capped
+
+For every row that applied, the truth is the largest batch whose 10 steps, the technique applied
+the same way, complete under the comparison's budget from freshly built state (galloping, then
+bisecting; the cache emptied before each probe on CUDA). On a GPU the ratios are set beside the
+published ResNet-50 rows of an 11 GB RTX 2080 Ti (AMP 1.9x the fp32 maximum; checkpointing per
+stage about 1.2x AMP's).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from dataclasses import asdict
+
+import torch
+from _harness import RESULTS, Session, parser, print_text_table, write_results
+from _workloads import build, missing
+from find import largest_fitting
+
+import batchfit
+from batchfit.compare import Comparison
+from batchfit.policy.techniques import repeated_block
+from batchfit.runtime.resolve import parse_device
+from batchfit.runtime.techniques import applied, module_blocks
+from batchfit.runtime.workload import to_device
+
+#: Steps in a probe of the truth.
+TRUTH_STEPS = 10
+#: The bound of every search and of the truth.
+MAX_BATCH_SIZE = 1024
+#: (workload, memory limit) per device.
+CASES = {
+    "cpu": [("mlp", "48MiB"), ("cnn", "256MiB"), ("transformer", "512MiB")],
+    "cuda": [("resnet50", "10.5GiB"), ("gpt2", "16GiB"), ("cnn", "1GiB")],
+}
+#: The published ResNet-50 ratios (seed 004: RTX 2080 Ti, fp32 111 with cuDNN's benchmark off).
+ANCHORS = {"amp": 214 / 111}
+
+
+def fits(
+    name: str, device: torch.device, parts: tuple[str, ...], block: str | None, budget: int, batch: int
+) -> bool:
+    """Whether TRUTH_STEPS steps of a freshly built ``name``, ``parts`` applied, fit ``budget``."""
+    workload = build(name, device)
+    optimizer = workload.build_optimizer()
+    try:
+        with applied(workload, parts, device, block=block) as (variant, _):
+            host = variant.host_batch(batch)
+            with batchfit.memory_limit(budget, resident=[workload.model, optimizer], device=device):
+                for _ in range(TRUTH_STEPS):
+                    variant.run_train_step(optimizer, to_device(host, device))
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        del workload, optimizer
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def check(name: str, device: torch.device, comparison: Comparison, block: str | None) -> list[int | None]:
+    """The truth for each row that has a largest batch (None for the others)."""
+    truths: list[int | None] = []
+    for row in comparison.rows:
+        if (
+            not row.applied
+            or row.batch_size is None
+            or row.accumulation_steps
+            or comparison.budget_bytes is None
+        ):
+            truths.append(None)
+            continue
+        parts = () if row.technique == "baseline" else tuple(row.technique.split("+"))
+        budget = comparison.budget_bytes
+        probe = functools.partial(fits, name, device, parts, block, budget)
+        true_max, _ = largest_fitting(probe, row.batch_size, MAX_BATCH_SIZE)
+        truths.append(true_max)
+    return truths
+
+
+def main() -> None:
+    args = parser(__doc__, quick="the first case alone", json_default="bench/results/compare-DEVICE.json")
+    args.add_argument("--explore-seconds", type=float, default=5.0, help="explore per row (default: 5)")
+    options = args.parse_args()
+    device = parse_device(options.device)
+    session = Session(device, ["torch", "torchvision", "transformers"])
+    print(session.machine())
+    results = []
+    for name, limit in CASES[device.type][:1] if options.quick else CASES[device.type]:
+        why = missing(name)
+        if why:
+            print(f"{name}: skipped, {why}")
+            continue
+        workload = build(name, device)
+        comparison = batchfit.compare(
+            workload,
+            device=device,
+            memory_limit=limit,
+            max_batch_size=MAX_BATCH_SIZE,
+            global_batch_size=1024,
+            explore_seconds=options.explore_seconds,
+        )
+        block = repeated_block(module_blocks(workload.model))  # what compare wraps
+        del workload
+        truths = check(name, device, comparison, block)
+        print(f"\n{name} at {limit} ({comparison.seconds:.0f} s)")
+        print(comparison.table(), end="")
+        lines = []
+        for row, truth in zip(comparison.rows, truths, strict=True):
+            if truth is None or row.batch_size is None:
+                continue
+            anchor = ANCHORS.get(row.technique) if name == "resnet50" else None
+            lines.append(
+                [
+                    row.technique,
+                    str(row.batch_size),
+                    str(truth),
+                    "exact" if truth == row.batch_size else f"off by {row.batch_size - truth:+d}",
+                    "-" if row.batch_ratio is None else f"{row.batch_ratio:.2f}x",
+                    "-" if anchor is None else f"{anchor:.2f}x",
+                ]
+            )
+        print_text_table(["technique", "answer", "truth", "verdict", "x batch", "published x batch"], lines)
+        results.append({"workload": name, "limit": limit, "comparison": asdict(comparison), "truths": truths})
+    print(session.finish())
+    if not options.no_json:
+        path = options.json or RESULTS / f"compare-{device.type}.json"
+        write_results(path, {**session.to_dict(), "cases": results})
+
+
+if __name__ == "__main__":
+    main()
