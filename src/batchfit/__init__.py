@@ -2,6 +2,7 @@
 
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import apply_autobatch
+from batchfit.check_data import DataCheck, check_data
 from batchfit.config import ExperimentConfig, load_config
 from batchfit.errors import (
     BatchfitError,
@@ -14,6 +15,7 @@ from batchfit.errors import (
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.micro_batch_step import MicroBatchStep
+from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSetting, SettingRow
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.shrink import MicroBatchChange
 from batchfit.policy.trial import MemoryModel, Trial
@@ -28,10 +30,13 @@ __all__ = [
     "AnalysisRow",
     "BatchfitError",
     "ConfigurationError",
+    "DataCheck",
     "DeviceUnavailableError",
     "DoesNotFitError",
     "ExperimentConfig",
     "ExploreResult",
+    "LoaderRecommendation",
+    "LoaderSetting",
     "MemoryModel",
     "MicroBatchChange",
     "MicroBatchStep",
@@ -39,11 +44,13 @@ __all__ = [
     "Plan",
     "RankFailedError",
     "SearchResult",
+    "SettingRow",
     "Trial",
     "Workload",
     "__version__",
     "analyze",
     "apply_autobatch",
+    "check_data",
     "explore",
     "find_batch_size",
     "is_out_of_memory",
