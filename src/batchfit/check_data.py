@@ -144,8 +144,9 @@ def check_data(
     when the loader is the bottleneck (more than ``WAIT_SHARE_THRESHOLD`` of the loop waits for
     data), settings are tried up to ``max_num_workers`` (default: the cores this process may use)
     and the cheapest within ``tolerance`` of the fastest is recommended. Each pass times at least
-    ``window_seconds``; no setting is started after ``time_budget_seconds``. The model, optimizer
-    and RNG are left as they were. docs/check-data.md explains.
+    ``window_seconds``; no setting is started after ``time_budget_seconds``. ``on_setting(row)``
+    hears each setting's row as it is measured, the current one first. The model, optimizer and
+    RNG are left as they were. docs/check-data.md explains.
     """
     started = time.perf_counter()
     check_positive_int("batch_size", batch_size)
@@ -168,6 +169,8 @@ def check_data(
         loader_rate = loop.loader_alone(current)
         step_rate = loop.step_alone()
         now, busy_share = loop.together(current)
+        if on_setting is not None:
+            on_setting(now)
 
         def measure(setting: LoaderSetting) -> SettingRow:
             row = loop.together(setting)[0]
