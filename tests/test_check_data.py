@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from data_workloads import (
+    InMemoryItems,
     fast,
     heavy,
     loader_ignoring_batch_size,
@@ -181,6 +182,33 @@ def test_a_factory_is_given_only_the_knobs_it_takes(one_thread: None) -> None:
     assert result.stop_reason == "time_budget" and len(result.settings) == 1
     assert result.recommendation is not None and result.recommendation.setting == LoaderSetting()
     assert "prefetch_factor, pin_memory, persistent_workers not tried:" in result.table()
+
+
+class StepFailed(Exception):
+    pass
+
+
+def test_an_error_in_the_step_propagates_with_a_note_and_the_state_put_back(one_thread: None) -> None:
+    workload = _mid_training(sleepy())
+    workload.dataset = InMemoryItems()
+    calls = []
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        calls.append(len(batch[0]))
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        optimizer.step()  # weights, Adam state and (dropout) RNG change before the failure
+        if len(calls) == 3:
+            raise StepFailed("a bug in the step")
+
+    workload.train_step = train_step
+    before = _state(workload)
+    with pytest.raises(StepFailed) as info:
+        check_data(workload, 16, device="cpu", window_seconds=0.05)
+    assert info.value.__notes__ == ["batchfit: raised by the train step in check_data at batch_size=16."]
+    after = _state(workload)
+    for key in before:
+        assert _same(before[key], after[key]), key
 
 
 @pytest.mark.parametrize(

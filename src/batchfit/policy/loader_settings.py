@@ -206,7 +206,8 @@ class LoaderRecommendation:
             f"({now.samples_per_second:.1f} -> {after.samples_per_second:.1f}), the data wait "
             f"{now.data_wait_share:.0%} -> {after.data_wait_share:.0%} of each step"
         )
-        if self.setting.persistent_workers and self.startup_share is not None:
+        added = self.setting.persistent_workers and not now.setting.persistent_workers
+        if added and self.startup_share is not None:
             text += (
                 f"; persistent_workers=True keeps the workers between epochs, saving their start "
                 f"(about {self.startup_share:.0%} of an epoch)"

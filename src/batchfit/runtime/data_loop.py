@@ -106,12 +106,8 @@ class DataLoop:
     def __init__(
         self, workload: Workload, device: Device, source: LoaderSource, window_seconds: float
     ) -> None:
-        self.workload, self.device, self.source, self.window_seconds = (
-            workload,
-            device,
-            source,
-            window_seconds,
-        )
+        self.workload, self.device, self.source = workload, device, source
+        self.window_seconds = window_seconds
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
         self.snapshot = TrainingSnapshot.capture(workload.model, optimizer)
         self.snapshot.set_gradients_aside()
@@ -131,8 +127,8 @@ class DataLoop:
         return samples / (time.perf_counter() - begin)
 
     def step_alone(self) -> float:
-        """Samples/s of training steps on one batch already in memory (each step on a fresh
-        device copy of it, as a loader hands training a new batch)."""
+        """Samples/s of training steps on one batch already in memory: the first batch the loader
+        gave (a pass has read it), each step on a fresh device copy of it, as in training."""
         samples = self.source.samples(self.host_batch)
         try:
             self.workload.model.train()
@@ -211,13 +207,20 @@ class DataLoop:
         try:
             self.workload.run_train_step(self.optimizer, batch)
         except BaseException as error:
-            error.add_note(
-                f"batchfit: raised by the train step in check_data at batch_size={self.source.batch_size}."
-            )
+            self._note(error)
             raise
 
     def _steps(self, count: int) -> float:
-        return timed_steps(self.workload, self.optimizer, self.device, "train", self.host_batch, count)
+        try:
+            return timed_steps(self.workload, self.optimizer, self.device, "train", self.host_batch, count)
+        except BaseException as error:
+            self._note(error)
+            raise
+
+    def _note(self, error: BaseException) -> None:
+        error.add_note(
+            f"batchfit: raised by the train step in check_data at batch_size={self.source.batch_size}."
+        )
 
     def _put_back(self) -> None:
         """The weights, optimizer state and RNG as before the pass (gradients stay set aside)."""
