@@ -2,6 +2,7 @@
 
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import apply_autobatch
+from batchfit.check_data import DataCheck, check_data
 from batchfit.compare import Comparison, ComparisonRow, compare
 from batchfit.config import ExperimentConfig, load_config
 from batchfit.errors import (
@@ -15,6 +16,7 @@ from batchfit.errors import (
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.micro_batch_step import MicroBatchStep
+from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSetting, SettingRow
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.shrink import MicroBatchChange
 from batchfit.policy.trial import MemoryModel, Trial
@@ -31,10 +33,13 @@ __all__ = [
     "Comparison",
     "ComparisonRow",
     "ConfigurationError",
+    "DataCheck",
     "DeviceUnavailableError",
     "DoesNotFitError",
     "ExperimentConfig",
     "ExploreResult",
+    "LoaderRecommendation",
+    "LoaderSetting",
     "MemoryModel",
     "MicroBatchChange",
     "MicroBatchStep",
@@ -42,11 +47,13 @@ __all__ = [
     "Plan",
     "RankFailedError",
     "SearchResult",
+    "SettingRow",
     "Trial",
     "Workload",
     "__version__",
     "analyze",
     "apply_autobatch",
+    "check_data",
     "compare",
     "explore",
     "find_batch_size",

@@ -1,5 +1,5 @@
-"""The host: how much memory the CPU may use (cgroup, RLIMIT_AS, MemAvailable), and glibc's malloc,
-whose moving thresholds make CPU throughput depend on what ran before."""
+"""The host: how much memory the CPU may use (cgroup, RLIMIT_AS, MemAvailable), the cores it may
+run on, and glibc's malloc, whose moving thresholds make CPU throughput depend on what ran before."""
 
 from __future__ import annotations
 
@@ -59,6 +59,14 @@ def malloc_advice(environ: dict[str, str] | None = None) -> str | None:
         "throughput depends on which sizes ran before it; for steady figures (and often faster "
         f"training) run with {pinned}, in training too."
     )
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, which taskset and cgroup cpusets
+    narrow), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def host_available_bytes() -> int:

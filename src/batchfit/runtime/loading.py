@@ -1,4 +1,5 @@
-"""A workload from a spec: ``example:NAME`` (a built-in) or ``module:function`` (the user's)."""
+"""A workload from a spec: ``example:NAME`` (a built-in) or ``module:function`` (the user's); and
+any function from a ``module:function`` spec (``--loader``)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ def load_workload(
     """
     if spec.startswith("example:"):
         return build_example(spec.partition(":")[2], device)
+    function = load_function(spec, source)
+    workload = function(device=parse_device(device)) if _takes_device(function) else function()
+    if not isinstance(workload, Workload):
+        raise ConfigurationError(
+            f"{source} {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
+        )
+    return workload
+
+
+def load_function(spec: str, source: str) -> Callable[..., Any]:
+    """Import ``module:function`` (the working directory is importable); errors name ``source``."""
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise ConfigurationError(f"{source} {spec!r} must be MODULE:FUNCTION, e.g. my_train:workload.")
@@ -40,12 +52,7 @@ def load_workload(
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ConfigurationError(f"{source} {spec!r}: {module_name} has no function {function_name!r}.")
-    workload = function(device=parse_device(device)) if _takes_device(function) else function()
-    if not isinstance(workload, Workload):
-        raise ConfigurationError(
-            f"{source} {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
-        )
-    return workload
+    return function  # type: ignore[no-any-return]
 
 
 def _takes_device(function: Callable[..., Any]) -> bool:

@@ -189,8 +189,12 @@ def _item_size(item: Any) -> float:
     return total
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Copy every tensor of ``batch`` to ``device`` as training does: a new, compact copy."""
+def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
+    """Copy every tensor of ``batch`` to ``device`` as training does: a new, compact copy
+    (``non_blocking`` from pinned host memory, as a loader with pin_memory=True allows)."""
     return tree_map(
-        lambda leaf: leaf.to(device, copy=True) if isinstance(leaf, torch.Tensor) else leaf, batch
+        lambda leaf: (
+            leaf.to(device, copy=True, non_blocking=non_blocking) if isinstance(leaf, torch.Tensor) else leaf
+        ),
+        batch,
     )
