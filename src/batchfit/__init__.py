@@ -1,5 +1,6 @@
 """batchfit: which batch size should I train (and evaluate) with on this hardware?"""
 
+from batchfit.advise import Advice, advise
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import apply_autobatch
 from batchfit.check_data import DataCheck, check_data
@@ -27,6 +28,7 @@ from batchfit.runtime.workload import Workload
 __version__ = "0.1.0"
 
 __all__ = [
+    "Advice",
     "Analysis",
     "AnalysisRow",
     "BatchfitError",
@@ -51,6 +53,7 @@ __all__ = [
     "Trial",
     "Workload",
     "__version__",
+    "advise",
     "analyze",
     "apply_autobatch",
     "check_data",

@@ -11,7 +11,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -131,7 +131,7 @@ def compare(
     ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``, ``accumulation``; None: the
     defaults for the device) and measure it as ``find`` and ``explore`` would: the largest batch
     under a hard cap at ``memory_fraction``, its peak and memory line, the throughput at that batch
-    (the median of ``windows`` timing windows) and at explore's recommendation (within
+    (the median of ``windows`` rounds of one window per row) and at explore's recommendation (within
     ``explore_seconds``; 0 skips it; ``multiple_of`` as in both). ``accumulation`` reaches
     ``global_batch_size`` with the baseline's largest batch as micro-batch. Checkpointing wraps
     ``checkpoint_module`` (a type name), by default the most repeated block. The model, optimizer
@@ -162,13 +162,19 @@ def compare(
         if reason is not None:
             row = ComparisonRow(setting_name(parts), False, reason)
         elif parts == (ACCUMULATION,):
-            row = measure.accumulation(rows[0], global_batch_size or 0, facts)
+            row = measure.accumulation(rows[0], global_batch_size or 0)
         else:
             row = measure.row(parts, facts)
-        row = _against(row, rows[0] if rows else row)
         rows.append(row)
         if on_row is not None:
             on_row(row)
+    # Every row's throughput in the same rounds, each round over all rows in turn: a drift of
+    # the machine's speed (a slow spell) falls on every row alike instead of on one.
+    speeds = measure.speeds(rows, facts.repeated_block)
+    rows = [
+        _against(replace(row, samples_per_second=speeds.get(index)), rows[0], speeds.get(0))
+        for index, row in enumerate(rows)
+    ]
     return Comparison(
         tuple(rows),
         target.name,
@@ -225,7 +231,6 @@ class _Measure:
             except DoesNotFitError as error:
                 return ComparisonRow(name, True, f"{how}; {error}", seconds=time.perf_counter() - started)
             self.budget_bytes = result.budget_bytes
-            speed = self.throughput(variant, result.batch_size)
             recommended, recommended_speed = self.recommend(variant, result.batch_size)
         model = result.memory_model
         return ComparisonRow(
@@ -236,47 +241,52 @@ class _Measure:
             peak_bytes=result.peak_bytes,
             bytes_per_sample=None if model is None else model.bytes_per_sample,
             fixed_bytes=None if model is None else model.fixed_bytes,
-            samples_per_second=speed,
             recommended_batch_size=recommended,
             recommended_samples_per_second=recommended_speed,
             trials=len(result.trials),
             seconds=time.perf_counter() - started,
         )
 
-    def accumulation(self, baseline: ComparisonRow, global_batch_size: int, facts: Facts) -> ComparisonRow:
+    def accumulation(self, baseline: ComparisonRow, global_batch_size: int) -> ComparisonRow:
         """The baseline's largest batch (or a divisor of the global batch below it) as the
-        micro-batch, accumulated to ``global_batch_size``: its throughput per optimizer step."""
+        micro-batch, accumulated to ``global_batch_size``."""
         if baseline.batch_size is None:
             return ComparisonRow(ACCUMULATION, False, "the baseline has no batch that fits to accumulate")
-        started = time.perf_counter()
         try:
             micro = chosen_micro_batch(global_batch_size, 1, baseline.batch_size)
         except ConfigurationError as error:
             return ComparisonRow(ACCUMULATION, False, str(error))
         steps = global_batch_size // micro
-        with applied(self.workload, (ACCUMULATION,), self.target.torch_device, accumulation_steps=steps) as (
-            variant,
-            how,
-        ):
-            speed = self.throughput(variant, micro) * steps  # a step holds micro x steps samples
         return ComparisonRow(
             ACCUMULATION,
             True,
-            f"global_batch_size {global_batch_size} = micro_batch_size {micro} x {how}",
+            f"global_batch_size {global_batch_size} = micro_batch_size {micro} x {steps} accumulation steps "
+            f"per optimizer step",
             batch_size=micro,
-            samples_per_second=speed,
             accumulation_steps=steps,
-            seconds=time.perf_counter() - started,
         )
 
-    def throughput(self, workload: Workload, batch_size: int) -> float:
-        """The median of ``windows`` training windows at ``batch_size`` (samples or tokens per
-        second); under a process group, the slowest rank's, as explore reads it."""
+    def speeds(self, rows: Sequence[ComparisonRow], block: str | None) -> dict[int, float]:
+        """Each measured row's throughput (index -> samples or tokens per second): the median of
+        ``windows`` rounds, each timing one window of every row in turn (accumulation: per
+        optimizer step of micro-batch x steps samples); under a process group, the slowest rank's."""
+        timed = {index: row for index, row in enumerate(rows) if row.applied and row.batch_size is not None}
+        readings: dict[int, list[float]] = {index: [] for index in timed}
         lockstep = Lockstep.current()
-        with StepTimer(workload, self.target, None, workload.tokens_per_sample) as timer:
-            meter: Meter = timer if lockstep is None else LockstepMeter(timer, lockstep)
-            meter.first_visit(batch_size)
-            return statistics.median(meter.window(batch_size) for _ in range(self.windows))
+        for _ in range(self.windows):
+            for index, row in timed.items():
+                parts = tuple(row.technique.split("+")) if index else ()
+                steps = row.accumulation_steps or 1
+                device = self.target.torch_device
+                variant_of = applied(self.workload, parts, device, block=block, accumulation_steps=steps)
+                with (
+                    variant_of as (variant, _),
+                    StepTimer(variant, self.target, None, variant.tokens_per_sample) as timer,
+                ):
+                    meter: Meter = timer if lockstep is None else LockstepMeter(timer, lockstep)
+                    meter.first_visit(row.batch_size or 1)
+                    readings[index].append(meter.window(row.batch_size or 1) * steps)
+        return {index: statistics.median(values) for index, values in readings.items()}
 
     def recommend(self, workload: Workload, batch_size: int) -> tuple[int | None, float | None]:
         if self.explore_seconds <= 0:
@@ -294,20 +304,14 @@ class _Measure:
         return chosen, result.estimates()[chosen]
 
 
-def _against(row: ComparisonRow, baseline: ComparisonRow) -> ComparisonRow:
+def _against(row: ComparisonRow, baseline: ComparisonRow, baseline_speed: float | None) -> ComparisonRow:
     """The row with its batch and throughput as multiples of the baseline's."""
 
     def share(value: float | None, base: float | None) -> float | None:
         return None if value is None or not base else value / base
 
     batch = None if row.accumulation_steps else share(row.batch_size, baseline.batch_size)
-    return ComparisonRow(
-        **{
-            **asdict(row),
-            "batch_ratio": batch,
-            "throughput_ratio": share(row.samples_per_second, baseline.samples_per_second),
-        }
-    )
+    return replace(row, batch_ratio=batch, throughput_ratio=share(row.samples_per_second, baseline_speed))
 
 
 def _times(value: float | None) -> str:

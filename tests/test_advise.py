@@ -1,0 +1,102 @@
+"""advise on real models: every step's result is the step's own, the changes are ranked by what
+was measured, a slow loader is found, and each step can be skipped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import data_workloads
+import pytest
+
+from batchfit import ConfigurationError, advise, find_batch_size
+from batchfit.runtime.examples import build_example
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
+    result = advise(
+        build_example("cnn", "cpu"),
+        device="cpu",
+        memory_limit="64MiB",
+        techniques=["amp", "checkpointing"],
+        explore_seconds=2,
+        base_learning_rate=0.1,
+        base_batch_size=256,
+    )
+    alone = find_batch_size(build_example("cnn", "cpu"), device="cpu", memory_limit="64MiB")
+    assert result.train is not None and result.train.batch_size == alone.batch_size
+    assert result.eval is not None and result.eval.mode == "eval"
+    assert result.exploration is not None and result.exploration.max_batch_size == alone.batch_size
+    assert result.batch_size == result.exploration.recommendation.batch_size
+    assert result.comparison is not None
+    rows = {row.technique: row for row in result.comparison.rows}
+    amp = [change for change in result.changes + result.memory_only if change.what.startswith("amp ")]
+    assert len(amp) == 1 and amp[0].batch_gain == rows["amp"].batch_ratio > 1.5  # bfloat16 on this CNN
+    speeds = [change.speedup or 1.0 for change in result.changes]
+    assert speeds == sorted(speeds, reverse=True)
+    assert result.plan is not None and result.plan.global_batch_size == result.batch_size
+    assert result.skipped == ("check-data: the workload has no dataset and no loader was given",)
+    report = result.report("--example cnn")
+    assert f"train {alone.batch_size}" in report and "(evidence: batchfit find --example cnn)" in report
+    assert json.loads(result.to_json())["batch_size"] == result.batch_size
+
+
+def test_a_slow_loader_is_the_first_thing_to_change() -> None:
+    result = advise(data_workloads.sleepy(), device="cpu", skip=["find", "explore", "compare"], batch_size=32)
+    assert result.train is None and result.comparison is None
+    assert result.data is not None and result.data.bottleneck
+    first = result.changes[0]
+    assert first.what.startswith("load data with num_workers=") and first.speedup is not None
+    assert first.speedup > 1.5 and first.evidence == "batchfit check-data --batch-size 32"
+    assert "find: asked" in result.skipped
+
+
+def test_bad_steps_and_half_a_plan_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"^skip \['tune'\]: the steps are find, explore, compare"):
+        advise(build_example("mlp", "cpu"), skip=["tune"])
+    with pytest.raises(ConfigurationError, match=r"^plan needs both base_learning_rate and base_batch_size"):
+        advise(build_example("mlp", "cpu"), base_learning_rate=0.1)
+
+
+def test_the_cli_prints_the_advice_and_skips_what_it_is_told() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchfit",
+            "advise",
+            "--example",
+            "mlp",
+            "--device",
+            "cpu",
+            "--memory-limit",
+            "64MiB",
+            "--skip",
+            "explore,compare",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["train"]["batch_size"] == document["batch_size"] > 0
+    assert document["exploration"] is None and document["comparison"] is None
+    assert document["skipped"][:2] == ["explore: asked", "compare: asked"]
+    assert "batchfit: advise: find..." in done.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "batchfit", "advise", "--example", "mlp", "--skip", "tune"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("batchfit: error: --skip 'tune': the steps are find, explore, compare")
