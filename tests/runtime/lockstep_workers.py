@@ -4,8 +4,6 @@ test_lockstep.py), searching a tiny MLP on a capped CPU that plays its own devic
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +13,7 @@ import torch
 import torch.distributed as dist
 from conftest import build
 from torch import nn
+from two_ranks import leave_group
 
 from batchfit import Workload, analyze, explore, find_batch_size
 
@@ -98,12 +97,4 @@ def main(rank: int, world_size: int, store: str, scenario: str, limits: list[str
         }
     report["seconds"] = time.perf_counter() - started
     Path(out, f"{rank}.json").write_text(json.dumps(report))
-    # Leave together: a rank that tears gloo down while the other still talks to it aborts.
-    dist.barrier()
-    dist.destroy_process_group()
-    # torch 2.13's CPU build sometimes aborts at interpreter exit after a gloo group ("terminate
-    # called without an active exception", about 1 run in 8 on 2 cores): the rank's work is done
-    # and reported, so it leaves without running C++ static destructors.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_group()

@@ -4,8 +4,6 @@ test_micro_batch_step_ddp.py), training the same tiny DDP model on its own share
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +15,7 @@ from micro_batch_helpers import adam, make_batch, make_model
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+from two_ranks import leave_group
 
 import batchfit
 from batchfit import MicroBatchStep
@@ -126,9 +125,4 @@ def main(rank: int, world_size: int, store: str, cap: int, out: str) -> None:
             report[name] = {"unexpected": f"{type(error).__name__}: {error}"}
             break
     Path(out, f"{rank}.json").write_text(json.dumps(report))
-    # Leave together, then skip C++ teardown (see lockstep_workers.main for why).
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_group()

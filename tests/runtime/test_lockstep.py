@@ -4,37 +4,26 @@ ends every rank within seconds (marker ``distributed``)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import time
 from pathlib import Path
 from typing import Any
 
 import lockstep_workers
 import pytest
 from conftest import build
+from two_ranks import run_ranks
 
 from batchfit import find_batch_size
 
 pytestmark = pytest.mark.distributed
-#: Generous for a 2-core machine that starts two Pythons importing torch; a hang takes 60 s.
-TIMEOUT_SECONDS = 45
 
 
 def spawn(scenario: str, limits: list[str], tmp_path: Path) -> list[dict[str, Any]]:
     """Run ``scenario`` on two real ranks; their reports (index = rank). Fails on a hang."""
-    context = multiprocessing.get_context("spawn")
-    args = (str(tmp_path / "store"), scenario, limits, str(tmp_path))
-    ranks = [context.Process(target=lockstep_workers.main, args=(rank, 2, *args)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    for process in ranks:
-        process.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, process in enumerate(ranks) if process.is_alive()]
-    for process in ranks:
-        process.kill() if process.is_alive() else None
-    assert not hung, f"ranks {hung} still running after {TIMEOUT_SECONDS} s: the lockstep search hung"
-    assert [process.exitcode for process in ranks] == [0, 0]
+    run_ranks(
+        lockstep_workers.main,
+        (str(tmp_path / "store"), scenario, limits, str(tmp_path)),
+        "the lockstep search",
+    )
     return [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
 
 

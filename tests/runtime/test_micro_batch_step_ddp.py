@@ -5,8 +5,6 @@ steps; an error on one rank stops both (marker ``distributed``)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +12,9 @@ import micro_batch_step_workers as workers
 import pytest
 import torch
 from micro_batch_helpers import adam, backward_oom_cap, full_batch_step, make_model
+from two_ranks import run_ranks
 
 pytestmark = pytest.mark.distributed
-#: Generous for a 2-core machine that starts two Pythons importing torch; a hang takes 60 s.
-TIMEOUT_SECONDS = 45
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +22,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, An
     """Both scenarios on the same two ranks (one spawn: starting the ranks is most of the time)."""
     out = tmp_path_factory.mktemp("ranks")
     cap = backward_oom_cap(workers.rank_batch(0, 1), fails=64, fits=32)
-    context = multiprocessing.get_context("spawn")
-    ranks = [
-        context.Process(target=workers.main, args=(rank, 2, str(out / "store"), cap, str(out)))
-        for rank in range(2)
-    ]
-    for process in ranks:
-        process.start()
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    for process in ranks:
-        process.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, process in enumerate(ranks) if process.is_alive()]
-    for process in ranks:
-        process.kill() if process.is_alive() else None
-    assert not hung, f"ranks {hung} still running after {TIMEOUT_SECONDS} s: MicroBatchStep hung"
-    assert [process.exitcode for process in ranks] == [0, 0]
+    run_ranks(workers.main, (str(out / "store"), cap, str(out)), "MicroBatchStep")
     return [json.loads((out / f"{rank}.json").read_text()) for rank in range(2)], out
 
 
