@@ -153,9 +153,18 @@ def compare(
         settings = default_settings(facts, torch.backends.cudnn.benchmark)
     else:  # a global batch asked for is reached with accumulation, named or not
         settings = parse_settings([*techniques, *([ACCUMULATION] if global_batch_size else [])])
-    measure = _Measure(workload, target, memory_limit, memory_fraction, min_batch_size, max_batch_size)
-    measure.multiple_of, measure.windows = multiple_of, windows
-    measure.explore_seconds, measure.on_trial = explore_seconds, on_trial
+    measure = _Measure(
+        workload,
+        target,
+        memory_limit,
+        memory_fraction,
+        min_batch_size,
+        max_batch_size,
+        multiple_of,
+        windows,
+        explore_seconds,
+        on_trial,
+    )
     rows: list[ComparisonRow] = []
     for parts in settings:
         reason = why_not(parts, facts)
@@ -186,30 +195,21 @@ def compare(
     )
 
 
+@dataclass
 class _Measure:
-    """The measurements of one row: a search, timing windows, an exploration."""
+    """The measurements of the rows: a search, timing rounds, an exploration, as ``compare`` asks."""
 
-    multiple_of: int | None = None
-    windows = 3
-    explore_seconds = 10.0
-    on_trial: Callable[[str, Trial], None] | None = None
-
-    def __init__(
-        self,
-        workload: Workload,
-        target: Device,
-        memory_limit: str | int | None,
-        memory_fraction: float,
-        min_batch_size: int,
-        max_batch_size: int | None,
-    ) -> None:
-        self.workload, self.target, self.memory_limit = workload, target, memory_limit
-        self.memory_fraction, self.min_batch_size, self.max_batch_size = (
-            memory_fraction,
-            min_batch_size,
-            max_batch_size,
-        )
-        self.budget_bytes: int | None = None
+    workload: Workload
+    target: Device
+    memory_limit: str | int | None
+    memory_fraction: float
+    min_batch_size: int
+    max_batch_size: int | None
+    multiple_of: int | None
+    windows: int
+    explore_seconds: float
+    on_trial: Callable[[str, Trial], None] | None
+    budget_bytes: int | None = None  # the searches' budget, once one has run
 
     def row(self, parts: tuple[str, ...], facts: Facts) -> ComparisonRow:
         name, started = setting_name(parts), time.perf_counter()
