@@ -66,6 +66,7 @@ def test_each_technique_s_largest_batch_is_the_truth_under_the_cap(comparison: A
     assert baseline < rows["amp"].batch_size < rows["amp+checkpointing"].batch_size
     assert rows["amp"].batch_ratio == rows["amp"].batch_size / baseline
     assert rows["amp"].bytes_per_sample < rows["baseline"].bytes_per_sample
+    assert not any(row.at_max_batch_size for row in comparison.rows)
 
 
 def test_accumulation_reaches_the_global_batch_from_the_baseline_s_largest(comparison: Any) -> None:
@@ -115,6 +116,7 @@ def test_a_technique_that_cannot_wrap_the_step_says_why_and_the_others_run() -> 
     )
     baseline, amp, checkpointing = result.rows
     assert baseline.applied and baseline.batch_size is not None
+    assert baseline.at_max_batch_size and baseline.batch_size == 512  # the tiny MLP fits up to the bound
     assert not amp.applied and amp.note.startswith("amp: the workload has its own train_step")
     assert not checkpointing.applied and "no repeated block" in checkpointing.note
 

@@ -206,6 +206,7 @@ def _changes(comparison: Comparison | None, data: DataCheck | None) -> list[Chan
                     row.throughput_ratio,
                     row.batch_ratio,
                     f"batchfit compare --techniques {row.technique}",
+                    row.at_max_batch_size,
                 )
             )
     if data is not None and data.recommendation is not None:

@@ -57,6 +57,7 @@ class ComparisonRow:
     accumulation_steps: int | None = None
     batch_ratio: float | None = None  # batch_size over the baseline's
     throughput_ratio: float | None = None  # samples_per_second over the baseline's
+    at_max_batch_size: bool = False  # the search reached max_batch_size: batch_size is a lower bound
     trials: int = 0
     seconds: float = 0.0
 
@@ -98,13 +99,16 @@ class Comparison:
             if not row.applied or row.batch_size is None:
                 lines.append(f"{row.technique:<22} {'-':>10}  {row.note}")
                 continue
-            batch = f"{row.batch_size}" + (f"x{row.accumulation_steps}" if row.accumulation_steps else "")
+            batch = (">=" if row.at_max_batch_size else "") + f"{row.batch_size}"
+            batch += f"x{row.accumulation_steps}" if row.accumulation_steps else ""
             recommended = "-" if row.recommended_batch_size is None else str(row.recommended_batch_size)
             lines.append(
                 f"{row.technique:<22} {batch:>10} {_times(row.batch_ratio):>7} "
                 f"{_bytes(row.peak_bytes):>11} {_bytes(row.bytes_per_sample):>11} "
                 f"{_number(row.samples_per_second):>12} {_times(row.throughput_ratio):>7} {recommended:>11}"
             )
+        if any(row.at_max_batch_size for row in self.rows):
+            lines.append(">=: the search reached max_batch_size; the largest batch is at least that.")
         lines.append(f"on {self.device}, memory_fraction {self.memory_fraction:g}; how each applied:")
         lines.extend(f"  {row.technique}: {row.note}" for row in self.rows if row.batch_size is not None)
         return "\n".join(lines) + "\n"
@@ -243,6 +247,7 @@ class _Measure:
             fixed_bytes=None if model is None else model.fixed_bytes,
             recommended_batch_size=recommended,
             recommended_samples_per_second=recommended_speed,
+            at_max_batch_size=result.stop_reason == "max_batch_size",
             trials=len(result.trials),
             seconds=time.perf_counter() - started,
         )

@@ -57,3 +57,14 @@ def test_a_bad_technique_is_one_message() -> None:
     done = run(*ARGS, "--techniques", "amp,turbo")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("batchfit: error: technique 'turbo': 'turbo' is not one of amp,")
+
+
+def test_a_row_at_the_search_s_upper_bound_is_marked_as_a_lower_bound() -> None:
+    done = run(
+        "--example", "mlp", "--device", "cpu", "--memory-limit", "64MiB", "--windows", "1",
+        "--explore-seconds", "0", "--techniques", "amp", "--max-batch-size", "64",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[1:3]]
+    assert [row[:2] for row in rows] == [["baseline", ">=64"], ["amp", ">=64"]]
+    assert ">=: the search reached max_batch_size; the largest batch is at least that." in done.stdout

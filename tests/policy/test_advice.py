@@ -25,7 +25,15 @@ def test_changes_are_ranked_by_speed_then_batch_and_small_ones_dropped() -> None
 def test_a_line_names_the_gains_and_completes_the_evidence_command() -> None:
     line = change("amp", 1.5, 1.79).line("--example cnn --device cpu")
     assert line == (
-        "amp: 1.50x samples/s, 1.79x the largest batch "
+        "amp: 1.50x the throughput, 1.79x the largest batch "
         "(evidence: batchfit compare --techniques amp --example cnn --device cpu)"
     )
     assert Change("x", None, None, "batchfit find").line() == "x: not measured (evidence: batchfit find)"
+
+
+def test_a_batch_gain_at_the_search_s_bound_is_a_lower_bound() -> None:
+    bounded = Change("amp", 1.2, 1.19, "batchfit compare --techniques amp", batch_gain_at_least=True)
+    assert bounded.line() == (
+        "amp: 1.20x the throughput, at least 1.19x the largest batch "
+        "(evidence: batchfit compare --techniques amp)"
+    )

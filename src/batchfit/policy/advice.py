@@ -20,14 +20,16 @@ class Change:
     speedup: float | None  # samples/s after over before, measured; None when not measured
     batch_gain: float | None  # largest memory-safe batch after over before
     evidence: str  # the command that shows it ("batchfit compare --techniques amp")
+    batch_gain_at_least: bool = False  # the larger batch reached the search's upper bound
 
     def line(self, context: str = "") -> str:
         """One line; ``context`` (the workload and device flags) completes the evidence command."""
         gains = []
         if self.speedup is not None:
-            gains.append(f"{self.speedup:.2f}x samples/s")
+            gains.append(f"{self.speedup:.2f}x the throughput")
         if self.batch_gain is not None:
-            gains.append(f"{self.batch_gain:.2f}x the largest batch")
+            bound = "at least " if self.batch_gain_at_least else ""
+            gains.append(f"{bound}{self.batch_gain:.2f}x the largest batch")
         evidence = f"{self.evidence} {context}".strip()
         return f"{self.what}: {', '.join(gains) or 'not measured'} (evidence: {evidence})"
 
