@@ -183,11 +183,8 @@ def compare(
             on_row(row)
     # Every row's throughput in the same rounds, each round over all rows in turn: a drift of
     # the machine's speed (a slow spell) falls on every row alike instead of on one.
-    speeds = measure.speeds(rows, facts.repeated_block)
-    rows = [
-        _against(replace(row, samples_per_second=speeds.get(index)), rows[0], speeds.get(0))
-        for index, row in enumerate(rows)
-    ]
+    readings = measure.speeds(rows, facts.repeated_block)
+    rows = [_against(row, rows[0], readings.get(index), readings.get(0)) for index, row in enumerate(rows)]
     return Comparison(
         tuple(rows),
         target.name,
@@ -271,10 +268,10 @@ class _Measure:
             accumulation_steps=steps,
         )
 
-    def speeds(self, rows: Sequence[ComparisonRow], block: str | None) -> dict[int, float]:
-        """Each measured row's throughput (index -> samples or tokens per second): the median of
-        ``windows`` rounds, each timing one window of every row in turn (accumulation: per
-        optimizer step of micro-batch x steps samples); under a process group, the slowest rank's."""
+    def speeds(self, rows: Sequence[ComparisonRow], block: str | None) -> dict[int, list[float]]:
+        """Each measured row's throughput readings (index -> samples or tokens per second, one per
+        round), each round timing one window of every row in turn (accumulation: per optimizer
+        step of micro-batch x steps samples); under a process group, the slowest rank's."""
         timed = {index: row for index, row in enumerate(rows) if row.applied and row.batch_size is not None}
         readings: dict[int, list[float]] = {index: [] for index in timed}
         lockstep = Lockstep.current()
@@ -291,7 +288,7 @@ class _Measure:
                     meter: Meter = timer if lockstep is None else LockstepMeter(timer, lockstep)
                     meter.first_visit(row.batch_size or 1)
                     readings[index].append(meter.window(row.batch_size or 1) * steps)
-        return {index: statistics.median(values) for index, values in readings.items()}
+        return readings
 
     def recommend(self, workload: Workload, batch_size: int) -> tuple[int | None, float | None]:
         if self.explore_seconds <= 0:
@@ -309,14 +306,23 @@ class _Measure:
         return chosen, result.estimates()[chosen]
 
 
-def _against(row: ComparisonRow, baseline: ComparisonRow, baseline_speed: float | None) -> ComparisonRow:
-    """The row with its batch and throughput as multiples of the baseline's."""
-
-    def share(value: float | None, base: float | None) -> float | None:
-        return None if value is None or not base else value / base
-
-    batch = None if row.accumulation_steps else share(row.batch_size, baseline.batch_size)
-    return replace(row, batch_ratio=batch, throughput_ratio=share(row.samples_per_second, baseline_speed))
+def _against(
+    row: ComparisonRow,
+    baseline: ComparisonRow,
+    readings: list[float] | None,
+    baseline_readings: list[float] | None,
+) -> ComparisonRow:
+    """The row with its throughput (the median of its readings) and its batch and throughput as
+    multiples of the baseline's. The throughput ratio is the median of the ratios within each
+    round: a round's readings are taken moments apart, so a slow spell divides out."""
+    batch = None
+    if not row.accumulation_steps and row.batch_size is not None and baseline.batch_size:
+        batch = row.batch_size / baseline.batch_size
+    speed = statistics.median(readings) if readings else None
+    ratio = None
+    if readings and baseline_readings:
+        ratio = statistics.median(mine / base for mine, base in zip(readings, baseline_readings, strict=True))
+    return replace(row, samples_per_second=speed, batch_ratio=batch, throughput_ratio=ratio)
 
 
 def _times(value: float | None) -> str:
