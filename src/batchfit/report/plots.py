@@ -1,0 +1,119 @@
+"""The plots of a report, drawn with matplotlib (imported here, lazily) into SVG text: text stays
+text (``svg.fonttype`` none) so the numbers in labels can be read back, and nothing names a URL."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from batchfit.errors import ConfigurationError
+from batchfit.units import format_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+MISSING = "the report needs matplotlib, which is not installed: pip install 'batchfit[report]'"
+OUTCOME_STYLE = {  # outcome: (legend label, marker, colour)
+    "ok": ("ok", "o", "tab:green"),
+    "over_budget": ("over budget", "s", "tab:orange"),
+    "oom": ("oom", "x", "tab:red"),
+}
+_PANEL_INCHES = (5.6, 4.0)
+
+
+def require_matplotlib() -> None:
+    """Raise a ConfigurationError naming the extra to install when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise ConfigurationError(MISSING) from error
+
+
+def find_figure(results: Sequence[Mapping[str, Any]], salt: str) -> str:
+    """Peak memory against batch size, one panel per mode side by side."""
+    figure = _figure(len(results))
+    for axes, result in zip(figure.subplots(1, len(results), squeeze=False)[0], results, strict=True):
+        _find_panel(axes, result)
+    return to_svg(figure, salt)
+
+
+def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
+    trials, forecast = result["trials"], result["predicted_trials"]
+    capacity, budget, answer = result["capacity_bytes"], result["budget_bytes"], result["batch_size"]
+    largest = max([answer, *(trial["batch_size"] for trial in [*trials, *forecast])])
+    if forecast:
+        traced = sorted(forecast, key=lambda trial: trial["batch_size"])
+        axes.plot(
+            [trial["batch_size"] for trial in traced],
+            [trial["peak_bytes"] for trial in traced],
+            linestyle=":",
+            marker=".",
+            color="tab:gray",
+            label="forecast (traced)",
+        )
+    model = result.get("memory_model")
+    if model is not None:
+        span = [0.0, largest * 1.1]
+        lines = [("fitted: forward/backward", model["fixed_bytes"], model["bytes_per_sample"], "tab:blue")]
+        step_fixed, step_slope = model.get("step_fixed_bytes"), model.get("step_bytes_per_sample")
+        if step_fixed is not None and step_slope is not None and (step_fixed or step_slope):  # eval: none
+            lines.append(("fitted: optimizer step", step_fixed, step_slope, "tab:cyan"))
+        for label, fixed, slope, colour in lines:
+            axes.plot(span, [fixed + slope * x for x in span], linestyle="--", color=colour, label=label)
+    for outcome, (label, marker, colour) in OUTCOME_STYLE.items():
+        measured = [trial for trial in trials if trial["outcome"] == outcome]
+        if measured:
+            axes.scatter(
+                [trial["batch_size"] for trial in measured],
+                [trial["peak_bytes"] for trial in measured],
+                marker=marker,
+                color=colour,
+                s=40,
+                zorder=3,
+                label=label,
+            )
+    axes.axhline(
+        budget,
+        color="tab:orange",
+        linewidth=1,
+        label=f"budget {format_bytes(budget)} ({result['memory_fraction']:g} x capacity)",
+    )
+    axes.axhline(capacity, color="black", linewidth=1, label=f"capacity {format_bytes(capacity)}")
+    axes.axvline(answer, color="tab:green", linewidth=1, linestyle="-.", label=f"answer batch_size={answer}")
+    axes.set_title(f"{result['mode']}: batch_size={answer}")
+    axes.set_xlabel("batch size")
+    axes.set_ylabel("peak memory")
+    _bytes_axis(axes, capacity)
+    axes.legend(fontsize="small", loc="lower right")
+
+
+def _bytes_axis(axes: Axes, top: float) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    axes.set_ylim(0, top * 1.08)
+    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_bytes(value) if value else "0"))
+
+
+def _figure(panels: int) -> Figure:
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    width, height = _PANEL_INCHES
+    return Figure(figsize=(width * panels, height), layout="constrained")
+
+
+def to_svg(figure: Figure, salt: str) -> str:
+    """The figure as an ``<svg>`` element to inline in HTML: no XML prolog, doctype, metadata or
+    namespace URLs; ids salted so that several figures on one page do not share them."""
+    import matplotlib
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.DOTALL)
+    return re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", text)
