@@ -13,6 +13,7 @@ import torch
 import batchfit
 from batchfit import find_batch_size
 from batchfit.errors import ConfigurationError
+from batchfit.policy.plan import plan
 from batchfit.report import SavedResult, read_result, recognise, render_report
 from batchfit.runtime.examples import build_example
 from batchfit.units import format_bytes
@@ -123,3 +124,29 @@ def test_what_was_not_recorded_is_said(find_document: dict[str, Any]) -> None:
     page = Page(render_report([SavedResult("find", bare, "old.json")]))
     assert page.sections[0]["what_ran"]["torch"] == "not recorded"
     assert page.sections[0]["what_ran"]["time"] == "not recorded"
+
+
+def test_plan_page_plots_the_learning_rate_with_the_plans_numbers() -> None:
+    result = plan(1024, world_size=8, max_micro_batch_size=48, base_learning_rate=0.1, base_batch_size=256)
+    document = {**json.loads(result.to_json()), "batchfit_version": batchfit.__version__}
+    assert recognise(document) == "plan"
+    text = render_report([SavedResult("plan", document, "plan.json")])
+    [section] = Page(text).sections
+    assert section["svgs"] == 1
+    assert section["what_ran"]["command"] == "batchfit plan"
+    assert section["what_ran"]["batchfit"] == batchfit.__version__
+    assert section["what_ran"]["device"] == "not recorded"  # plan runs no model
+    assert f"learning_rate={result.learning_rate:g}" in section["texts"]
+    assert f"warmup_steps={result.warmup_steps}" in section["texts"]
+    assert f"global_batch_size=1024: learning_rate={result.learning_rate:g}" in section["texts"]
+    assert "http://" not in text and "https://" not in text
+
+
+def test_one_page_holds_a_section_per_result_in_order(find_document: dict[str, Any]) -> None:
+    planned = json.loads(plan(64, micro_batch_size=32, base_learning_rate=0.1, base_batch_size=32).to_json())
+    results = [SavedResult("plan", planned, "p.json"), SavedResult("find", find_document, "f.json")]
+    page = Page(render_report(results))
+    assert [(section["kind"], section["svgs"]) for section in page.sections] == [
+        ("result plan", 1),
+        ("result find", 1),
+    ]

@@ -79,4 +79,12 @@ def _find(result: SavedResult, salt: str) -> list[tuple[str, str]]:
     return [(caption, plots.find_figure(result.document["results"], salt))]
 
 
-_FIGURES: dict[Kind, Callable[[SavedResult, str], list[tuple[str, str]]]] = {"find": _find}
+def _plan(result: SavedResult, salt: str) -> list[tuple[str, str]]:
+    caption = (
+        "The learning rate over optimizer steps: linear warm-up to the scaled rate, then constant; "
+        "the cosine and linear decays of warmup_schedule are drawn for comparison."
+    )
+    return [(caption, plots.plan_figure(result.document, salt))]
+
+
+_FIGURES: dict[Kind, Callable[[SavedResult, str], list[tuple[str, str]]]] = {"find": _find, "plan": _plan}

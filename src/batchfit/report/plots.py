@@ -117,3 +117,31 @@ def to_svg(figure: Figure, salt: str) -> str:
     text = text[text.index("<svg") :]
     text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.DOTALL)
     return re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", text)
+
+
+def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
+    """The learning rate over optimizer steps: the plan's linear warm-up to its peak, then constant,
+    and for comparison the cosine and linear decays ``warmup_schedule`` offers, to 10 x the warm-up."""
+    from batchfit.schedule import Decay, lr_factor
+
+    peak, warmup = plan["learning_rate"], plan["warmup_steps"]
+    total = max(10 * warmup, 10)
+    steps = list(range(total + 1))
+    figure = _figure(1)
+    axes = figure.subplots()
+    decays: tuple[tuple[Decay, str], ...] = (("constant", "-"), ("cosine", "--"), ("linear", ":"))
+    for decay, style in decays:
+        label = "warm-up, then constant" if decay == "constant" else f"decay={decay!r}, total_steps={total}"
+        rates = [
+            peak * lr_factor(step, warmup_steps=warmup, total_steps=total, decay=decay) for step in steps
+        ]
+        axes.plot(steps, rates, linestyle=style, label=label)
+    axes.axhline(peak, color="black", linewidth=0.8, label=f"learning_rate={peak:g}")
+    if warmup:
+        axes.axvline(warmup, color="tab:gray", linewidth=0.8, label=f"warmup_steps={warmup}")
+    axes.set_title(f"global_batch_size={plan['global_batch_size']}: learning_rate={peak:g}")
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("learning rate")
+    axes.set_ylim(0, peak * 1.1)
+    axes.legend(fontsize="small", loc="lower right")
+    return to_svg(figure, salt)
