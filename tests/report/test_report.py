@@ -13,6 +13,7 @@ import torch
 import batchfit
 from batchfit import find_batch_size
 from batchfit.errors import ConfigurationError
+from batchfit.explore import explore
 from batchfit.policy.plan import plan
 from batchfit.report import SavedResult, read_result, recognise, render_report
 from batchfit.runtime.examples import build_example
@@ -150,3 +151,22 @@ def test_one_page_holds_a_section_per_result_in_order(find_document: dict[str, A
         ("result plan", 1),
         ("result find", 1),
     ]
+
+
+def test_explore_page_plots_throughput_and_confidence_with_the_results_numbers() -> None:
+    result = explore(build_example("mlp", "cpu"), device="cpu", max_batch_size=64, time_budget_seconds=1)
+    document = {**json.loads(result.to_json()), "tolerance": 0.03}
+    assert recognise(document) == "explore"
+    text = render_report([SavedResult("explore", document, "explore.json")])
+    [section] = Page(text).sections
+    assert section["svgs"] == 1
+    recommended = result.recommendation
+    assert f"recommended batch_size={recommended.batch_size}" in section["texts"]
+    assert (
+        f"recommended batch_size={recommended.batch_size} ({recommended.speedup:.2f}x base)"
+        in section["texts"]
+    )
+    assert f"confidence {recommended.confidence} at the end" in section["texts"]
+    assert "tolerance 0.03 under the best" in section["texts"]
+    assert section["what_ran"]["device"] == "not recorded"
+    assert "http://" not in text and "https://" not in text

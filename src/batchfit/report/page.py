@@ -87,4 +87,16 @@ def _plan(result: SavedResult, salt: str) -> list[tuple[str, str]]:
     return [(caption, plots.plan_figure(result.document, salt))]
 
 
-_FIGURES: dict[Kind, Callable[[SavedResult, str], list[tuple[str, str]]]] = {"find": _find, "plan": _plan}
+def _explore(result: SavedResult, salt: str) -> list[tuple[str, str]]:
+    caption = (
+        "Throughput against batch size (log x): each estimate with its windows' range, the tolerance band "
+        "under the best and the recommendation; beside it, the live recommendation and its confidence."
+    )
+    return [(caption, plots.explore_figure(result.document, salt))]
+
+
+_FIGURES: dict[Kind, Callable[[SavedResult, str], list[tuple[str, str]]]] = {
+    "find": _find,
+    "plan": _plan,
+    "explore": _explore,
+}

@@ -145,3 +145,58 @@ def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
     axes.set_ylim(0, peak * 1.1)
     axes.legend(fontsize="small", loc="lower right")
     return to_svg(figure, salt)
+
+
+def explore_figure(result: Mapping[str, Any], salt: str) -> str:
+    """Throughput against batch size (log x) with each window's range, the tolerance band under the
+    best and the recommendation; beside it, the live recommendation and its confidence over time."""
+    points, recommended = result["points"], result["recommendation"]
+    unit, best = result["unit"], max(point["estimate"] for point in result["points"])
+    figure = _figure(2)
+    throughput, history = figure.subplots(1, 2)
+    sizes = [point["batch_size"] for point in points]
+    estimates = [point["estimate"] for point in points]
+    low = [point["estimate"] - min(point["samples_per_second"]) for point in points]
+    high = [max(point["samples_per_second"]) - point["estimate"] for point in points]
+    throughput.errorbar(
+        sizes,
+        estimates,
+        yerr=[[max(v, 0) for v in low], [max(v, 0) for v in high]],
+        fmt="o",
+        capsize=3,
+        label="estimate (bars: the windows' range)",
+    )
+    tolerance = result.get("tolerance")
+    if tolerance is not None:
+        throughput.axhspan(
+            best * (1 - tolerance),
+            best,
+            color="tab:green",
+            alpha=0.15,
+            label=f"tolerance {tolerance:g} under the best",
+        )
+    throughput.axvline(
+        recommended["batch_size"],
+        color="tab:green",
+        linestyle="-.",
+        label=f"recommended batch_size={recommended['batch_size']}",
+    )
+    throughput.set_xscale("log", base=2)
+    throughput.set_title(
+        f"recommended batch_size={recommended['batch_size']} ({recommended['speedup']:.2f}x base)"
+    )
+    throughput.set_xlabel("batch size")
+    throughput.set_ylabel(unit)
+    throughput.legend(fontsize="small", loc="lower right")
+    steps = list(range(1, len(result["history"]) + 1))
+    history.step(steps, [entry["confidence"] for entry in result["history"]], where="post", color="tab:blue")
+    history.set_ylim(0, 105)
+    history.set_xlabel("measurement")
+    history.set_ylabel("confidence (out of 100)", color="tab:blue")
+    sizes_axes = history.twinx()
+    sizes_axes.step(
+        steps, [entry["batch_size"] for entry in result["history"]], where="post", color="tab:green"
+    )
+    sizes_axes.set_ylabel("recommended batch size", color="tab:green")
+    history.set_title(f"confidence {recommended['confidence']} at the end")
+    return to_svg(figure, salt)
