@@ -5,6 +5,7 @@ right under DistributedDataParallel. Both count optimizer steps, one per accumul
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
@@ -51,17 +52,24 @@ def warmup_schedule(
             f"optimizer steps, not micro-steps (one optimizer step per accumulation_steps micro-batches)."
         )
 
-    def lr_factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if decay == "constant" or total_steps is None:
-            return 1.0
-        if step >= total_steps:
-            return 0.0
-        progress = (step - warmup_steps) / (total_steps - warmup_steps)  # 0 at the peak, 1 at total_steps
-        return 0.5 * (1.0 + math.cos(math.pi * progress)) if decay == "cosine" else 1.0 - progress
+    return LambdaLR(
+        optimizer,
+        functools.partial(lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, decay=decay),
+    )
 
-    return LambdaLR(optimizer, lr_factor)
+
+def lr_factor(
+    step: int, *, warmup_steps: int, total_steps: int | None = None, decay: Decay = "constant"
+) -> float:
+    """The share of the peak lr at optimizer step ``step`` (0-based) under ``warmup_schedule``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if decay == "constant" or total_steps is None:
+        return 1.0
+    if step >= total_steps:
+        return 0.0
+    progress = (step - warmup_steps) / (total_steps - warmup_steps)  # 0 at the peak, 1 at total_steps
+    return 0.5 * (1.0 + math.cos(math.pi * progress)) if decay == "cosine" else 1.0 - progress
 
 
 class GradientAccumulator:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import batchfit
 from batchfit.cli import main
 from batchfit.errors import ConfigurationError
 from batchfit.policy.plan import Plan, plan
@@ -477,7 +478,10 @@ def test_cli_plan_prints_the_summary(
 
 def test_cli_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*CLI, "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out) == make(1024).to_dict()
+    document = json.loads(capsys.readouterr().out)
+    assert document.pop("batchfit_version") == batchfit.__version__
+    assert isinstance(document.pop("created_at"), str)  # what ran, for a report
+    assert document == make(1024).to_dict()
 
 
 @pytest.mark.parametrize(
@@ -512,4 +516,6 @@ def test_cli_plan_in_a_real_process() -> None:
         check=False,
     )
     assert (run.returncode, run.stderr) == (0, "")
-    assert json.loads(run.stdout) == make(1024, uses_ema=True).to_dict()
+    document = json.loads(run.stdout)
+    assert {"batchfit_version", "created_at"} <= document.keys()
+    assert {key: document[key] for key in Plan.__dataclass_fields__} == make(1024, uses_ema=True).to_dict()

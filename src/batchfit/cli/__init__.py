@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Sequence
 
 import batchfit
-from batchfit.cli import advise, analyze, check_data, compare, explore, find, plan
+from batchfit.cli import advise, analyze, check_data, compare, explore, find, plan, report
 from batchfit.errors import BatchfitError, RankFailedError
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
@@ -22,7 +22,7 @@ def parser() -> argparse.ArgumentParser:
     )
     root.add_argument("--version", action="version", version=f"batchfit {batchfit.__version__}")
     commands = root.add_subparsers(dest="command", required=True)
-    for command in (find, explore, compare, check_data, advise, analyze, plan):
+    for command in (find, explore, compare, check_data, advise, analyze, plan, report):
         command.add_parser(commands).set_defaults(run=command.run)
     return root
 

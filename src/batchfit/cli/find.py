@@ -39,6 +39,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     flags.add_device(parser)
     flags.add_output(parser, ("text", "json"))
+    flags.add_report(parser)
     return parser
 
 
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     modes = flags.parse_modes(args.modes)
     train_max = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     Candidates.between(args.min_batch_size, train_max, args.multiple_of)  # bad bounds fail before any work
+    flags.check_report(args)
     with flags.launched(args, args.device):
         return _run(args, modes, train_max)
 
@@ -70,18 +72,20 @@ def _run(args: argparse.Namespace, modes: list[Mode], train_max: int) -> int:
         )
         flags.say(result.summary())
         results.append(result)
-    flags.emit(_render(workload.name, results, args.format), args.output)
+    document = {
+        "workload": workload.name,
+        "batchfit_version": batchfit.__version__,
+        "torch_version": torch.__version__,
+        "created_at": flags.created_at(),
+        "results": [result.to_dict() for result in results],
+    }
+    flags.emit(_render(document, results, args.format), args.output)
+    flags.write_report(args, json.loads(json.dumps(document)))
     return 0
 
 
-def _render(workload_name: str, results: list[SearchResult], output_format: str) -> str:
+def _render(document: dict[str, Any], results: list[SearchResult], output_format: str) -> str:
     if output_format == "json":
-        document = {
-            "workload": workload_name,
-            "batchfit_version": batchfit.__version__,
-            "torch_version": torch.__version__,
-            "results": [result.to_dict() for result in results],
-        }
         return json.dumps(document, indent=2) + "\n"
     answers = [f"{result.mode}_batch_size: {result.batch_size}" for result in results]
     return "\n".join([*answers, "", *(result.summary() for result in results)]) + "\n"

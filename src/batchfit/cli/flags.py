@@ -4,11 +4,13 @@ on stderr, the result on stdout or in ``--output``. A flag is its parameter's na
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
 
 from batchfit.checks import DEFAULT_MAX_BATCH_SIZE
 from batchfit.errors import ConfigurationError
@@ -71,6 +73,37 @@ def add_output(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -> Non
     )
 
 
+def add_report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="FILE.html",
+        help="also write the result as an HTML report with plots (needs: pip install 'batchfit[report]')",
+    )
+
+
+def check_report(args: argparse.Namespace) -> None:
+    """With ``--report``, fail before any work when the plotting extra is missing."""
+    if args.report is not None:
+        from batchfit.report import require_matplotlib
+
+        require_matplotlib()
+
+
+def write_report(args: argparse.Namespace, document: Mapping[str, Any]) -> None:
+    """With ``--report``, the HTML page of this command's JSON document."""
+    if args.report is not None:
+        from batchfit.report import SavedResult, recognise, write_report
+
+        write_report([SavedResult(recognise(document), document, args.command)], args.report)
+
+
+def created_at() -> str:
+    """Now, in UTC, as the JSON documents record when a result was made."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 DEFAULT_MAX_HELP = f"upper bound for train (default: {DEFAULT_MAX_BATCH_SIZE}); eval's is twice it"
 
 
@@ -90,6 +123,8 @@ def launched(args: argparse.Namespace, device: str | None) -> Iterator[None]:
             yield
             return
         args.output = None
+        if hasattr(args, "report"):
+            args.report = None
         with open(os.devnull, "w") as sink, redirect_stdout(sink), redirect_stderr(sink):
             yield
 

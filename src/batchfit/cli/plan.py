@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
+import batchfit
+from batchfit.cli import flags
 from batchfit.policy.plan import plan
 
 
@@ -33,10 +36,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add("--uses-ema", action="store_true", help="the training keeps an EMA of the weights")
     add("--fine-tuning", action="store_true", help="fine-tuning a pre-trained model")
     add("--format", choices=("text", "json"), default="text", help="output format (default: %(default)s)")
+    flags.add_report(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    flags.check_report(args)
     result = plan(
         args.global_batch_size,
         max_micro_batch_size=args.max_micro_batch_size,
@@ -53,5 +58,11 @@ def run(args: argparse.Namespace) -> int:
         fine_tuning=args.fine_tuning,
         steps_per_epoch=args.steps_per_epoch,
     )
-    sys.stdout.write((result.to_json() if args.format == "json" else result.summary()) + "\n")
+    document = {
+        **result.to_dict(),
+        "batchfit_version": batchfit.__version__,
+        "created_at": flags.created_at(),
+    }
+    sys.stdout.write((json.dumps(document, indent=2) if args.format == "json" else result.summary()) + "\n")
+    flags.write_report(args, document)
     return 0

@@ -1,0 +1,17 @@
+"""Reports: one self-contained HTML page (inline SVG plots, no network) drawn from saved results."""
+
+from __future__ import annotations
+
+from batchfit.report.page import render_report, write_report
+from batchfit.report.plots import require_matplotlib
+from batchfit.report.results import SavedResult, WhatRan, read_result, recognise
+
+__all__ = [
+    "SavedResult",
+    "WhatRan",
+    "read_result",
+    "recognise",
+    "render_report",
+    "require_matplotlib",
+    "write_report",
+]

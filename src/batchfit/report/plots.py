@@ -1,0 +1,202 @@
+"""The plots of a report, drawn with matplotlib (imported here, lazily) into SVG text: text stays
+text (``svg.fonttype`` none) so the numbers in labels can be read back, and nothing names a URL."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from batchfit.errors import ConfigurationError
+from batchfit.units import format_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+MISSING = "the report needs matplotlib, which is not installed: pip install 'batchfit[report]'"
+OUTCOME_STYLE = {  # outcome: (legend label, marker, colour)
+    "ok": ("ok", "o", "tab:green"),
+    "over_budget": ("over budget", "s", "tab:orange"),
+    "oom": ("oom", "x", "tab:red"),
+}
+_PANEL_INCHES = (5.6, 4.0)
+
+
+def require_matplotlib() -> None:
+    """Raise a ConfigurationError naming the extra to install when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise ConfigurationError(MISSING) from error
+
+
+def find_figure(results: Sequence[Mapping[str, Any]], salt: str) -> str:
+    """Peak memory against batch size, one panel per mode side by side."""
+    figure = _figure(len(results))
+    for axes, result in zip(figure.subplots(1, len(results), squeeze=False)[0], results, strict=True):
+        _find_panel(axes, result)
+    return to_svg(figure, salt)
+
+
+def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
+    trials, forecast = result["trials"], result["predicted_trials"]
+    capacity, budget, answer = result["capacity_bytes"], result["budget_bytes"], result["batch_size"]
+    largest = max([answer, *(trial["batch_size"] for trial in [*trials, *forecast])])
+    if forecast:
+        traced = sorted(forecast, key=lambda trial: trial["batch_size"])
+        axes.plot(
+            [trial["batch_size"] for trial in traced],
+            [trial["peak_bytes"] for trial in traced],
+            linestyle=":",
+            marker=".",
+            color="tab:gray",
+            label="forecast (traced)",
+        )
+    model = result.get("memory_model")
+    if model is not None:
+        span = [0.0, largest * 1.1]
+        lines = [("fitted: forward/backward", model["fixed_bytes"], model["bytes_per_sample"], "tab:blue")]
+        step_fixed, step_slope = model.get("step_fixed_bytes"), model.get("step_bytes_per_sample")
+        if step_fixed is not None and step_slope is not None and (step_fixed or step_slope):  # eval: none
+            lines.append(("fitted: optimizer step", step_fixed, step_slope, "tab:cyan"))
+        for label, fixed, slope, colour in lines:
+            axes.plot(span, [fixed + slope * x for x in span], linestyle="--", color=colour, label=label)
+    for outcome, (label, marker, colour) in OUTCOME_STYLE.items():
+        measured = [trial for trial in trials if trial["outcome"] == outcome]
+        if measured:
+            axes.scatter(
+                [trial["batch_size"] for trial in measured],
+                [trial["peak_bytes"] for trial in measured],
+                marker=marker,
+                color=colour,
+                s=40,
+                zorder=3,
+                label=label,
+            )
+    axes.axhline(
+        budget,
+        color="tab:orange",
+        linewidth=1,
+        label=f"budget {format_bytes(budget)} ({result['memory_fraction']:g} x capacity)",
+    )
+    axes.axhline(capacity, color="black", linewidth=1, label=f"capacity {format_bytes(capacity)}")
+    axes.axvline(answer, color="tab:green", linewidth=1, linestyle="-.", label=f"answer batch_size={answer}")
+    axes.set_title(f"{result['mode']}: batch_size={answer}")
+    axes.set_xlabel("batch size")
+    axes.set_ylabel("peak memory")
+    _bytes_axis(axes, capacity)
+    axes.legend(fontsize="small", loc="lower right")
+
+
+def _bytes_axis(axes: Axes, top: float) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    axes.set_ylim(0, top * 1.08)
+    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_bytes(value) if value else "0"))
+
+
+def _figure(panels: int) -> Figure:
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    width, height = _PANEL_INCHES
+    return Figure(figsize=(width * panels, height), layout="constrained")
+
+
+def to_svg(figure: Figure, salt: str) -> str:
+    """The figure as an ``<svg>`` element to inline in HTML: no XML prolog, doctype, metadata or
+    namespace URLs; ids salted so that several figures on one page do not share them."""
+    import matplotlib
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.DOTALL)
+    return re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", text)
+
+
+def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
+    """The learning rate over optimizer steps: the plan's linear warm-up to its peak, then constant,
+    and for comparison the cosine and linear decays ``warmup_schedule`` offers, to 10 x the warm-up."""
+    from batchfit.schedule import Decay, lr_factor
+
+    peak, warmup = plan["learning_rate"], plan["warmup_steps"]
+    total = max(10 * warmup, 10)
+    steps = list(range(total + 1))
+    figure = _figure(1)
+    axes = figure.subplots()
+    decays: tuple[tuple[Decay, str], ...] = (("constant", "-"), ("cosine", "--"), ("linear", ":"))
+    for decay, style in decays:
+        label = "warm-up, then constant" if decay == "constant" else f"decay={decay!r}, total_steps={total}"
+        rates = [
+            peak * lr_factor(step, warmup_steps=warmup, total_steps=total, decay=decay) for step in steps
+        ]
+        axes.plot(steps, rates, linestyle=style, label=label)
+    axes.axhline(peak, color="black", linewidth=0.8, label=f"learning_rate={peak:g}")
+    if warmup:
+        axes.axvline(warmup, color="tab:gray", linewidth=0.8, label=f"warmup_steps={warmup}")
+    axes.set_title(f"global_batch_size={plan['global_batch_size']}: learning_rate={peak:g}")
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("learning rate")
+    axes.set_ylim(0, peak * 1.1)
+    axes.legend(fontsize="small", loc="lower right")
+    return to_svg(figure, salt)
+
+
+def explore_figure(result: Mapping[str, Any], salt: str) -> str:
+    """Throughput against batch size (log x) with each window's range, the tolerance band under the
+    best and the recommendation; beside it, the live recommendation and its confidence over time."""
+    points, recommended = result["points"], result["recommendation"]
+    unit, best = result["unit"], max(point["estimate"] for point in result["points"])
+    figure = _figure(2)
+    throughput, history = figure.subplots(1, 2)
+    sizes = [point["batch_size"] for point in points]
+    estimates = [point["estimate"] for point in points]
+    low = [point["estimate"] - min(point["samples_per_second"]) for point in points]
+    high = [max(point["samples_per_second"]) - point["estimate"] for point in points]
+    throughput.errorbar(
+        sizes,
+        estimates,
+        yerr=[[max(v, 0) for v in low], [max(v, 0) for v in high]],
+        fmt="o",
+        capsize=3,
+        label="estimate (bars: the windows' range)",
+    )
+    tolerance = result.get("tolerance")
+    if tolerance is not None:
+        throughput.axhspan(
+            best * (1 - tolerance),
+            best,
+            color="tab:green",
+            alpha=0.15,
+            label=f"tolerance {tolerance:g} under the best",
+        )
+    throughput.axvline(
+        recommended["batch_size"],
+        color="tab:green",
+        linestyle="-.",
+        label=f"recommended batch_size={recommended['batch_size']}",
+    )
+    throughput.set_xscale("log", base=2)
+    throughput.set_title(
+        f"recommended batch_size={recommended['batch_size']} ({recommended['speedup']:.2f}x base)"
+    )
+    throughput.set_xlabel("batch size")
+    throughput.set_ylabel(unit)
+    throughput.legend(fontsize="small", loc="lower right")
+    steps = list(range(1, len(result["history"]) + 1))
+    history.step(steps, [entry["confidence"] for entry in result["history"]], where="post", color="tab:blue")
+    history.set_ylim(0, 105)
+    history.set_xlabel("measurement")
+    history.set_ylabel("confidence (out of 100)", color="tab:blue")
+    sizes_axes = history.twinx()
+    sizes_axes.step(
+        steps, [entry["batch_size"] for entry in result["history"]], where="post", color="tab:green"
+    )
+    sizes_axes.set_ylabel("recommended batch size", color="tab:green")
+    history.set_title(f"confidence {recommended['confidence']} at the end")
+    return to_svg(figure, salt)

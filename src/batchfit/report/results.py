@@ -1,0 +1,98 @@
+"""Saved results as the report reads them: which command wrote a JSON document (told by its keys),
+and what ran (device, torch, batchfit version, workload, time), "not recorded" where it is absent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from batchfit.errors import ConfigurationError
+
+Kind = Literal["find", "explore", "plan"]
+NOT_RECORDED = "not recorded"
+
+# The keys each command's JSON always holds; a document is the first kind whose keys it has.
+_KEYS: dict[Kind, frozenset[str]] = {
+    "find": frozenset({"workload", "results"}),
+    "explore": frozenset({"points", "recommendation", "history", "unit"}),
+    "plan": frozenset({"global_batch_size", "micro_batch_size", "learning_rate", "warmup_steps"}),
+}
+
+
+@dataclass(frozen=True)
+class WhatRan:
+    """The facts a report states so it can be attached to an issue or a paper."""
+
+    command: str
+    workload: str
+    device: str
+    torch_version: str
+    batchfit_version: str
+    created_at: str
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [
+            ("command", self.command),
+            ("workload", self.workload),
+            ("device", self.device),
+            ("torch", self.torch_version),
+            ("batchfit", self.batchfit_version),
+            ("time", self.created_at),
+        ]
+
+
+@dataclass(frozen=True)
+class SavedResult:
+    """One command's JSON document and the command that wrote it."""
+
+    kind: Kind
+    document: Mapping[str, Any]
+    source: str  # the file it was read from, or a name given by the caller
+
+    @property
+    def what_ran(self) -> WhatRan:
+        document = self.document
+        device = document.get("device")
+        if device is None and self.kind == "find" and document["results"]:
+            device = document["results"][0].get("device")
+        return WhatRan(
+            command=f"batchfit {self.kind}",
+            workload=_text(document.get("workload")),
+            device=_text(device),
+            torch_version=_text(document.get("torch_version")),
+            batchfit_version=_text(document.get("batchfit_version")),
+            created_at=_text(document.get("created_at")),
+        )
+
+
+def recognise(document: Any, source: str = "the result") -> Kind:
+    """The command that wrote ``document``, told by its keys."""
+    if isinstance(document, Mapping):
+        for kind, keys in _KEYS.items():
+            if keys <= document.keys():
+                return kind
+    expected = "; ".join(f"{kind}: {', '.join(sorted(keys))}" for kind, keys in _KEYS.items())
+    found = ", ".join(sorted(document)) if isinstance(document, Mapping) else type(document).__name__
+    raise ConfigurationError(
+        f"{source} is not a saved batchfit result: it has {found or 'no keys'}, and a report needs the "
+        f"keys of one command's --format json output ({expected}). Save one with --format json --output FILE."
+    )
+
+
+def read_result(path: str | Path) -> SavedResult:
+    """Read a saved result (``--format json --output FILE`` of find, explore or plan)."""
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigurationError(
+            f"{path} is not JSON ({error}); a report reads what a command wrote with --format json."
+        ) from error
+    return SavedResult(recognise(document, str(path)), document, str(path))
+
+
+def _text(value: Any) -> str:
+    return NOT_RECORDED if value is None or value == "" else str(value)

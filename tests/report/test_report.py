@@ -1,0 +1,172 @@
+"""The HTML report, rendered from real results of the built-in examples on the capped CPU: the page
+parses, holds one plot per part, states what ran, names no URL, and its labels show the result's numbers."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+import torch
+
+import batchfit
+from batchfit import find_batch_size
+from batchfit.errors import ConfigurationError
+from batchfit.explore import explore
+from batchfit.policy.plan import plan
+from batchfit.report import SavedResult, read_result, recognise, render_report
+from batchfit.runtime.examples import build_example
+from batchfit.units import format_bytes
+
+
+class Page(HTMLParser):
+    """The parts of a report page the tests read: sections, their what-ran cells, svgs and texts."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.sections: list[dict[str, Any]] = []
+        self._cell: str | None = None
+        self._in_svg_text = False
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "section":
+            self.sections.append({"kind": attributes["class"], "what_ran": {}, "svgs": 0, "texts": []})
+        elif tag == "svg":
+            self.sections[-1]["svgs"] += 1
+        elif tag == "td" and attributes.get("class"):
+            self._cell = attributes["class"]
+        elif tag == "text":
+            self._in_svg_text = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self._cell = None
+        elif tag == "text":
+            self._in_svg_text = False
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self.sections[-1]["what_ran"][self._cell] = data
+        if self._in_svg_text:
+            self.sections[-1]["texts"].append(data)
+
+
+@pytest.fixture(scope="module")
+def find_document() -> dict[str, Any]:
+    """What ``batchfit find --format json`` writes, for train and eval; each hits a real oom."""
+    results = [
+        find_batch_size(
+            build_example("mlp", "cpu"), mode, device="cpu", memory_limit="48MiB", max_batch_size=1024
+        )
+        for mode in ("train", "eval")
+    ]
+    document = {
+        "workload": "mlp",
+        "batchfit_version": batchfit.__version__,
+        "torch_version": torch.__version__,
+        "created_at": "2025-01-01T00:00:00+00:00",
+        "results": [result.to_dict() for result in results],
+    }
+    return dict(json.loads(json.dumps(document)))  # as read back from the file
+
+
+def test_find_page_plots_train_and_eval_with_the_results_numbers(find_document: dict[str, Any]) -> None:
+    text = render_report([SavedResult("find", find_document, "find.json")])
+    page = Page(text)
+    [section] = page.sections
+    assert section["kind"] == "result find"
+    assert section["svgs"] == 1  # train and eval side by side in one plot
+    assert section["what_ran"] == {
+        "command": "batchfit find",
+        "workload": "mlp",
+        "device": "cpu (capped at 48.00 MiB)",
+        "torch": torch.__version__,
+        "batchfit": batchfit.__version__,
+        "time": "2025-01-01T00:00:00+00:00",
+    }
+    assert "http://" not in text and "https://" not in text
+    texts = section["texts"]
+    for result in find_document["results"]:
+        assert {trial["outcome"] for trial in result["trials"]} == {"ok", "oom"}
+        assert f"{result['mode']}: batch_size={result['batch_size']}" in texts
+        assert f"answer batch_size={result['batch_size']}" in texts
+        budget = f"budget {format_bytes(result['budget_bytes'])} ({result['memory_fraction']:g} x capacity)"
+        assert budget in texts
+        assert f"capacity {format_bytes(result['capacity_bytes'])}" in texts
+    assert {"ok", "oom", "forecast (traced)", "fitted: forward/backward"} <= set(texts)
+
+
+def test_a_saved_find_result_is_read_back_and_recognised(
+    find_document: dict[str, Any], tmp_path: Any
+) -> None:
+    path = tmp_path / "find.json"
+    path.write_text(json.dumps(find_document))
+    result = read_result(path)
+    assert (result.kind, result.document, result.source) == ("find", find_document, str(path))
+
+
+def test_a_document_that_is_no_result_is_refused_with_the_keys_a_report_needs() -> None:
+    with pytest.raises(ConfigurationError) as error:
+        recognise({"batch_size": 8}, "x.json")
+    assert str(error.value) == (
+        "x.json is not a saved batchfit result: it has batch_size, and a report needs the keys of one "
+        "command's --format json output (find: results, workload; explore: history, points, "
+        "recommendation, unit; plan: global_batch_size, learning_rate, micro_batch_size, warmup_steps). "
+        "Save one with --format json --output FILE."
+    )
+
+
+def test_what_was_not_recorded_is_said(find_document: dict[str, Any]) -> None:
+    bare = {"workload": "mlp", "results": find_document["results"]}
+    page = Page(render_report([SavedResult("find", bare, "old.json")]))
+    assert page.sections[0]["what_ran"]["torch"] == "not recorded"
+    assert page.sections[0]["what_ran"]["time"] == "not recorded"
+
+
+def test_plan_page_plots_the_learning_rate_with_the_plans_numbers() -> None:
+    result = plan(1024, world_size=8, max_micro_batch_size=48, base_learning_rate=0.1, base_batch_size=256)
+    document = {**json.loads(result.to_json()), "batchfit_version": batchfit.__version__}
+    assert recognise(document) == "plan"
+    text = render_report([SavedResult("plan", document, "plan.json")])
+    [section] = Page(text).sections
+    assert section["svgs"] == 1
+    assert section["what_ran"]["command"] == "batchfit plan"
+    assert section["what_ran"]["batchfit"] == batchfit.__version__
+    assert section["what_ran"]["device"] == "not recorded"  # plan runs no model
+    assert f"learning_rate={result.learning_rate:g}" in section["texts"]
+    assert f"warmup_steps={result.warmup_steps}" in section["texts"]
+    assert f"global_batch_size=1024: learning_rate={result.learning_rate:g}" in section["texts"]
+    assert "http://" not in text and "https://" not in text
+
+
+def test_one_page_holds_a_section_per_result_in_order(find_document: dict[str, Any]) -> None:
+    planned = json.loads(plan(64, micro_batch_size=32, base_learning_rate=0.1, base_batch_size=32).to_json())
+    results = [SavedResult("plan", planned, "p.json"), SavedResult("find", find_document, "f.json")]
+    page = Page(render_report(results))
+    assert [(section["kind"], section["svgs"]) for section in page.sections] == [
+        ("result plan", 1),
+        ("result find", 1),
+    ]
+
+
+def test_explore_page_plots_throughput_and_confidence_with_the_results_numbers() -> None:
+    result = explore(build_example("mlp", "cpu"), device="cpu", max_batch_size=64, time_budget_seconds=1)
+    document = {**json.loads(result.to_json()), "tolerance": 0.03}
+    assert recognise(document) == "explore"
+    text = render_report([SavedResult("explore", document, "explore.json")])
+    [section] = Page(text).sections
+    assert section["svgs"] == 1
+    recommended = result.recommendation
+    assert f"recommended batch_size={recommended.batch_size}" in section["texts"]
+    assert (
+        f"recommended batch_size={recommended.batch_size} ({recommended.speedup:.2f}x base)"
+        in section["texts"]
+    )
+    assert f"confidence {recommended.confidence} at the end" in section["texts"]
+    assert "tolerance 0.03 under the best" in section["texts"]
+    assert section["what_ran"]["device"] == "not recorded"
+    assert "http://" not in text and "https://" not in text
