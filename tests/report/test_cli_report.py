@@ -58,3 +58,19 @@ def test_without_matplotlib_report_says_which_extra_to_install_before_any_search
         )
     assert "batch_size=" not in found.stderr  # no trial ran
     assert list(tmp_path.iterdir()) == []
+
+
+def test_explore_records_what_ran_and_writes_its_report(tmp_path: Path) -> None:
+    explored = batchfit_run(
+        tmp_path,
+        *("explore", "--example", "mlp", "--device", "cpu", "--max-batch-size", "32"),
+        *("--time-budget-seconds", "1", "--format", "json", "--output", "e.json", "--report", "e.html"),
+    )
+    assert explored.returncode == 0, explored.stderr
+    document = json.loads((tmp_path / "e.json").read_text())
+    assert document["workload"] == "mlp" and document["device"] == "cpu" and document["tolerance"] == 0.03
+    assert {"created_at", "torch_version", "batchfit_version", "points", "recommendation"} <= document.keys()
+    text = (tmp_path / "e.html").read_text()
+    assert text.count("<svg") == 1
+    assert "tolerance 0.03 under the best" in text  # the band is drawn from the recorded tolerance
+    assert f'<td class="time">{document["created_at"]}</td>' in text

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
+import torch
+
+import batchfit
 from batchfit.cli import flags
 from batchfit.explore import explore
 from batchfit.policy.choose import Recommendation
@@ -69,10 +73,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="the confidence asked of the recommendation; stop once it is reached (default: %(default)s)",
     )
     flags.add_output(parser, ("text", "json", "csv"))
+    flags.add_report(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    flags.check_report(args)  # before any work
     with flags.launched(args, args.device):
         return _run(args)
 
@@ -86,8 +92,9 @@ def _run(args: argparse.Namespace) -> int:
             flags.say(notes.pop())
         flags.say(recommendation.line())
 
+    workload = flags.workload(args)
     result = explore(
-        flags.workload(args),
+        workload,
         device=args.device,
         memory_limit=args.memory_limit,
         memory_fraction=args.memory_fraction,
@@ -106,7 +113,20 @@ def _run(args: argparse.Namespace) -> int:
         on_update=live,
     )
     flags.say(f"stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.")
-    flags.emit(
-        {"text": result.table, "json": result.to_json, "csv": result.to_csv}[args.format](), args.output
-    )
+    document = {  # what ran, beside the result's own fields
+        **result.to_dict(),
+        "workload": workload.name,
+        "device": str(parse_device(args.device)),
+        "tolerance": args.tolerance,
+        "batchfit_version": batchfit.__version__,
+        "torch_version": torch.__version__,
+        "created_at": flags.created_at(),
+    }
+    render = {
+        "text": result.table,
+        "json": lambda: json.dumps(document, indent=2) + "\n",
+        "csv": result.to_csv,
+    }
+    flags.emit(render[args.format](), args.output)
+    flags.write_report(args, document)
     return 0
