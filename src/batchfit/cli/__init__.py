@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import batchfit
 from batchfit.cli import advise, analyze, check_data, compare, explore, find, plan, report
-from batchfit.errors import BatchfitError, RankFailedError
+from batchfit.errors import BatchfitError, ConfigurationError, RankFailedError
+from batchfit.runtime.launch import exit_launched, launched_world_size
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
 
@@ -28,6 +29,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    try:
+        launched = launched_world_size() > 1
+    except ConfigurationError:  # a WORLD_SIZE that is no number: the command said so already
+        launched = False
+    if launched:  # one of several ranks: leave without the C++ teardown
+        exit_launched(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
     debug = os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
     try:
