@@ -3,6 +3,7 @@ test_lockstep.py), searching a tiny MLP on a capped CPU that plays its own devic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from datetime import timedelta
@@ -15,7 +16,7 @@ from conftest import build
 from torch import nn
 from two_ranks import leave_group
 
-from batchfit import Workload, analyze, explore, find_batch_size
+from batchfit import Workload, analyze, compare, explore, find_batch_size
 
 
 def _failing(rank: int, error_rank: int, error: BaseException, after_steps: int) -> Workload:
@@ -48,6 +49,8 @@ def run(rank: int, scenario: str, limits: list[str]) -> dict[str, Any]:
         return explore_report(build("mlp", "sgd"), limits[rank])
     elif scenario == "analyze":
         return analyze_report(build("mlp", "sgd"), limits[rank])
+    elif scenario == "compare":
+        return compare_report(build("mlp", "sgd"), limits[rank])
     else:
         raise ValueError(scenario)
     result = find_batch_size(workload, device="cpu", memory_limit=limits[rank], max_batch_size=4096)
@@ -78,6 +81,20 @@ def analyze_report(workload: Workload, limit: str) -> dict[str, Any]:
         "rows": [[row.memory_fraction, row.mode, row.batch_size, row.budget_bytes] for row in analysis.rows],
         "trials_run": analysis.trials_run,
     }
+
+
+def compare_report(workload: Workload, limit: str) -> dict[str, Any]:
+    """compare with mixed precision and accumulation on the capped CPU, one timing round."""
+    result = compare(
+        workload,
+        ["amp"],
+        device="cpu",
+        memory_limit=limit,
+        global_batch_size=64,
+        windows=1,
+        explore_seconds=0,
+    )
+    return {"rows": [dataclasses.asdict(row) for row in result.rows]}
 
 
 def main(rank: int, world_size: int, store: str, scenario: str, limits: list[str], out: str) -> None:

@@ -76,3 +76,18 @@ def test_analyze_on_ranks_with_different_capacities_matches_one_process_at_the_s
     alone = lockstep_workers.analyze_report(build("mlp", "sgd"), "3MiB")
     assert reports[0]["rows"] == reports[1]["rows"] == alone["rows"]
     assert reports[0]["trials_run"] == reports[1]["trials_run"]
+
+
+def test_compare_on_ranks_with_different_capacities_gives_every_rank_the_same_rows(tmp_path: Path) -> None:
+    # The searches run in lockstep and the timing rounds read the slower rank: equal rows, whose
+    # largest batches are one process's at the smaller capacity.
+    reports = spawn("compare", ["3MiB", "6MiB"], tmp_path)
+    assert all("error" not in report for report in reports), reports
+    mine, theirs = (
+        [(r["technique"], r["batch_size"], r["samples_per_second"]) for r in report["rows"]]
+        for report in reports
+    )
+    assert mine == theirs
+    alone = find_batch_size(build("mlp", "sgd"), device="cpu", memory_limit="3MiB")
+    assert mine[0][:2] == ("baseline", alone.batch_size)
+    assert [technique for technique, _, _ in mine] == ["baseline", "amp", "accumulation"]
