@@ -4,6 +4,7 @@ text (``svg.fonttype`` none) so the numbers in labels can be read back, and noth
 from __future__ import annotations
 
 import io
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -91,9 +92,14 @@ def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
 
 
 def _bytes_axis(axes: Axes, top: float) -> None:
-    from matplotlib.ticker import FuncFormatter
+    """Ticks at round binary sizes (8 MiB, 16 MiB, ... rather than 9.54 MiB), labelled as bytes."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    axes.set_ylim(0, top * 1.08)
+    limit = top * 1.08
+    unit = 1024 ** max(0, min(4, int(math.log(max(top, 1.0), 1024))))  # KiB, MiB, GiB ...
+    ticks = MaxNLocator(nbins=6, steps=[1, 2, 4, 8, 10]).tick_values(0, limit / unit)
+    axes.set_yticks([tick * unit for tick in ticks if 0 <= tick * unit <= limit])
+    axes.set_ylim(0, limit)
     axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_bytes(value) if value else "0"))
 
 
@@ -151,6 +157,8 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
     """Throughput against batch size (log x) with each window's range, the tolerance band under the
     best and the recommendation; beside it, the live recommendation and its confidence over time."""
     points, recommended = result["points"], result["recommendation"]
+    from matplotlib.ticker import MaxNLocator
+
     unit, best = result["unit"], max(point["estimate"] for point in result["points"])
     figure = _figure(2)
     throughput, history = figure.subplots(1, 2)
@@ -198,5 +206,7 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
         steps, [entry["batch_size"] for entry in result["history"]], where="post", color="tab:green"
     )
     sizes_axes.set_ylabel("recommended batch size", color="tab:green")
+    sizes_axes.set_ylim(0, max(sizes) * 1.08)  # on the scale of the sizes measured
+    sizes_axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # batch sizes are whole
     history.set_title(f"confidence {recommended['confidence']} at the end")
     return to_svg(figure, salt)
