@@ -22,6 +22,7 @@ from batchfit.runtime.lockstep import Lockstep
 from batchfit.runtime.micro_batches import count_samples, micro_batch
 from batchfit.runtime.oom import first_line, is_out_of_memory
 from batchfit.runtime.workload import model_loss
+from batchfit.schedule import step_optimizer
 
 if TYPE_CHECKING:
     from torch.amp import GradScaler
@@ -215,15 +216,7 @@ class MicroBatchStep:
 
     def _step_optimizer(self) -> None:
         try:
-            if self.max_grad_norm is not None:
-                if self.scaler is not None:
-                    self.scaler.unscale_(self.optimizer)
-                nn.utils.clip_grad_norm_(self._parameters, self.max_grad_norm)
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+            step_optimizer(self.optimizer, self._parameters, self.scaler, self.max_grad_norm)
         except BaseException as error:
             if not is_out_of_memory(error):
                 raise

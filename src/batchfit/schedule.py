@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -153,17 +153,28 @@ class GradientAccumulator:
         loss.backward()
 
     def _step(self) -> None:
-        if self.max_grad_norm is not None:
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        step_optimizer(self.optimizer, self.model.parameters(), self.scaler, self.max_grad_norm)
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer_steps += 1
         self._stepped = True
+
+
+def step_optimizer(
+    optimizer: torch.optim.Optimizer,
+    parameters: Iterable[nn.Parameter],
+    scaler: GradScaler | None,
+    max_grad_norm: float | None,
+) -> None:
+    """One optimizer step on accumulated gradients: unscaled first when they are clipped to
+    ``max_grad_norm``, through the GradScaler when there is one."""
+    if max_grad_norm is not None:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
