@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,10 +42,26 @@ class Advice:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Each step's result as its own command writes it (None where skipped), and the changes."""
+        parts = {
+            "train": self.train,
+            "eval": self.eval,
+            "exploration": self.exploration,
+            "comparison": self.comparison,
+            "data": self.data,
+            "plan": self.plan,
+        }
+        return {
+            **{name: None if part is None else part.to_dict() for name, part in parts.items()},
+            "batch_size": self.batch_size,
+            "changes": [change.to_dict() for change in self.changes],
+            "memory_only": [change.to_dict() for change in self.memory_only],
+            "skipped": list(self.skipped),
+            "seconds": self.seconds,
+        }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def report(self, context: str = "") -> str:
         """What to change, as text; ``context`` (the workload and device flags) completes each

@@ -67,6 +67,7 @@ class Analysis:
             "separate_trials": self.separate_trials,
             "traces_run": self.traces_run,
             "separate_traces": self.separate_traces,
+            "device": self.results[0].device if self.results else None,  # with its cap, if any
         }
 
     def render(self, report_format: str) -> str:

@@ -8,19 +8,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import batchfit
+from batchfit.report import recognise
 from batchfit.units import format_bytes
 
 SRC = Path(batchfit.__file__).resolve().parents[1]  # absolute: the subprocesses run in tmp_path
 FIND = ("find", "--example", "mlp", "--device", "cpu", "--memory-limit", "48MiB", "--max-batch-size", "1024")
 
 
-def batchfit_run(cwd: Path, *argv: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+def batchfit_run(
+    cwd: Path, *argv: str, prelude: str = "", pythonpath: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     code = f"import sys; {prelude}from batchfit.cli import main; sys.exit(main(sys.argv[1:]))"
+    paths = [str(SRC)] + ([str(pythonpath)] if pythonpath is not None else [])
     return subprocess.run(
         [sys.executable, "-c", code, *argv],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(SRC)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -74,3 +80,68 @@ def test_explore_records_what_ran_and_writes_its_report(tmp_path: Path) -> None:
     assert text.count("<svg") == 1
     assert "tolerance 0.03 under the best" in text  # the band is drawn from the recorded tolerance
     assert f'<td class="time">{document["created_at"]}</td>' in text
+
+
+TESTS = Path(__file__).resolve().parents[1]  # data_workloads.py, for check-data
+MLP = ("--example", "mlp", "--device", "cpu", "--memory-limit", "48MiB")
+WITH_REPORT = {  # command: (its argv, writing x.json; what follows --report; the plots its page holds)
+    "analyze": (
+        ("analyze", "--cfg", str(TESTS.parent / "examples" / "exp.yaml"), "--fractions", "0.6,0.8"),
+        ("--output", "x.json"),
+        ("WORKLOAD", "example:mlp", "MEMORY_LIMIT", "64MiB"),  # the config's overrides come last
+        1,
+    ),
+    "compare": (
+        ("compare", *MLP, "--techniques", "baseline,amp", "--windows", "1", "--explore-seconds", "0"),
+        ("--format", "json", "--output", "x.json"),
+        (),
+        1,
+    ),
+    "check-data": (
+        ("check-data", "--workload", "data_workloads:sleepy", "--batch-size", "32", "--device", "cpu"),
+        ("--max-num-workers", "1", "--window-seconds", "0.2", "--format", "json", "--output", "x.json"),
+        (),
+        1,
+    ),
+    "advise": (
+        ("advise", *MLP, "--techniques", "baseline,amp", "--explore-seconds", "0.5"),
+        ("--format", "json", "--output", "x.json"),
+        (),
+        3,  # find (train and eval), explore, compare; no plan without a base learning rate
+    ),
+}
+
+
+@pytest.mark.parametrize("command", sorted(WITH_REPORT))
+def test_each_command_records_what_ran_and_writes_the_report_that_report_renders(
+    tmp_path: Path, command: str
+) -> None:
+    argv, output, overrides, plots = WITH_REPORT[command]
+    ran = batchfit_run(tmp_path, *argv, *output, "--report", "direct.html", *overrides, pythonpath=TESTS)
+    assert ran.returncode == 0, ran.stderr
+    assert "batchfit: wrote report direct.html" in ran.stderr
+    document = json.loads((tmp_path / "x.json").read_text())
+    assert recognise(document) == command
+    assert {"workload", "created_at", "torch_version", "batchfit_version"} <= document.keys()
+    assert document["workload"] == ("sleepy" if command == "check-data" else "mlp")
+    reported = batchfit_run(tmp_path, "report", "x.json", "-o", "again.html")
+    assert reported.returncode == 0, reported.stderr
+    for page in ("direct.html", "again.html"):
+        text = (tmp_path / page).read_text()
+        assert text.count("<svg") == plots
+        assert f'<td class="time">{document["created_at"]}</td>' in text
+        assert f'<td class="workload">{document["workload"]}</td>' in text
+        assert "http://" not in text and "https://" not in text
+
+
+@pytest.mark.parametrize("command", sorted(WITH_REPORT))
+def test_without_matplotlib_every_report_flag_fails_before_any_work(tmp_path: Path, command: str) -> None:
+    argv, _, overrides, _ = WITH_REPORT[command]
+    absent = "sys.modules['matplotlib'] = None; "
+    ran = batchfit_run(tmp_path, *argv, "--report", "r.html", *overrides, prelude=absent, pythonpath=TESTS)
+    assert ran.returncode == 1
+    assert ran.stderr.splitlines()[0] == (
+        "batchfit: error: the report needs matplotlib, which is not installed: pip install 'batchfit[report]'"
+    )
+    assert "batch_size=" not in ran.stderr and "samples/s" not in ran.stderr  # nothing ran
+    assert list(tmp_path.iterdir()) == []

@@ -21,20 +21,30 @@ from batchfit.units import format_bytes
 
 
 class Page(HTMLParser):
-    """The parts of a report page the tests read: sections, their what-ran cells, svgs and texts."""
+    """The parts of a report page the tests read: sections, their what-ran cells, svgs, texts and
+    lists (by the class of their div)."""
 
     def __init__(self, text: str) -> None:
         super().__init__()
         self.sections: list[dict[str, Any]] = []
         self._cell: str | None = None
         self._in_svg_text = False
+        self._list: list[str] = []  # the items of the list being read
+        self._in_item = False
         self.feed(text)
         self.close()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = dict(attrs)
         if tag == "section":
-            self.sections.append({"kind": attributes["class"], "what_ran": {}, "svgs": 0, "texts": []})
+            self.sections.append(
+                {"kind": attributes["class"], "what_ran": {}, "svgs": 0, "texts": [], "lists": {}}
+            )
+        elif tag == "div" and attributes.get("class"):
+            self._list = self.sections[-1]["lists"].setdefault(attributes["class"], [])
+        elif tag == "li":
+            self._list.append("")
+            self._in_item = True
         elif tag == "svg":
             self.sections[-1]["svgs"] += 1
         elif tag == "td" and attributes.get("class"):
@@ -47,12 +57,16 @@ class Page(HTMLParser):
             self._cell = None
         elif tag == "text":
             self._in_svg_text = False
+        elif tag == "li":
+            self._in_item = False
 
     def handle_data(self, data: str) -> None:
         if self._cell is not None:
             self.sections[-1]["what_ran"][self._cell] = data
         if self._in_svg_text:
             self.sections[-1]["texts"].append(data)
+        if self._in_item:
+            self._list[-1] += data
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +127,9 @@ def test_a_document_that_is_no_result_is_refused_with_the_keys_a_report_needs() 
     with pytest.raises(ConfigurationError) as error:
         recognise({"batch_size": 8}, "x.json")
     assert str(error.value) == (
-        "x.json is not a saved batchfit result: it has batch_size, and a report needs the keys of one "
-        "command's --format json output (find: results, workload; explore: history, points, "
-        "recommendation, unit; plan: global_batch_size, learning_rate, micro_batch_size, warmup_steps). "
-        "Save one with --format json --output FILE."
+        "x.json is not a saved batchfit result: its keys (batch_size) are not those of any command's JSON "
+        "output (advise, find, explore, plan, analyze, compare, check-data). Save one with --format json "
+        "--output FILE (analyze: --output FILE.json)."
     )
 
 

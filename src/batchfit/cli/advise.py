@@ -4,6 +4,7 @@ change, ranked by measured gain, with the plan for the batch it recommends."""
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from typing import Any
 
@@ -41,6 +42,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--base-batch-size", type=int, default=None, help="the batch the base rate is for")
     flags.add_device(parser)
     flags.add_output(parser, ("text", "json"))
+    flags.add_report(parser)
     return parser
 
 
@@ -49,14 +51,16 @@ def run(args: argparse.Namespace) -> int:
     unknown = [step for step in skip if step not in STEPS]
     if unknown:
         raise ConfigurationError(f"--skip {args.skip!r}: the steps are {', '.join(STEPS)}.")
+    flags.check_report(args)  # before any work
     with flags.launched(args, args.device):
         return _run(args, skip)
 
 
 def _run(args: argparse.Namespace, skip: list[str]) -> int:
     loader = None if args.loader is None else load_function(args.loader, "--loader")
+    workload = flags.workload(args)
     result = advise(
-        flags.workload(args),
+        workload,
         device=args.device,
         memory_limit=args.memory_limit,
         memory_fraction=args.memory_fraction,
@@ -72,7 +76,10 @@ def _run(args: argparse.Namespace, skip: list[str]) -> int:
         on_step=lambda step: flags.say(f"advise: {step}..."),
     )
     flags.say(f"advise: done in {result.seconds:.1f} s.")
-    flags.emit(result.to_json() if args.format == "json" else result.report(_context(args)), args.output)
+    document = {**result.to_dict(), **flags.what_ran(workload.name), "context": _context(args)}
+    text = json.dumps(document, indent=2) + "\n" if args.format == "json" else result.report(_context(args))
+    flags.emit(text, args.output)
+    flags.write_report(args, document)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--modes", default="train,val", help="comma-separated: train, val (default: %(default)s)"
     )
     parser.add_argument("--output", type=Path, default=None, help="report.json, report.jsonl or report.csv")
+    flags.add_report(parser)
     flags.add_ranks(parser)
     parser.add_argument(
         "overrides",
@@ -45,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     suffix = args.output.suffix.lower().lstrip(".") if args.output is not None else None
     if suffix is not None and suffix not in REPORT_FORMATS:
         raise ConfigurationError(f"--output {str(args.output)!r} must end in .json, .jsonl or .csv.")
+    flags.check_report(args)
     with flags.launched(args, cfg.DEVICE):
         return _run(args, cfg, fractions, modes, suffix)
 
@@ -56,8 +59,9 @@ def _run(
     modes: list[Mode],
     suffix: str | None,
 ) -> int:
+    workload = workload_from_config(cfg)
     analysis = analyze(
-        workload_from_config(cfg),
+        workload,
         fractions,
         modes,
         bounds=bounds_from_config(cfg),
@@ -70,7 +74,12 @@ def _run(
         f"({analysis.separate_trials} if run separately), {analysis.traces_run} fake-tensor traces "
         f"({analysis.separate_traces} if run separately)."
     )
-    flags.emit(analysis.render(suffix or "table"), args.output)
+    document = {**analysis.to_dict(), **flags.what_ran(workload.name)}
+    rendered = (
+        json.dumps(document, indent=2) + "\n" if suffix == "json" else analysis.render(suffix or "table")
+    )
+    flags.emit(rendered, args.output)
+    flags.write_report(args, document)
     return 0
 
 

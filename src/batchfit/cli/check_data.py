@@ -4,6 +4,7 @@ DataLoader setting that stops it."""
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from batchfit.check_data import check_data
@@ -67,10 +68,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--time-budget-seconds", type=float, default=None, help="start no setting after this many seconds"
     )
     flags.add_output(parser, ("text", "json"))
+    flags.add_report(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    flags.check_report(args)  # before any work
     with flags.launched(args, args.device):
         return _run(args)
 
@@ -84,8 +87,9 @@ def _run(args: argparse.Namespace) -> int:
             f"data wait {row.data_wait_share:6.1%}"
         )
 
+    workload = flags.workload(args)
     result = check_data(
-        flags.workload(args),
+        workload,
         args.batch_size,
         device=args.device,
         loader=loader,
@@ -100,5 +104,8 @@ def _run(args: argparse.Namespace) -> int:
         on_setting=progress,
     )
     flags.say(f"{result.summary()} ({result.seconds:.1f} s)")
-    flags.emit({"text": result.table, "json": result.to_json}[args.format](), args.output)
+    document = {**result.to_dict(), **flags.what_ran(workload.name)}
+    render = {"text": result.table, "json": lambda: json.dumps(document, indent=2) + "\n"}
+    flags.emit(render[args.format](), args.output)
+    flags.write_report(args, document)
     return 0

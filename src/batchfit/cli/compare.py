@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from batchfit.cli import flags
@@ -49,10 +50,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     flags.add_device(parser)
     flags.add_output(parser, ("text", "json", "csv"))
+    flags.add_report(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    flags.check_report(args)  # before any work
     with flags.launched(args, args.device):
         return _run(args)
 
@@ -68,8 +71,9 @@ def _run(args: argparse.Namespace) -> int:
         flags.print_trial(technique, trial)
 
     techniques = None if args.techniques is None else args.techniques.split(",")
+    workload = flags.workload(args)
     comparison = compare(
-        flags.workload(args),
+        workload,
         techniques,
         device=args.device,
         memory_limit=args.memory_limit,
@@ -85,6 +89,12 @@ def _run(args: argparse.Namespace) -> int:
         on_trial=trial_done,
     )
     flags.say(f"compared {len(comparison.rows)} settings in {comparison.seconds:.1f} s.")
-    render = {"text": comparison.table, "json": comparison.to_json, "csv": comparison.to_csv}
+    document = {**comparison.to_dict(), **flags.what_ran(workload.name)}
+    render = {
+        "text": comparison.table,
+        "json": lambda: json.dumps(document, indent=2) + "\n",
+        "csv": comparison.to_csv,
+    }
     flags.emit(render[args.format](), args.output)
+    flags.write_report(args, document)
     return 0

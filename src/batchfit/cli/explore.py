@@ -6,9 +6,6 @@ import argparse
 import json
 from typing import Any
 
-import torch
-
-import batchfit
 from batchfit.cli import flags
 from batchfit.explore import explore
 from batchfit.policy.choose import Recommendation
@@ -115,12 +112,9 @@ def _run(args: argparse.Namespace) -> int:
     flags.say(f"stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.")
     document = {  # what ran, beside the result's own fields
         **result.to_dict(),
-        "workload": workload.name,
+        **flags.what_ran(workload.name),
         "device": str(parse_device(args.device)),
         "tolerance": args.tolerance,
-        "batchfit_version": batchfit.__version__,
-        "torch_version": torch.__version__,
-        "created_at": flags.created_at(),
     }
     render = {
         "text": result.table,

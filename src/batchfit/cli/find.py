@@ -7,9 +7,6 @@ import functools
 import json
 from typing import Any
 
-import torch
-
-import batchfit
 from batchfit.checks import DEFAULT_MAX_BATCH_SIZE, default_max_batch_size
 from batchfit.cli import flags
 from batchfit.find import SearchResult, find_batch_size
@@ -72,13 +69,7 @@ def _run(args: argparse.Namespace, modes: list[Mode], train_max: int) -> int:
         )
         flags.say(result.summary())
         results.append(result)
-    document = {
-        "workload": workload.name,
-        "batchfit_version": batchfit.__version__,
-        "torch_version": torch.__version__,
-        "created_at": flags.created_at(),
-        "results": [result.to_dict() for result in results],
-    }
+    document = {**flags.what_ran(workload.name), "results": [result.to_dict() for result in results]}
     flags.emit(_render(document, results, args.format), args.output)
     flags.write_report(args, json.loads(json.dumps(document)))
     return 0

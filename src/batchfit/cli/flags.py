@@ -104,6 +104,20 @@ def created_at() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def what_ran(workload_name: str | None) -> dict[str, Any]:
+    """What a JSON document records beside its result, so that a report can say what ran."""
+    import torch
+
+    import batchfit
+
+    return {
+        "workload": workload_name,
+        "batchfit_version": batchfit.__version__,
+        "torch_version": torch.__version__,
+        "created_at": created_at(),
+    }
+
+
 DEFAULT_MAX_HELP = f"upper bound for train (default: {DEFAULT_MAX_BATCH_SIZE}); eval's is twice it"
 
 

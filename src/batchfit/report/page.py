@@ -6,18 +6,20 @@ from __future__ import annotations
 import datetime
 import html
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import batchfit
-from batchfit.report import plots
+from batchfit.policy.advice import Change
+from batchfit.report import change_plots, plots
 from batchfit.report.results import Kind, SavedResult
 
 _STYLE = """
 body { font-family: sans-serif; max-width: 1200px; margin: 1em auto; padding: 0 1em; color: #111; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; border-bottom: 1px solid #999; }
 table.what-ran td { padding: 0 1em 0 0; } table.what-ran td:first-child { color: #555; }
-figure { margin: 1em 0; } svg { max-width: 100%; height: auto; }
+figure { margin: 1em 0; } h3 { font-size: 1em; } svg { max-width: 100%; height: auto; }
 @media print { body { max-width: none; } section { break-inside: avoid; } a { color: inherit; } }
 """
 
@@ -59,44 +61,117 @@ def _section(result: SavedResult, index: int) -> str:
         f'<tr><td>{html.escape(name)}</td><td class="{html.escape(name)}">{html.escape(value)}</td></tr>'
         for name, value in result.what_ran.rows()
     )
-    figures = "".join(
-        f'<figure class="{html.escape(result.kind)}">{svg}'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-        for caption, svg in _FIGURES[result.kind](result, f"batchfit-{index}")
-    )
+    parts = "".join(_PARTS[result.kind](result.document, f"batchfit-{index}"))
     return (
         f'<section class="result {html.escape(result.kind)}">'
         f"<h2>batchfit {html.escape(result.kind)}: {html.escape(result.source)}</h2>"
-        f'<table class="what-ran">{rows}</table>{figures}</section>'
+        f'<table class="what-ran">{rows}</table>{parts}</section>'
     )
 
 
-def _find(result: SavedResult, salt: str) -> list[tuple[str, str]]:
+def _figure(kind: str, caption: str, svg: str) -> str:
+    return f'<figure class="{kind}">{svg}<figcaption>{html.escape(caption)}</figcaption></figure>'
+
+
+def _list(kind: str, heading: str, items: Sequence[str]) -> str:
+    lines = "".join(f"<li>{html.escape(item)}</li>" for item in items)
+    return f'<div class="{kind}"><h3>{html.escape(heading)}</h3><ul>{lines}</ul></div>' if items else ""
+
+
+def _find(document: Mapping[str, Any], salt: str) -> list[str]:
     caption = (
         "Peak memory against batch size: each real trial (ok, over budget, oom), the forecast traces, "
         "the fitted memory lines, the budget, the capacity and the answer."
     )
-    return [(caption, plots.find_figure(result.document["results"], salt))]
+    return [_figure("find", caption, plots.find_figure(document["results"], salt))]
 
 
-def _plan(result: SavedResult, salt: str) -> list[tuple[str, str]]:
+def _plan(document: Mapping[str, Any], salt: str) -> list[str]:
     caption = (
         "The learning rate over optimizer steps: linear warm-up to the scaled rate, then constant; "
         "the cosine and linear decays of warmup_schedule are drawn for comparison."
     )
-    return [(caption, plots.plan_figure(result.document, salt))]
+    return [_figure("plan", caption, plots.plan_figure(document, salt))]
 
 
-def _explore(result: SavedResult, salt: str) -> list[tuple[str, str]]:
+def _explore(document: Mapping[str, Any], salt: str) -> list[str]:
     caption = (
         "Throughput against batch size (log x): each estimate with its windows' range, the tolerance band "
         "under the best and the recommendation; beside it, the live recommendation and its confidence."
     )
-    return [(caption, plots.explore_figure(result.document, salt))]
+    return [_figure("explore", caption, plots.explore_figure(document, salt))]
 
 
-_FIGURES: dict[Kind, Callable[[SavedResult, str], list[tuple[str, str]]]] = {
+def _analyze(document: Mapping[str, Any], salt: str) -> list[str]:
+    caption = "The largest memory-safe batch at each memory fraction, per mode (train, eval)."
+    return [_figure("analyze", caption, plots.analyze_figure(document["rows"], salt))]
+
+
+def _compare(document: Mapping[str, Any], salt: str) -> list[str]:
+    caption = (
+        "Each technique against the baseline (dashed): its largest memory-safe batch and the throughput "
+        "at that batch, with the ratio to the baseline's."
+    )
+    notes = [
+        f"{row['technique']}: {'' if row['applied'] else 'cannot apply: '}{row['note']}"
+        for row in document["rows"]
+    ]
+    return [
+        _figure("compare", caption, change_plots.compare_figure(document, salt)),
+        _list("compare-notes", "How each technique applied, or why it could not", notes),
+    ]
+
+
+def _check_data(document: Mapping[str, Any], salt: str) -> list[str]:
+    caption = (
+        "Each DataLoader setting measured (the current one first): the share of each step spent waiting "
+        "for data, and the samples/s of training with it, against the loader alone and the step alone."
+    )
+    return [
+        _figure("check-data", caption, change_plots.data_figure(document, salt)),
+        _list("check-data-notes", "Verdict", [document["summary"], *document["notes"]]),
+    ]
+
+
+def _advise(document: Mapping[str, Any], salt: str) -> list[str]:
+    """What to change, then each step's own plots, as its command's report draws them."""
+    context = document.get("context", "")
+    changes = [_change_line(change, context) for change in document["changes"]]
+    changes = changes or ["nothing measured is worth it"]
+    costly = [_change_line(change, context) for change in document["memory_only"]]
+    parts = [
+        _list(
+            "advise-changes", "What to change, by measured gain", changes or ["nothing measured was worth it"]
+        ),
+        _list("advise-memory-only", "A larger batch at a cost in speed", costly),
+        _list("advise-skipped", "Steps skipped", document["skipped"]),
+    ]
+    searches = [document[mode] for mode in ("train", "eval") if document[mode] is not None]
+    if searches:
+        parts += _find({"results": searches}, f"{salt}-find")
+    steps: tuple[tuple[str, Callable[[Mapping[str, Any], str], list[str]]], ...] = (
+        ("exploration", _explore),
+        ("comparison", _compare),
+        ("data", _check_data),
+        ("plan", _plan),
+    )
+    for key, draw in steps:
+        if document[key] is not None:
+            parts += draw(document[key], f"{salt}-{key}")
+    return parts
+
+
+def _change_line(change: Mapping[str, Any], context: str) -> str:
+    """A change as advise's text report words it."""
+    return Change(**change).line(context)
+
+
+_PARTS: dict[Kind, Callable[[Mapping[str, Any], str], list[str]]] = {
     "find": _find,
     "plan": _plan,
     "explore": _explore,
+    "analyze": _analyze,
+    "compare": _compare,
+    "check-data": _check_data,
+    "advise": _advise,
 }

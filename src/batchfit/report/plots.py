@@ -35,7 +35,7 @@ def require_matplotlib() -> None:
 
 def find_figure(results: Sequence[Mapping[str, Any]], salt: str) -> str:
     """Peak memory against batch size, one panel per mode side by side."""
-    figure = _figure(len(results))
+    figure = new_figure(len(results))
     for axes, result in zip(figure.subplots(1, len(results), squeeze=False)[0], results, strict=True):
         _find_panel(axes, result)
     return to_svg(figure, salt)
@@ -103,7 +103,7 @@ def _bytes_axis(axes: Axes, top: float) -> None:
     axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_bytes(value) if value else "0"))
 
 
-def _figure(panels: int) -> Figure:
+def new_figure(panels: int) -> Figure:
     require_matplotlib()
     from matplotlib.figure import Figure
 
@@ -133,7 +133,7 @@ def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
     peak, warmup = plan["learning_rate"], plan["warmup_steps"]
     total = max(10 * warmup, 10)
     steps = list(range(total + 1))
-    figure = _figure(1)
+    figure = new_figure(1)
     axes = figure.subplots()
     decays: tuple[tuple[Decay, str], ...] = (("constant", "-"), ("cosine", "--"), ("linear", ":"))
     for decay, style in decays:
@@ -160,7 +160,7 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
     from matplotlib.ticker import MaxNLocator
 
     unit, best = result["unit"], max(point["estimate"] for point in result["points"])
-    figure = _figure(2)
+    figure = new_figure(2)
     throughput, history = figure.subplots(1, 2)
     sizes = [point["batch_size"] for point in points]
     estimates = [point["estimate"] for point in points]
@@ -209,4 +209,37 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
     sizes_axes.set_ylim(0, max(sizes) * 1.08)  # on the scale of the sizes measured
     sizes_axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # batch sizes are whole
     history.set_title(f"confidence {recommended['confidence']} at the end")
+    return to_svg(figure, salt)
+
+
+def analyze_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
+    """Batch size against memory fraction, one line per mode, each point labelled with its batch."""
+    figure = new_figure(1)
+    axes = figure.subplots()
+    modes = list(dict.fromkeys(row["mode"] for row in rows))
+    for mode, colour in zip(modes, ("tab:blue", "tab:orange", "tab:green"), strict=False):
+        measured = sorted(
+            (row for row in rows if row["mode"] == mode), key=lambda row: row["memory_fraction"]
+        )
+        fractions = [row["memory_fraction"] for row in measured]
+        sizes = [row["batch_size"] for row in measured]
+        axes.plot(fractions, sizes, marker="o", color=colour, label=mode)
+        for fraction, size in zip(fractions, sizes, strict=True):
+            axes.annotate(
+                f"{size}",
+                (fraction, size),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize="small",
+                color=colour,
+            )
+    fractions = sorted({row["memory_fraction"] for row in rows})
+    axes.set_xticks(fractions, [f"{fraction:g}" for fraction in fractions])
+    axes.set_xlim(min(fractions) - 0.05, max(fractions) + 0.05)
+    axes.set_ylim(0, max(row["batch_size"] for row in rows) * 1.15)
+    axes.set_title("largest memory-safe batch by memory fraction")
+    axes.set_xlabel("memory fraction")
+    axes.set_ylabel("batch size")
+    axes.legend(fontsize="small", loc="upper left")
     return to_svg(figure, salt)

@@ -11,14 +11,19 @@ from typing import Any, Literal
 
 from batchfit.errors import ConfigurationError
 
-Kind = Literal["find", "explore", "plan"]
+Kind = Literal["advise", "find", "explore", "plan", "analyze", "compare", "check-data"]
 NOT_RECORDED = "not recorded"
 
-# The keys each command's JSON always holds; a document is the first kind whose keys it has.
+# The keys each command's JSON always holds; a document is the first kind whose keys it has
+# (advise first: it holds the other commands' results under keys of its own).
 _KEYS: dict[Kind, frozenset[str]] = {
+    "advise": frozenset({"train", "eval", "exploration", "comparison", "data", "plan", "changes"}),
     "find": frozenset({"workload", "results"}),
     "explore": frozenset({"points", "recommendation", "history", "unit"}),
     "plan": frozenset({"global_batch_size", "micro_batch_size", "learning_rate", "warmup_steps"}),
+    "analyze": frozenset({"rows", "trials_run", "separate_trials"}),
+    "compare": frozenset({"rows", "memory_fraction", "budget_bytes", "unit"}),
+    "check-data": frozenset({"settings", "loader_samples_per_second", "data_wait_share"}),
 }
 
 
@@ -55,9 +60,7 @@ class SavedResult:
     @property
     def what_ran(self) -> WhatRan:
         document = self.document
-        device = document.get("device")
-        if device is None and self.kind == "find" and document["results"]:
-            device = document["results"][0].get("device")
+        device = document.get("device") or _first_device(document)
         return WhatRan(
             command=f"batchfit {self.kind}",
             workload=_text(document.get("workload")),
@@ -74,16 +77,16 @@ def recognise(document: Any, source: str = "the result") -> Kind:
         for kind, keys in _KEYS.items():
             if keys <= document.keys():
                 return kind
-    expected = "; ".join(f"{kind}: {', '.join(sorted(keys))}" for kind, keys in _KEYS.items())
     found = ", ".join(sorted(document)) if isinstance(document, Mapping) else type(document).__name__
     raise ConfigurationError(
-        f"{source} is not a saved batchfit result: it has {found or 'no keys'}, and a report needs the "
-        f"keys of one command's --format json output ({expected}). Save one with --format json --output FILE."
+        f"{source} is not a saved batchfit result: its keys ({found or 'none'}) are not those of any "
+        f"command's JSON output ({', '.join(_KEYS)}). Save one with --format json --output FILE "
+        f"(analyze: --output FILE.json)."
     )
 
 
 def read_result(path: str | Path) -> SavedResult:
-    """Read a saved result (``--format json --output FILE`` of find, explore or plan)."""
+    """Read a saved result (what a command writes with ``--format json``; analyze: ``--output X.json``)."""
     path = Path(path)
     try:
         document = json.loads(path.read_text())
@@ -92,6 +95,13 @@ def read_result(path: str | Path) -> SavedResult:
             f"{path} is not JSON ({error}); a report reads what a command wrote with --format json."
         ) from error
     return SavedResult(recognise(document, str(path)), document, str(path))
+
+
+def _first_device(document: Mapping[str, Any]) -> Any:
+    """The device a result names inside: find's first search, or the first of advise's steps."""
+    parts = [*document.get("results", ())]
+    parts += [document.get(step) for step in ("train", "eval", "comparison", "data")]
+    return next((part["device"] for part in parts if isinstance(part, Mapping) and part.get("device")), None)
 
 
 def _text(value: Any) -> str:
