@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from batchfit.policy.loader_settings import LoaderSetting
-from batchfit.report.plots import new_figure, to_svg
+from batchfit.report.plots import legend_below, new_figure, to_svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -90,7 +90,7 @@ def data_figure(check: Mapping[str, Any], salt: str) -> str:
     shares.set_yticks(range(len(settings)), names)
     shares.invert_yaxis()
     shares.set_title(f"share of each step (dotted: the {check['threshold']:.0%} threshold)")
-    _legend_below(shares)
+    legend_below(shares)
     rates = [row["samples_per_second"] for row in settings]
     _bars(speeds, rates, [f"{rate:.1f}" for rate in rates], colours)
     ceilings = (
@@ -102,7 +102,7 @@ def data_figure(check: Mapping[str, Any], salt: str) -> str:
     speeds.set_xlim(0, max([*rates, *(rate for _, rate, _ in ceilings)]) * _HEADROOM)
     speeds.set_title(f"samples/s training at batch_size={check['batch_size']}")
     speeds.set_xlabel("samples/s")
-    _legend_below(speeds)
+    legend_below(speeds)
     return to_svg(figure, salt)
 
 
@@ -111,8 +111,3 @@ def _bars(axes: Axes, values: Sequence[float], labels: Sequence[str], colours: S
     bars = axes.barh(range(len(values)), values, color=list(colours) or _BAR)
     axes.bar_label(bars, labels=list(labels), padding=4, fontsize="small")
     axes.set_xlim(0, max([*values, 1]) * _HEADROOM)
-
-
-def _legend_below(axes: Axes) -> None:
-    """Under the axes, where it covers no bar or label."""
-    axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)

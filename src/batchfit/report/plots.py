@@ -35,7 +35,7 @@ def require_matplotlib() -> None:
 
 def find_figure(results: Sequence[Mapping[str, Any]], salt: str) -> str:
     """Peak memory against batch size, one panel per mode side by side."""
-    figure = new_figure(len(results))
+    figure = new_figure(len(results), height=5.2)
     for axes, result in zip(figure.subplots(1, len(results), squeeze=False)[0], results, strict=True):
         _find_panel(axes, result)
     return to_svg(figure, salt)
@@ -88,7 +88,7 @@ def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
     axes.set_xlabel("batch size")
     axes.set_ylabel("peak memory")
     _bytes_axis(axes, capacity)
-    axes.legend(fontsize="small", loc="lower right")
+    legend_below(axes, columns=2)
 
 
 def _bytes_axis(axes: Axes, top: float) -> None:
@@ -103,12 +103,27 @@ def _bytes_axis(axes: Axes, top: float) -> None:
     axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_bytes(value) if value else "0"))
 
 
-def new_figure(panels: int) -> Figure:
+def new_figure(panels: int, *, height: float = _PANEL_INCHES[1]) -> Figure:
     require_matplotlib()
     from matplotlib.figure import Figure
 
-    width, height = _PANEL_INCHES
-    return Figure(figsize=(width * panels, height), layout="constrained")
+    return Figure(figsize=(_PANEL_INCHES[0] * panels, height), layout="constrained")
+
+
+def legend_below(axes: Axes, columns: int = 2) -> None:
+    """The legend under the axes, where it covers no data point, line or label."""
+    axes.legend(
+        fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=columns, frameon=False
+    )
+
+
+def batch_size_axis(axes: Axes) -> None:
+    """A log-2 batch-size axis labelled with the sizes themselves (64, 128), not powers of two."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axes.set_xscale("log", base=2)
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.xaxis.set_minor_formatter(NullFormatter())
 
 
 def to_svg(figure: Figure, salt: str) -> str:
@@ -149,7 +164,7 @@ def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
     axes.set_xlabel("optimizer step")
     axes.set_ylabel("learning rate")
     axes.set_ylim(0, peak * 1.1)
-    axes.legend(fontsize="small", loc="lower right")
+    legend_below(axes)
     return to_svg(figure, salt)
 
 
@@ -160,7 +175,7 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
     from matplotlib.ticker import MaxNLocator
 
     unit, best = result["unit"], max(point["estimate"] for point in result["points"])
-    figure = new_figure(2)
+    figure = new_figure(2, height=4.6)
     throughput, history = figure.subplots(1, 2)
     sizes = [point["batch_size"] for point in points]
     estimates = [point["estimate"] for point in points]
@@ -189,16 +204,17 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
         linestyle="-.",
         label=f"recommended batch_size={recommended['batch_size']}",
     )
-    throughput.set_xscale("log", base=2)
+    batch_size_axis(throughput)
     throughput.set_title(
         f"recommended batch_size={recommended['batch_size']} ({recommended['speedup']:.2f}x base)"
     )
     throughput.set_xlabel("batch size")
     throughput.set_ylabel(unit)
-    throughput.legend(fontsize="small", loc="lower right")
+    legend_below(throughput)
     steps = list(range(1, len(result["history"]) + 1))
     history.step(steps, [entry["confidence"] for entry in result["history"]], where="post", color="tab:blue")
-    history.set_ylim(0, 105)
+    history.set_ylim(-3, 105)  # a confidence of 0 stays visible above the axis
+    history.xaxis.set_major_locator(MaxNLocator(integer=True))
     history.set_xlabel("measurement")
     history.set_ylabel("confidence (out of 100)", color="tab:blue")
     sizes_axes = history.twinx()
@@ -241,5 +257,5 @@ def analyze_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
     axes.set_title("largest memory-safe batch by memory fraction")
     axes.set_xlabel("memory fraction")
     axes.set_ylabel("batch size")
-    axes.legend(fontsize="small", loc="upper left")
+    legend_below(axes)
     return to_svg(figure, salt)
