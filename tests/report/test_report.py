@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import batchfit
-from batchfit import find_batch_size
 from batchfit.errors import ConfigurationError
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
@@ -67,25 +66,6 @@ class Page(HTMLParser):
             self.sections[-1]["texts"].append(data)
         if self._in_item:
             self._list[-1] += data
-
-
-@pytest.fixture(scope="module")
-def find_document() -> dict[str, Any]:
-    """What ``batchfit find --format json`` writes, for train and eval; each hits a real oom."""
-    results = [
-        find_batch_size(
-            build_example("mlp", "cpu"), mode, device="cpu", memory_limit="48MiB", max_batch_size=1024
-        )
-        for mode in ("train", "eval")
-    ]
-    document = {
-        "workload": "mlp",
-        "batchfit_version": batchfit.__version__,
-        "torch_version": torch.__version__,
-        "created_at": "2025-01-01T00:00:00+00:00",
-        "results": [result.to_dict() for result in results],
-    }
-    return dict(json.loads(json.dumps(document)))  # as read back from the file
 
 
 def test_find_page_plots_train_and_eval_with_the_results_numbers(find_document: dict[str, Any]) -> None:
