@@ -1,17 +1,24 @@
-"""Saved results for the report tests, from real runs of the built-in mlp example on the CPU (find on
-a device capped at 48 MiB, so each search hits a real oom), written as the CLI's --format json writes
-them and read back from JSON. Session-scoped: each command runs once for all the report tests."""
+"""Saved results for the report tests, from real runs on the CPU (mostly the built-in mlp example;
+find on a device capped at 48 MiB, so each search hits a real oom), written as the CLI's JSON
+writes them and read back from JSON. Session-scoped: each command runs once for all the report tests."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
+from torch.utils.data import Dataset
 
 import batchfit
 from batchfit import find_batch_size
+from batchfit.advise import advise
+from batchfit.analyze import analyze
+from batchfit.check_data import check_data
+from batchfit.compare import compare
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
 from batchfit.report import SavedResult
@@ -50,9 +57,32 @@ def find_result(find_document: dict[str, Any]) -> SavedResult:
 @pytest.fixture(scope="session")
 def explore_result() -> SavedResult:
     """What ``batchfit explore --format json`` writes for a one-second exploration."""
-    result = explore(build_example("mlp", "cpu"), device="cpu", max_batch_size=64, time_budget_seconds=1)
+    result = explore(
+        build_example("mlp", "cpu"),
+        device="cpu",
+        max_batch_size=64,
+        windows=2,
+        steps_per_window=2,  # short windows: several sizes within the second
+        time_budget_seconds=1,
+    )
     document = {**result.to_dict(), "workload": "mlp", "device": "cpu", "tolerance": 0.03, **WHAT_RAN}
     return SavedResult("explore", as_saved(document), "explore.json")
+
+
+@pytest.fixture(scope="session")
+def explore_one_point_result(explore_result: SavedResult) -> SavedResult:
+    """An exploration cut short after its first size: one estimate, one recommendation."""
+    document = dict(explore_result.document)
+    first = document["points"][0]
+    document["points"] = [first]
+    size = first["batch_size"]
+    recommended = {
+        **document["history"][0],
+        **{"batch_size": size, "best_batch_size": size, "base_batch_size": size, "speedup": 1.0},
+    }
+    document["history"] = [recommended]
+    document["recommendation"] = recommended
+    return SavedResult("explore", document, "explore-one-point.json")
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +91,95 @@ def plan_result() -> SavedResult:
     result = plan(1024, world_size=8, max_micro_batch_size=48, base_learning_rate=0.1, base_batch_size=256)
     document = {**result.to_dict(), "batchfit_version": batchfit.__version__, "created_at": CREATED_AT}
     return SavedResult("plan", as_saved(document), "plan.json")
+
+
+def stamped(document: dict[str, Any], workload: str = "mlp") -> dict[str, Any]:
+    """What the CLI records beside a result (workload, versions, time), read back from JSON."""
+    return as_saved({**document, "workload": workload, **WHAT_RAN})
+
+
+@pytest.fixture(scope="session")
+def analyze_result() -> SavedResult:
+    """What ``batchfit analyze --output X.json`` writes, at two fractions of a 64 MiB CPU."""
+    analysis = analyze(build_example("mlp", "cpu"), [0.6, 0.8], device="cpu", memory_limit="64MiB")
+    return SavedResult("analyze", stamped(analysis.to_dict()), "analyze.json")
+
+
+def blocks_workload() -> batchfit.Workload:
+    """A small MLP of four repeated blocks, so that checkpointing applies."""
+    torch.manual_seed(0)
+    blocks = (nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(4))
+    model = nn.Sequential(*blocks, nn.Linear(256, 4))
+    return batchfit.Workload(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_batch=lambda n: (torch.randn(n, 256), torch.randint(0, 4, (n,))),
+        loss_fn=nn.functional.cross_entropy,
+        name="blocks",
+    )
+
+
+@pytest.fixture(scope="session")
+def compare_result() -> SavedResult:
+    """What ``batchfit compare --format json`` writes for four techniques on a 16 MiB CPU."""
+    comparison = compare(
+        blocks_workload(),
+        ["baseline", "amp", "checkpointing", "accumulation"],
+        device="cpu",
+        memory_limit="16MiB",
+        global_batch_size=4096,
+        windows=1,
+        explore_seconds=0,
+    )
+    return SavedResult("compare", stamped(comparison.to_dict(), "blocks"), "compare.json")
+
+
+class SleepyItems(Dataset[tuple[torch.Tensor, int]]):
+    """Each item sleeps 2 ms, as a read from slow storage: 32 items wait longer than a step."""
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(0.002)
+        return torch.full((32,), float(index % 7)), index % 4
+
+
+def slow_step(model: nn.Module, optimizer: Any, batch: Any) -> None:
+    """A real step, then 30 ms of the device's share of it."""
+    inputs, target = batch
+    optimizer.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(model(inputs), target).backward()
+    optimizer.step()
+    time.sleep(0.03)
+
+
+@pytest.fixture(scope="session")
+def check_data_result() -> SavedResult:
+    """What ``batchfit check-data --format json`` writes for a loader that holds training back."""
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    workload = batchfit.Workload(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        dataset=SleepyItems(),
+        train_step=slow_step,
+        name="sleepy",
+    )
+    result = check_data(workload, 32, device="cpu", max_num_workers=1, window_seconds=0.3)
+    return SavedResult("check-data", stamped(result.to_dict(), "sleepy"), "check-data.json")
+
+
+@pytest.fixture(scope="session")
+def advise_result() -> SavedResult:
+    """What ``batchfit advise --format json`` writes: every step but check-data (no dataset)."""
+    result = advise(
+        build_example("mlp", "cpu"),
+        device="cpu",
+        memory_limit="48MiB",
+        explore_seconds=0.5,
+        techniques=["baseline", "amp"],
+        base_learning_rate=0.1,
+        base_batch_size=256,
+    )
+    document = {**result.to_dict(), "context": "--example mlp --device cpu --memory-limit 48MiB"}
+    return SavedResult("advise", stamped(document), "advise.json")

@@ -21,7 +21,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(_REASON is not None, reaso
 PAGES: dict[str, tuple[str, ...]] = {
     "find": ("find_result",),
     "explore": ("explore_result",),
+    "explore-one-point": ("explore_one_point_result",),
     "plan": ("plan_result",),
+    "analyze": ("analyze_result",),
+    "compare": ("compare_result",),
+    "check-data": ("check_data_result",),
+    "advise": ("advise_result",),
 }
 PAGES["all"] = tuple(name for names in PAGES.values() for name in names)
 

@@ -91,7 +91,9 @@ def test_find_page_plots_train_and_eval_with_the_results_numbers(find_document: 
         budget = f"budget {format_bytes(result['budget_bytes'])} ({result['memory_fraction']:g} x capacity)"
         assert budget in texts
         assert f"capacity {format_bytes(result['capacity_bytes'])}" in texts
-    assert {"ok", "oom", "forecast (traced)", "fitted: forward/backward"} <= set(texts)
+    assert {"ok", "oom (the peak before it failed)", "forecast (traced)", "fitted: forward/backward"} <= set(
+        texts
+    )
 
 
 def test_a_saved_find_result_is_read_back_and_recognised(
@@ -130,7 +132,7 @@ def test_plan_page_plots_the_learning_rate_with_the_plans_numbers() -> None:
     assert section["what_ran"]["command"] == "batchfit plan"
     assert section["what_ran"]["batchfit"] == batchfit.__version__
     assert section["what_ran"]["device"] == "not recorded"  # plan runs no model
-    assert f"learning_rate={result.learning_rate:g}" in section["texts"]
+    assert f"learning_rate={result.learning_rate:g}: warm-up, then constant" in section["texts"]
     assert f"warmup_steps={result.warmup_steps}" in section["texts"]
     assert f"global_batch_size=1024: learning_rate={result.learning_rate:g}" in section["texts"]
     assert "http://" not in text and "https://" not in text

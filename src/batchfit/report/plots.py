@@ -20,7 +20,7 @@ MISSING = "the report needs matplotlib, which is not installed: pip install 'bat
 OUTCOME_STYLE = {  # outcome: (legend label, marker, colour)
     "ok": ("ok", "o", "tab:green"),
     "over_budget": ("over budget", "s", "tab:orange"),
-    "oom": ("oom", "x", "tab:red"),
+    "oom": ("oom (the peak before it failed)", "x", "tab:red"),
 }
 _PANEL_INCHES = (5.6, 4.0)
 
@@ -51,7 +51,8 @@ def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
             [trial["batch_size"] for trial in traced],
             [trial["peak_bytes"] for trial in traced],
             linestyle=":",
-            marker=".",
+            marker="D",
+            markersize=4,
             color="tab:gray",
             label="forecast (traced)",
         )
@@ -100,7 +101,15 @@ def _bytes_axis(axes: Axes, top: float) -> None:
     ticks = MaxNLocator(nbins=6, steps=[1, 2, 4, 8, 10]).tick_values(0, limit / unit)
     axes.set_yticks([tick * unit for tick in ticks if 0 <= tick * unit <= limit])
     axes.set_ylim(0, limit)
-    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_bytes(value) if value else "0"))
+    name = {1: "B", 1024: "KiB", 1024**2: "MiB", 1024**3: "GiB", 1024**4: "TiB"}[unit]
+    axes.yaxis.set_major_formatter(
+        FuncFormatter(lambda value, _: f"{value / unit:g} {name}" if value else "0")
+    )
+
+
+def _tick_bytes(value: float, unit: int, name: str) -> str:
+    """A round size, without format_bytes's decimals: 16 MiB, 0.5 GiB."""
+    return f"{value / unit:g} {name}" if value else "0"
 
 
 def new_figure(panels: int, *, height: float = _PANEL_INCHES[1]) -> Figure:
@@ -152,12 +161,12 @@ def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
     axes = figure.subplots()
     decays: tuple[tuple[Decay, str], ...] = (("constant", "-"), ("cosine", "--"), ("linear", ":"))
     for decay, style in decays:
-        label = "warm-up, then constant" if decay == "constant" else f"decay={decay!r}, total_steps={total}"
+        constant = f"learning_rate={peak:g}: warm-up, then constant"
+        label = constant if decay == "constant" else f"decay={decay!r}, total_steps={total}"
         rates = [
             peak * lr_factor(step, warmup_steps=warmup, total_steps=total, decay=decay) for step in steps
         ]
         axes.plot(steps, rates, linestyle=style, label=label)
-    axes.axhline(peak, color="black", linewidth=0.8, label=f"learning_rate={peak:g}")
     if warmup:
         axes.axvline(warmup, color="tab:gray", linewidth=0.8, label=f"warmup_steps={warmup}")
     axes.set_title(f"global_batch_size={plan['global_batch_size']}: learning_rate={peak:g}")
@@ -188,23 +197,32 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
         fmt="o",
         capsize=3,
         label="estimate (bars: the windows' range)",
+        zorder=3,
     )
+    for size, estimate in zip(sizes, estimates, strict=True):
+        throughput.annotate(
+            f"{size}", (size, estimate), xytext=(5, -3), textcoords="offset points", fontsize="x-small"
+        )
     tolerance = result.get("tolerance")
     if tolerance is not None:
         throughput.axhspan(
             best * (1 - tolerance),
             best,
             color="tab:green",
-            alpha=0.15,
+            alpha=0.3,
             label=f"tolerance {tolerance:g} under the best",
         )
     throughput.axvline(
         recommended["batch_size"],
         color="tab:green",
         linestyle="-.",
+        alpha=0.7,
+        zorder=1,
         label=f"recommended batch_size={recommended['batch_size']}",
     )
     batch_size_axis(throughput)
+    throughput.set_xlim(min(sizes) / 1.5, max(sizes) * 1.5)  # also around a single size
+    throughput.set_ylim(0, max(max(point["samples_per_second"]) for point in points) * 1.1)
     throughput.set_title(
         f"recommended batch_size={recommended['batch_size']} ({recommended['speedup']:.2f}x base)"
     )
@@ -212,19 +230,40 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
     throughput.set_ylabel(unit)
     legend_below(throughput)
     steps = list(range(1, len(result["history"]) + 1))
-    history.step(steps, [entry["confidence"] for entry in result["history"]], where="post", color="tab:blue")
+    confidences = [entry["confidence"] for entry in result["history"]]
+    history.step(steps, confidences, where="post", color="tab:blue", marker="o", label="confidence")
     history.set_ylim(-3, 105)  # a confidence of 0 stays visible above the axis
-    history.xaxis.set_major_locator(MaxNLocator(integer=True))
-    history.set_xlabel("measurement")
+    if len(steps) <= 10:
+        history.set_xticks(steps)
+    else:
+        history.xaxis.set_major_locator(MaxNLocator(integer=True))
+    history.set_xlim(0.5, len(steps) + 0.5)
+    history.set_xlabel("recommendation update (in order)")
     history.set_ylabel("confidence (out of 100)", color="tab:blue")
     sizes_axes = history.twinx()
     sizes_axes.step(
-        steps, [entry["batch_size"] for entry in result["history"]], where="post", color="tab:green"
+        steps,
+        [entry["batch_size"] for entry in result["history"]],
+        where="post",
+        color="tab:green",
+        linestyle="--",
+        marker="s",
+        markersize=4,
+        label="recommended batch size",
     )
     sizes_axes.set_ylabel("recommended batch size", color="tab:green")
     sizes_axes.set_ylim(0, max(sizes) * 1.08)  # on the scale of the sizes measured
     sizes_axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # batch sizes are whole
     history.set_title(f"confidence {recommended['confidence']} at the end")
+    lines = [*history.get_legend_handles_labels()[0], *sizes_axes.get_legend_handles_labels()[0]]
+    history.legend(
+        handles=lines,
+        fontsize="small",
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=2,
+        frameon=False,
+    )
     return to_svg(figure, salt)
 
 
