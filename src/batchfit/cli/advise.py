@@ -59,23 +59,30 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, skip: list[str]) -> int:
     loader = None if args.loader is None else load_function(args.loader, "--loader")
     workload = flags.workload(args)
-    result = advise(
-        workload,
-        device=args.device,
-        memory_limit=args.memory_limit,
-        memory_fraction=args.memory_fraction,
-        skip=skip,
-        batch_size=args.batch_size,
-        explore_seconds=args.explore_seconds,
-        techniques=None if args.techniques is None else args.techniques.split(","),
-        loader=loader,
-        global_batch_size=args.global_batch_size,
-        world_size=args.world_size,
-        base_learning_rate=args.base_learning_rate,
-        base_batch_size=args.base_batch_size,
-        on_step=lambda step: flags.say(f"advise: {step}..."),
-    )
-    flags.say(f"advise: done in {result.seconds:.1f} s.")
+    display = flags.progress(args, "advise")
+
+    def step(name: str) -> None:
+        flags.say(f"advise: {name}...")
+        display.start(name)
+
+    with display:
+        result = advise(
+            workload,
+            device=args.device,
+            memory_limit=args.memory_limit,
+            memory_fraction=args.memory_fraction,
+            skip=skip,
+            batch_size=args.batch_size,
+            explore_seconds=args.explore_seconds,
+            techniques=None if args.techniques is None else args.techniques.split(","),
+            loader=loader,
+            global_batch_size=args.global_batch_size,
+            world_size=args.world_size,
+            base_learning_rate=args.base_learning_rate,
+            base_batch_size=args.base_batch_size,
+            on_step=step,
+        )
+        flags.say(f"advise: done in {result.seconds:.1f} s.")
     document = {**result.to_dict(), **flags.what_ran(workload.name), "context": _context(args)}
     text = json.dumps(document, indent=2) + "\n" if args.format == "json" else result.report(_context(args))
     flags.emit(text, args.output)

@@ -60,15 +60,16 @@ def _run(
     suffix: str | None,
 ) -> int:
     workload = workload_from_config(cfg)
-    analysis = analyze(
-        workload,
-        fractions,
-        modes,
-        bounds=bounds_from_config(cfg),
-        device=cfg.DEVICE,
-        memory_limit=cfg.MEMORY_LIMIT,
-        on_trial=lambda fraction, mode, trial: flags.print_trial(f"{mode}@{fraction:g}", trial),
-    )
+    with flags.progress(args, "analyze") as display:
+        analysis = analyze(
+            workload,
+            fractions,
+            modes,
+            bounds=bounds_from_config(cfg),
+            device=cfg.DEVICE,
+            memory_limit=cfg.MEMORY_LIMIT,
+            on_trial=lambda fraction, mode, trial: display.trial(f"{mode}@{fraction:g}", trial),
+        )
     flags.say(
         f"{analysis.trials_run} real trials for {len(analysis.rows)} searches "
         f"({analysis.separate_trials} if run separately), {analysis.traces_run} fake-tensor traces "

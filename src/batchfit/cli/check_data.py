@@ -81,29 +81,33 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     loader = None if args.loader is None else load_function(args.loader, "--loader")
 
-    def progress(row: SettingRow) -> None:
+    workload = flags.workload(args)
+    display = flags.progress(args, "check-data", noun="settings")
+
+    def measured(row: SettingRow) -> None:
+        display.finish("", f"{row.setting.describe()}: {row.samples_per_second:.1f} samples/s")
         flags.say(
             f"{row.setting.describe():<40} {row.samples_per_second:10.1f} samples/s  "
             f"data wait {row.data_wait_share:6.1%}"
         )
 
-    workload = flags.workload(args)
-    result = check_data(
-        workload,
-        args.batch_size,
-        device=args.device,
-        loader=loader,
-        num_workers=args.num_workers,
-        pin_memory=args.pin_memory,
-        persistent_workers=args.persistent_workers,
-        prefetch_factor=args.prefetch_factor,
-        max_num_workers=args.max_num_workers,
-        tolerance=args.tolerance,
-        window_seconds=args.window_seconds,
-        time_budget_seconds=args.time_budget_seconds,
-        on_setting=progress,
-    )
-    flags.say(f"{result.summary()} ({result.seconds:.1f} s)")
+    with display:
+        result = check_data(
+            workload,
+            args.batch_size,
+            device=args.device,
+            loader=loader,
+            num_workers=args.num_workers,
+            pin_memory=args.pin_memory,
+            persistent_workers=args.persistent_workers,
+            prefetch_factor=args.prefetch_factor,
+            max_num_workers=args.max_num_workers,
+            tolerance=args.tolerance,
+            window_seconds=args.window_seconds,
+            time_budget_seconds=args.time_budget_seconds,
+            on_setting=measured,
+        )
+        flags.say(f"{result.summary()} ({result.seconds:.1f} s)")
     document = {**result.to_dict(), **flags.what_ran(workload.name)}
     render = {"text": result.table, "json": lambda: json.dumps(document, indent=2) + "\n"}
     flags.emit(render[args.format](), args.output)

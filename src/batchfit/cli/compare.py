@@ -9,7 +9,6 @@ from typing import Any
 from batchfit.cli import flags
 from batchfit.compare import ComparisonRow, compare
 from batchfit.policy.techniques import TECHNIQUES
-from batchfit.policy.trial import Trial
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -67,28 +66,26 @@ def _run(args: argparse.Namespace) -> int:
         else:
             flags.say(f"{row.technique}: {row.note}")
 
-    def trial_done(technique: str, trial: Trial) -> None:
-        flags.print_trial(technique, trial)
-
     techniques = None if args.techniques is None else args.techniques.split(",")
     workload = flags.workload(args)
-    comparison = compare(
-        workload,
-        techniques,
-        device=args.device,
-        memory_limit=args.memory_limit,
-        memory_fraction=args.memory_fraction,
-        min_batch_size=args.min_batch_size,
-        max_batch_size=args.max_batch_size,
-        multiple_of=args.multiple_of,
-        global_batch_size=args.global_batch_size,
-        checkpoint_module=args.checkpoint_module,
-        windows=args.windows,
-        explore_seconds=args.explore_seconds,
-        on_row=row_done,
-        on_trial=trial_done,
-    )
-    flags.say(f"compared {len(comparison.rows)} settings in {comparison.seconds:.1f} s.")
+    with flags.progress(args, "compare") as display:
+        comparison = compare(
+            workload,
+            techniques,
+            device=args.device,
+            memory_limit=args.memory_limit,
+            memory_fraction=args.memory_fraction,
+            min_batch_size=args.min_batch_size,
+            max_batch_size=args.max_batch_size,
+            multiple_of=args.multiple_of,
+            global_batch_size=args.global_batch_size,
+            checkpoint_module=args.checkpoint_module,
+            windows=args.windows,
+            explore_seconds=args.explore_seconds,
+            on_row=row_done,
+            on_trial=display.trial,
+        )
+        flags.say(f"compared {len(comparison.rows)} settings in {comparison.seconds:.1f} s.")
     document = {**comparison.to_dict(), **flags.what_ran(workload.name)}
     render = {
         "text": comparison.table,

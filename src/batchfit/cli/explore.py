@@ -84,32 +84,36 @@ def _run(args: argparse.Namespace) -> int:
     advice = malloc_advice() if parse_device(args.device).type == "cpu" else None
     notes = [f"note: {advice}"] if advice else []
 
+    workload = flags.workload(args)
+    display = flags.progress(args, "explore")
+
     def live(recommendation: Recommendation) -> None:
         while notes:  # once the measuring has begun: bad input gets its error alone
             flags.say(notes.pop())
+        display.recommend(recommendation)
         flags.say(recommendation.line())
 
-    workload = flags.workload(args)
-    result = explore(
-        workload,
-        device=args.device,
-        memory_limit=args.memory_limit,
-        memory_fraction=args.memory_fraction,
-        min_batch_size=args.min_batch_size,
-        max_batch_size=args.max_batch_size,
-        tolerance=args.tolerance,
-        objective=args.objective,
-        base_batch_size=args.base_batch_size,
-        world_size=args.world_size,
-        global_batch_size=args.global_batch_size,
-        multiple_of=args.multiple_of,
-        windows=args.windows,
-        steps_per_window=args.steps_per_window,
-        time_budget_seconds=args.time_budget_seconds,
-        confidence_target=args.confidence_target,
-        on_update=live,
-    )
-    flags.say(f"stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.")
+    with display:
+        result = explore(
+            workload,
+            device=args.device,
+            memory_limit=args.memory_limit,
+            memory_fraction=args.memory_fraction,
+            min_batch_size=args.min_batch_size,
+            max_batch_size=args.max_batch_size,
+            tolerance=args.tolerance,
+            objective=args.objective,
+            base_batch_size=args.base_batch_size,
+            world_size=args.world_size,
+            global_batch_size=args.global_batch_size,
+            multiple_of=args.multiple_of,
+            windows=args.windows,
+            steps_per_window=args.steps_per_window,
+            time_budget_seconds=args.time_budget_seconds,
+            confidence_target=args.confidence_target,
+            on_update=live,
+        )
+        flags.say(f"stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.")
     document = {  # what ran, beside the result's own fields
         **result.to_dict(),
         **flags.what_ran(workload.name),

@@ -52,23 +52,24 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, modes: list[Mode], train_max: int) -> int:
     workload = flags.workload(args)
     results = []
-    for mode in modes:
-        result = find_batch_size(
-            workload,
-            mode,
-            device=args.device,
-            memory_limit=args.memory_limit,
-            memory_fraction=args.memory_fraction,
-            min_batch_size=args.min_batch_size,
-            max_batch_size=default_max_batch_size(mode, train_max),
-            multiple_of=args.multiple_of,
-            steps_per_trial=args.steps_per_trial,
-            confirm_steps=args.confirm_steps,
-            on_trial=functools.partial(flags.print_trial, mode, usual_steps=args.steps_per_trial),
-            on_trial_start=functools.partial(flags.show_candidate, mode),
-        )
-        flags.say(result.summary())
-        results.append(result)
+    with flags.progress(args, "find") as display:
+        for mode in modes:
+            result = find_batch_size(
+                workload,
+                mode,
+                device=args.device,
+                memory_limit=args.memory_limit,
+                memory_fraction=args.memory_fraction,
+                min_batch_size=args.min_batch_size,
+                max_batch_size=default_max_batch_size(mode, train_max),
+                multiple_of=args.multiple_of,
+                steps_per_trial=args.steps_per_trial,
+                confirm_steps=args.confirm_steps,
+                on_trial=functools.partial(display.trial, mode, usual_steps=args.steps_per_trial),
+                on_trial_start=functools.partial(display.start, mode),
+            )
+            flags.say(result.summary())
+            results.append(result)
     document = {**flags.what_ran(workload.name), "results": [result.to_dict() for result in results]}
     flags.emit(_render(document, results, args.format), args.output)
     flags.write_report(args, json.loads(json.dumps(document)))

@@ -1,5 +1,5 @@
-"""The flags several subcommands share, defined once, and the output they share: the trial lines
-on stderr, the result on stdout or in ``--output``. A flag is its parameter's name with dashes."""
+"""The flags several subcommands share, defined once, and the output they share: messages and
+progress on stderr, the result on stdout or in ``--output``. A flag is its parameter's name with dashes."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.checks import DEFAULT_MAX_BATCH_SIZE
+from batchfit.cli.progress import Display
 from batchfit.errors import ConfigurationError
-from batchfit.policy.trial import Mode, Trial
+from batchfit.policy.trial import Mode
 from batchfit.runtime.examples import EXAMPLES, build_example
-from batchfit.runtime.launch import launched_process_group
+from batchfit.runtime.launch import launched_process_group, launched_world_size
 from batchfit.runtime.loading import load_workload
 from batchfit.runtime.workload import Workload
-from batchfit.units import format_bytes
 
 
 def add_workload(parser: argparse.ArgumentParser) -> None:
@@ -165,32 +165,8 @@ def say(text: str) -> None:
     print(f"batchfit: {text}", file=sys.stderr, flush=True)
 
 
-def show_candidate(label: str, batch_size: int) -> None:
-    """On a terminal, say which batch is running now; the trial's line overwrites it."""
-    if sys.stderr.isatty():
-        print(
-            f"batchfit: {label:<5} batch_size={batch_size:<6} running...",
-            end="\r",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def print_trial(label: str, trial: Trial, usual_steps: int | None = None) -> None:
-    peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"  # 0: failed before a step
-    extras = []
-    if trial.steps is not None and usual_steps is not None and trial.steps != usual_steps:
-        extras.append(f"{trial.steps} steps")
-    if trial.step_seconds is not None:
-        extras.append(f"{trial.step_seconds * 1000:8.1f} ms/step")
-    if trial.reserved_peak_bytes is not None:
-        extras.append(f"reserved {format_bytes(trial.reserved_peak_bytes)}")
-    if trial.allocator_retries:
-        extras.append(f"{trial.allocator_retries} allocator retries")
-    clear = "\x1b[2K" if sys.stderr.isatty() else ""
-    print(
-        f"{clear}batchfit: {label:<5} batch_size={trial.batch_size:<6} {trial.outcome:<11} "
-        f"peak {peak:>11}{''.join('  ' + extra for extra in extras)}",
-        file=sys.stderr,
-        flush=True,
-    )
+def progress(args: argparse.Namespace, command: str, noun: str = "trials") -> Display:
+    """The trial lines and, on a terminal, the live line; under torchrun with ``--all-ranks`` the
+    ranks share one terminal, so each prints its lines alone."""
+    several = args.all_ranks and launched_world_size() > 1
+    return Display(command, noun=noun, live=not several)
