@@ -7,7 +7,7 @@ import io
 import json
 
 import pytest
-from conftest import untraceable
+from tiny_workloads import untraceable
 
 from batchfit import find_batch_size
 from batchfit.analyze import Analysis, analyze

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build
+from tiny_workloads import build
 
 from batchfit import ConfigurationError, Workload, compare, memory_limit
 from batchfit.runtime.examples import build_example

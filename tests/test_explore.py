@@ -12,7 +12,7 @@ import json
 import statistics
 
 import pytest
-from conftest import build
+from tiny_workloads import build
 
 from batchfit.errors import ConfigurationError
 from batchfit.explore import explore

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import build, classification_batch, tiny_mlp
+from tiny_workloads import build, classification_batch, tiny_mlp
 from torch import nn
 
 import batchfit

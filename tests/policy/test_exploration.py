@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import build
+from tiny_workloads import build
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy.contenders import coarse_sizes

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from conftest import build
+from tiny_workloads import build
 from torch import nn
 from two_ranks import leave_group
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import lockstep_workers
 import pytest
-from conftest import build
+from tiny_workloads import build
 from two_ranks import run_ranks
 
 from batchfit import find_batch_size

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import build
+from tiny_workloads import build
 
 from batchfit.runtime.cuda import WINDOW_STEPS, CudaDevice
 from batchfit.runtime.device import CpuDevice

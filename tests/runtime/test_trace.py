@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import build, untraceable
+from tiny_workloads import build, untraceable
 
 from batchfit import find_batch_size, memory_limit
 from batchfit.runtime.device import CappedCpuDevice

@@ -1,0 +1,76 @@
+"""Shared tiny real workloads for the tests: ``from tiny_workloads import build``. A plain module,
+not conftest.py: tests/report has a conftest of its own, and ``from conftest import`` would get
+whichever conftest was imported last."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from batchfit import Workload
+
+
+def tiny_mlp(width: int = 256) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
+
+
+def tiny_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(0.1),
+        nn.Linear(32, 10),
+    )
+
+
+def classification_batch(shape: tuple[int, ...]) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(n)
+        return torch.randn(n, *shape, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+
+    return make_batch
+
+
+def build(kind: str, optimizer: str = "adam") -> Workload:
+    torch.manual_seed(0)
+    model = tiny_mlp() if kind == "mlp" else tiny_cnn()
+    shape = (64,) if kind == "mlp" else (3, 16, 16)
+    opt: torch.optim.Optimizer = (
+        torch.optim.Adam(model.parameters(), lr=1e-2)
+        if optimizer == "adam"
+        else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    )
+    return Workload(
+        model=model,
+        optimizer=opt,
+        make_batch=classification_batch(shape),
+        loss_fn=nn.functional.cross_entropy,
+        name=kind,
+    )
+
+
+def untraceable(kind: str, optimizer: str = "sgd") -> Workload:
+    """A workload whose step reads a value (.item()): no fake-tensor forecast, every trial real."""
+    workload = build(kind, optimizer)
+
+    def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]) -> None:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        workload.losses.append(loss.item())  # type: ignore[attr-defined]  # data-dependent
+
+    workload.losses = []  # type: ignore[attr-defined]
+    workload.train_step = train_step
+    return workload
