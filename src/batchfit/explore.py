@@ -19,6 +19,7 @@ from batchfit.find import find_on
 from batchfit.policy.choose import Objective, Point, Recommendation, estimates
 from batchfit.policy.exploration import Meter, Rules, StopReason, explore_rounds
 from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
+from batchfit.policy.trial import Trial
 from batchfit.runtime.lockstep import Lockstep, LockstepMeter
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.steps import StepTimer
@@ -107,6 +108,8 @@ def explore(
     confidence_target: int = 90,
     tokens_per_sample: int | None = None,
     on_update: Callable[[Recommendation], None] | None = None,
+    on_trial: Callable[[Trial], None] | None = None,
+    on_trial_start: Callable[[int], None] | None = None,
 ) -> ExploreResult:
     """Measure training throughput against batch size and recommend one.
 
@@ -114,7 +117,8 @@ def explore(
     ``find_batch_size`` finds at ``memory_fraction``. The batch sizes timed, the rounds and the
     stop follow ``batchfit.policy.exploration`` (see docs/explore.md): the recommendation is the
     smallest batch within ``tolerance`` of the fastest that reaches ``confidence_target``, or the
-    fastest with ``objective="max-throughput"``; ``on_update`` hears each new recommendation.
+    fastest with ``objective="max-throughput"``; ``on_update`` hears each new recommendation, and
+    ``on_trial_start`` / ``on_trial`` each trial of the search for the memory-safe maximum.
     A window is ``steps_per_window`` steps or, when None, the fewest that last 20 ms. With
     ``global_batch_size``, the micro-batch must divide ``global_batch_size / world_size`` (the
     ranks of the process group when None, else 1); with ``multiple_of``, be a multiple of it.
@@ -152,6 +156,8 @@ def explore(
             memory_fraction=memory_fraction,
             min_batch_size=min_batch_size,
             multiple_of=multiple_of,
+            on_trial=on_trial,
+            on_trial_start=on_trial_start,
         ).batch_size
     candidates = micro_batch_sizes(
         min_batch_size,

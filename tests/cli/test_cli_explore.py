@@ -95,3 +95,25 @@ def test_note_on_glibc_malloc_only_while_its_thresholds_move() -> None:
         assert moving.stderr.index("note:") < moving.stderr.index("Current recommended")
     else:
         assert "glibc" not in moving.stderr
+
+
+def test_without_a_bound_the_search_for_the_maximum_prints_its_trials_first() -> None:
+    argv = ["--example", "cnn", "--device", "cpu", "--memory-limit", "64MiB", "--windows", "2"]
+    argv += ["--steps-per-window", "1", "--time-budget-seconds", "1", "--format", "json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "batchfit", "explore", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=TESTS,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    lines = done.stderr.splitlines()
+    trials = [line for line in lines if line.startswith("batchfit: train batch_size=")]
+    first_live = next(i for i, line in enumerate(lines) if "Current recommended micro_batch_size:" in line)
+    assert trials and all(lines.index(line) < first_live for line in trials)  # the search, then the timing
+    answer = [line for line in trials if line.split()[3] == "ok"][-1]
+    assert answer.split()[2] == f"batch_size={document['max_batch_size']}"
+    assert any(line.split()[3] == "oom" for line in trials)  # a real boundary under the cap

@@ -112,6 +112,8 @@ def _run(args: argparse.Namespace) -> int:
             time_budget_seconds=args.time_budget_seconds,
             confidence_target=args.confidence_target,
             on_update=live,
+            on_trial=lambda trial: display.trial("train", trial),
+            on_trial_start=lambda batch_size: display.start("train", batch_size),
         )
         flags.say(f"stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.")
     document = {  # what ran, beside the result's own fields
