@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Request, Route
 
 VIEWPORT = {"width": 1280, "height": 800}  # CSS pixels; the screenshot has one pixel per CSS pixel
+# An A4 page's printable width at the CSS 96 px per inch: 210 mm less 1 cm margins on each side.
+PRINTED = {"width": 718, "height": 1047}
 # What this closed machine needs. Playwright adds --headless and a fresh, empty, temporary
 # --user-data-dir itself (it refuses one passed here). The resolver rule fails every host name on the
 # machine, so no lookup leaves it even before a request is aborted.
@@ -115,9 +117,10 @@ class Chromium:
     def __init__(self, browser: Browser) -> None:
         self._browser = browser
 
-    def visit(self, html_path: Path, screenshot_path: Path) -> Visit:
-        """Open ``html_path`` at a 1280 px wide viewport, wait for it and its fonts to load, and take
-        a full-page screenshot into ``screenshot_path``."""
+    def visit(self, html_path: Path, screenshot_path: Path, *, printed: bool = False) -> Visit:
+        """Open ``html_path`` at a 1280 px wide viewport (``printed``: as printed on A4, the print
+        style sheet at the page's printable width), wait for it and its fonts to load, and take a
+        full-page screenshot into ``screenshot_path``."""
         console: list[str] = []
         page_errors: list[str] = []
         off_machine: list[str] = []
@@ -137,11 +140,12 @@ class Chromium:
             else:
                 route.abort("internetdisconnected")
 
-        context = self._browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+        context = self._browser.new_context(viewport=PRINTED if printed else VIEWPORT, device_scale_factor=1)
         try:
             context.set_default_timeout(15_000)
             context.route("**/*", keep_on_the_machine)
             page = context.new_page()
+            page.emulate_media(media="print" if printed else "screen")
             page.on("console", on_console)
             page.on("pageerror", lambda error: page_errors.append(f"{error.name}: {error.message}"))
             page.on("request", on_request)

@@ -46,18 +46,25 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(named)
 
 
+@pytest.mark.parametrize("printed", [False, True], ids=["screen", "printed"])
 @pytest.mark.parametrize("page", PAGES)
 def test_the_page_opens_offline_quietly_with_every_plot_drawn_inside_the_window(
-    page: str, chromium: Chromium, screenshots: Path, tmp_path: Path, request: pytest.FixtureRequest
+    page: str,
+    printed: bool,
+    chromium: Chromium,
+    screenshots: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     results = [request.getfixturevalue(name) for name in PAGES[page]]
     text = render_report(results, created_at="2025-01-01T00:00:00+00:00")
     (tmp_path / f"{page}.html").write_text(text)
-    visit = chromium.visit(tmp_path / f"{page}.html", screenshots / f"{page}.png")
+    shot = screenshots / f"{page}{'-printed' if printed else ''}.png"
+    visit = chromium.visit(tmp_path / f"{page}.html", shot, printed=printed)
     assert visit.console == ()
     assert visit.page_errors == ()
     assert visit.off_machine_requests == ()
-    assert visit.scroll_width <= visit.viewport_width == 1280  # no horizontal scrolling
+    assert visit.scroll_width <= visit.viewport_width == (718 if printed else 1280)  # nothing cut off
     assert len(visit.svg_boxes) == text.count("<svg") > 0  # each plot of the source laid out
     for box in visit.svg_boxes:
         assert box.width > 0 and box.height > 0, box

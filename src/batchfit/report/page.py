@@ -20,7 +20,7 @@ body { font-family: sans-serif; max-width: 1200px; margin: 1em auto; padding: 0 
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; border-bottom: 1px solid #999; }
 table.what-ran td { padding: 0 1em 0 0; } table.what-ran td:first-child { color: #555; }
 figure { margin: 1em 0; } h3 { font-size: 1em; } svg { max-width: 100%; height: auto; }
-@media print { body { max-width: none; } section { break-inside: avoid; } a { color: inherit; } }
+@media print { body { max-width: none; margin: 0; padding: 0; } figure { break-inside: avoid; } }
 """
 
 
