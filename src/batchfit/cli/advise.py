@@ -4,7 +4,6 @@ change, ranked by measured gain, with the plan for the batch it recommends."""
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 from typing import Any
 
@@ -84,9 +83,7 @@ def _run(args: argparse.Namespace, skip: list[str]) -> int:
         )
         flags.say(f"advise: done in {result.seconds:.1f} s.")
     document = {**result.to_dict(), **flags.what_ran(workload.name), "context": _context(args)}
-    text = json.dumps(document, indent=2) + "\n" if args.format == "json" else result.report(_context(args))
-    flags.emit(text, args.output)
-    flags.write_report(args, document)
+    flags.publish(args, document, text=lambda: result.report(_context(args)))
     return 0
 
 

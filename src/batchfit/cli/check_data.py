@@ -4,7 +4,6 @@ DataLoader setting that stops it."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from batchfit.check_data import check_data
@@ -109,7 +108,5 @@ def _run(args: argparse.Namespace) -> int:
         )
         flags.say(f"{result.summary()} ({result.seconds:.1f} s)")
     document = {**result.to_dict(), **flags.what_ran(workload.name)}
-    render = {"text": result.table, "json": lambda: json.dumps(document, indent=2) + "\n"}
-    flags.emit(render[args.format](), args.output)
-    flags.write_report(args, document)
+    flags.publish(args, document, text=result.table)
     return 0

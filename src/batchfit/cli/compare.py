@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from batchfit.cli import flags
@@ -87,11 +86,5 @@ def _run(args: argparse.Namespace) -> int:
         )
         flags.say(f"compared {len(comparison.rows)} settings in {comparison.seconds:.1f} s.")
     document = {**comparison.to_dict(), **flags.what_ran(workload.name)}
-    render = {
-        "text": comparison.table,
-        "json": lambda: json.dumps(document, indent=2) + "\n",
-        "csv": comparison.to_csv,
-    }
-    flags.emit(render[args.format](), args.output)
-    flags.write_report(args, document)
+    flags.publish(args, document, text=comparison.table, csv=comparison.to_csv)
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from batchfit.cli import flags
@@ -122,11 +121,5 @@ def _run(args: argparse.Namespace) -> int:
         "device": str(parse_device(args.device)),
         "tolerance": args.tolerance,
     }
-    render = {
-        "text": result.table,
-        "json": lambda: json.dumps(document, indent=2) + "\n",
-        "csv": result.to_csv,
-    }
-    flags.emit(render[args.format](), args.output)
-    flags.write_report(args, document)
+    flags.publish(args, document, text=result.table, csv=result.to_csv)
     return 0

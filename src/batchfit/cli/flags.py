@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,14 @@ def write_report(args: argparse.Namespace, document: Mapping[str, Any]) -> None:
         from batchfit.report import SavedResult, recognise, write_report
 
         write_report([SavedResult(recognise(document), document, args.command)], args.report)
+
+
+def publish(args: argparse.Namespace, document: Mapping[str, Any], **renders: Callable[[], str]) -> None:
+    """The command's result in ``--format`` (json: ``document`` itself; the others: ``renders``) to
+    stdout or ``--output``, then, with ``--report``, its HTML page."""
+    render = renders.get(args.format, lambda: json.dumps(document, indent=2) + "\n")
+    emit(render(), args.output)
+    write_report(args, document)
 
 
 def created_at() -> str:
