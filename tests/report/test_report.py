@@ -96,6 +96,21 @@ def test_find_page_plots_train_and_eval_with_the_results_numbers(find_document: 
     )
 
 
+def test_on_cuda_the_reserved_peaks_are_drawn_beside_the_allocated(find_document: dict[str, Any]) -> None:
+    # The CPU records no reserved bytes; a CUDA trial does (what the caching allocator held).
+    results = [
+        {
+            **result,
+            "trials": [{**t, "reserved_peak_bytes": t["peak_bytes"] + 2**20} for t in result["trials"]],
+        }
+        for result in find_document["results"]
+    ]
+    plain = Page(render_report([SavedResult("find", find_document, "cpu.json")])).sections[0]["texts"]
+    cuda = Page(render_report([SavedResult("find", {**find_document, "results": results}, "cuda.json")]))
+    assert "reserved (caching allocator)" not in plain
+    assert cuda.sections[0]["texts"].count("reserved (caching allocator)") == 2  # train and eval
+
+
 def test_a_saved_find_result_is_read_back_and_recognised(
     find_document: dict[str, Any], tmp_path: Any
 ) -> None:

@@ -65,6 +65,18 @@ def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
             lines.append(("fitted: optimizer step", step_fixed, step_slope, "tab:cyan"))
         for label, fixed, slope, colour in lines:
             axes.plot(span, [fixed + slope * x for x in span], linestyle="--", color=colour, label=label)
+    reserved = [trial for trial in trials if trial.get("reserved_peak_bytes")]
+    if reserved:  # CUDA: what the caching allocator held, which is what its cap bounds
+        axes.scatter(
+            [trial["batch_size"] for trial in reserved],
+            [trial["reserved_peak_bytes"] for trial in reserved],
+            marker="o",
+            facecolors="none",
+            edgecolors="tab:purple",
+            s=60,
+            zorder=2,
+            label="reserved (caching allocator)",
+        )
     for outcome, (label, marker, colour) in OUTCOME_STYLE.items():
         measured = [trial for trial in trials if trial["outcome"] == outcome]
         if measured:
