@@ -18,6 +18,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
+    heard: list[tuple[str, int, str]] = []
     result = advise(
         build_example("cnn", "cpu"),
         device="cpu",
@@ -26,7 +27,15 @@ def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
         explore_seconds=2,
         base_learning_rate=0.1,
         base_batch_size=256,
+        on_trial=lambda label, trial: heard.append((label, trial.batch_size, trial.outcome)),
     )
+    assert result.train is not None and result.comparison is not None
+    for label, search in (("train", result.train), ("eval", result.eval)):  # each trial heard, in order
+        assert search is not None
+        assert [(size, outcome) for name, size, outcome in heard if name == label] == [
+            (trial.batch_size, trial.outcome) for trial in search.trials
+        ]
+    assert {label for label, _, _ in heard} == {"train", "eval", "baseline", "amp", "checkpointing"}
     alone = find_batch_size(build_example("cnn", "cpu"), device="cpu", memory_limit="64MiB")
     assert result.train is not None and result.train.batch_size == alone.batch_size
     assert result.eval is not None and result.eval.mode == "eval"
@@ -91,6 +100,10 @@ def test_the_cli_prints_the_advice_and_skips_what_it_is_told() -> None:
     assert document["exploration"] is None and document["comparison"] is None
     assert document["skipped"][:2] == ["explore: asked", "compare: asked"]
     assert "batchfit: advise: find..." in done.stderr
+    trials = [line.split() for line in done.stderr.splitlines() if " batch_size=" in line]
+    answer = f"batch_size={document['train']['batch_size']}"
+    assert ["batchfit:", "train", answer, "ok"] in [words[:4] for words in trials]  # find's own lines
+    assert any(words[1] == "eval" for words in trials)
     bad = subprocess.run(
         [sys.executable, "-m", "batchfit", "advise", "--example", "mlp", "--skip", "tune"],
         capture_output=True,

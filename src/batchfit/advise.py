@@ -4,6 +4,7 @@ learning rate and warm-up for the batch it recommends."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.policy.advice import Change, costly, rank
 from batchfit.policy.plan import Plan, plan
+from batchfit.policy.trial import Trial
 from batchfit.runtime.loaders import LoaderFactory
 
 #: The steps advise runs, in order; each can be skipped.
@@ -114,6 +116,7 @@ def advise(
     base_learning_rate: float | None = None,
     base_batch_size: int | None = None,
     on_step: Callable[[str], None] | None = None,
+    on_trial: Callable[[str, Trial], None] | None = None,
 ) -> Advice:
     """Run the checklist on ``workload``: ``find`` (train and eval), ``explore`` (within
     ``explore_seconds``), ``compare`` (``techniques``, None: the defaults), ``check-data`` (when the
@@ -122,7 +125,8 @@ def advise(
     recommended batch x ``world_size``). Steps named in ``skip`` are not run. The batch
     recommended, and checked by check-data, is ``batch_size`` when given, else explore's
     recommendation, else find's largest. ``on_step(name)``
-    hears each step as it starts. The model, optimizer and RNG are left as they were.
+    hears each step as it starts, and ``on_trial(label, trial)`` each memory trial of find (label:
+    the mode) and compare (label: the technique). The model, optimizer and RNG are left as they were.
     """
     started = time.perf_counter()
     unknown = [step for step in skip if step not in STEPS]
@@ -146,7 +150,12 @@ def advise(
     if starting("find"):
         train, evaluation = (
             find_batch_size(
-                workload, mode, device=device, memory_limit=memory_limit, memory_fraction=memory_fraction
+                workload,
+                mode,
+                device=device,
+                memory_limit=memory_limit,
+                memory_fraction=memory_fraction,
+                on_trial=None if on_trial is None else functools.partial(on_trial, mode),
             )
             for mode in ("train", "eval")
         )
@@ -172,6 +181,7 @@ def advise(
             memory_limit=memory_limit,
             memory_fraction=memory_fraction,
             explore_seconds=0,
+            on_trial=on_trial,
         )
     data = None
     if "check-data" not in skip:

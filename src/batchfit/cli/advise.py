@@ -80,6 +80,7 @@ def _run(args: argparse.Namespace, skip: list[str]) -> int:
             base_learning_rate=args.base_learning_rate,
             base_batch_size=args.base_batch_size,
             on_step=step,
+            on_trial=display.trial,
         )
         flags.say(f"advise: done in {result.seconds:.1f} s.")
     document = {**result.to_dict(), **flags.what_ran(workload.name), "context": _context(args)}
