@@ -50,9 +50,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [step for step in skip if step not in STEPS]
     if unknown:
         raise ConfigurationError(f"--skip {args.skip!r}: the steps are {', '.join(STEPS)}.")
-    flags.check_report(args)  # before any work
-    with flags.launched(args, args.device):
-        return _run(args, skip)
+    return flags.run_launched(args, args.device, lambda: _run(args, skip))
 
 
 def _run(args: argparse.Namespace, skip: list[str]) -> int:

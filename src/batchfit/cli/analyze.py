@@ -47,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
     suffix = args.output.suffix.lower().lstrip(".") if args.output is not None else None
     if suffix is not None and suffix not in REPORT_FORMATS:
         raise ConfigurationError(f"--output {str(args.output)!r} must end in .json, .jsonl or .csv.")
-    flags.check_report(args)
-    with flags.launched(args, cfg.DEVICE):
-        return _run(args, cfg, fractions, modes, suffix)
+    return flags.run_launched(args, cfg.DEVICE, lambda: _run(args, cfg, fractions, modes, suffix))
 
 
 def _run(

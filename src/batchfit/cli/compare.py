@@ -53,9 +53,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    flags.check_report(args)  # before any work
-    with flags.launched(args, args.device):
-        return _run(args)
+    return flags.run_launched(args, args.device, lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -44,9 +44,7 @@ def run(args: argparse.Namespace) -> int:
     modes = flags.parse_modes(args.modes)
     train_max = DEFAULT_MAX_BATCH_SIZE if args.max_batch_size is None else args.max_batch_size
     Candidates.between(args.min_batch_size, train_max, args.multiple_of)  # bad bounds fail before any work
-    flags.check_report(args)
-    with flags.launched(args, args.device):
-        return _run(args, modes, train_max)
+    return flags.run_launched(args, args.device, lambda: _run(args, modes, train_max))
 
 
 def _run(args: argparse.Namespace, modes: list[Mode], train_max: int) -> int:

@@ -92,6 +92,14 @@ def check_report(args: argparse.Namespace) -> None:
         require_matplotlib()
 
 
+def run_launched(args: argparse.Namespace, device: str | None, body: Callable[[], int]) -> int:
+    """A command's work: ``--report``'s extra checked before any, then ``body`` on every rank
+    under torchrun (rank 0 alone speaking), or in this process."""
+    check_report(args)
+    with launched(args, device):
+        return body()
+
+
 def write_report(args: argparse.Namespace, document: Mapping[str, Any]) -> None:
     """With ``--report``, the HTML page of this command's JSON document."""
     if args.report is not None:
