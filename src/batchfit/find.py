@@ -14,7 +14,7 @@ import torch
 from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.policy.cache import TrialCache
-from batchfit.policy.search import Candidates, SearchOutcome, StopReason, confirm, search
+from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.runtime.device import Device
 from batchfit.runtime.lockstep import Lockstep
@@ -193,19 +193,19 @@ def find_on(
 
         forecast = forecast_here() if lockstep is None else lockstep.shared(forecast_here)
         run = _Oracle(runner, budget, cache, on_trial, on_trial_start, lockstep)
-        outcome = search(
+        longer = None
+        if confirming is not None:
+            confirmer = TrialRunner(workload, target, mode, confirming, budget, snapshot, warm_batch)
+            longer = _Oracle(confirmer, budget, None, on_trial, on_trial_start, lockstep)
+        outcome = search_and_confirm(
             run,
             candidates,
             budget,
             prior=forecast.trials if forecast else (),
             seed=forecast.batch_size if forecast else None,
+            longer=longer,
+            exact=target.exact,
         )
-        if confirming is not None:
-            longer = TrialRunner(workload, target, mode, confirming, budget, snapshot, warm_batch)
-            confirmed = _Oracle(longer, budget, None, on_trial, on_trial_start, lockstep)
-            outcome = confirm(outcome, confirmed, candidates, budget)
-        elif not target.exact:
-            outcome = confirm(outcome, run, candidates, budget, always=False)
     finally:
         snapshot.restore(gradients=True)
         target.release()

@@ -247,6 +247,32 @@ def _overshoots(
     return predicted is not None and candidates.index_at_most(predicted) >= index
 
 
+def search_and_confirm(
+    run: Callable[[int], Trial],
+    candidates: Candidates,
+    budget_bytes: int,
+    *,
+    prior: Sequence[Trial] = (),
+    seed: int | None = None,
+    longer: Callable[[int], Trial] | None = None,
+    exact: bool = True,
+) -> SearchOutcome:
+    """``find``'s whole policy over oracles: ``search`` with ``run``, then the answer confirmed.
+
+    With ``longer`` (a trial of more steps: CUDA's caching allocator fragments over the first
+    steps) the answer is run again with it and, if it no longer fits, searched below with it. On a
+    device that is not ``exact`` (the uncapped CPU, where glibc's heap keeps what a failed trial
+    grew it to) the answer is looked at again with ``run`` after an allocator failure. The
+    benchmark's replay (``bench/find_replay.py``) runs this same function on recorded trials.
+    """
+    outcome = search(run, candidates, budget_bytes, prior=prior, seed=seed)
+    if longer is not None:
+        return confirm(outcome, longer, candidates, budget_bytes)
+    if not exact:
+        return confirm(outcome, run, candidates, budget_bytes, always=False)
+    return outcome
+
+
 def confirm(
     outcome: SearchOutcome,
     run: Callable[[int], Trial],

@@ -1,0 +1,215 @@
+"""Record the trials ``find`` can run on each of ``bench/find.py``'s cases, for ``bench/find_replay.py``.
+
+For each case this runs batchfit's own capped trial (``TrialRunner``: the cache emptied first, the
+steps under the cap, the state put back after) at every batch size that matters to a search, each
+from the workload's resident state, and writes each trial's outcome, allocated and reserved peaks
+and allocator retries:
+
+- the sizes 1, 2, 3, 4, 6, 8, 12, ... (powers of two and their midpoints) up to ``MAX_BATCH_SIZE``,
+  and every size from 0.7x to 1.15x the largest that fits (found first by galloping and bisecting);
+- on CUDA, each fitting size from 0.7x up is also run for ``CONFIRM_STEPS`` (10) steps, the trial
+  that confirms an answer there (the caching allocator fragments over the first steps);
+- ``find_batch_size`` itself, once, from a fresh workload: its trials, for the replay to check
+  itself against (on the CPU its fake-tensor forecast places them, which the replay does not model).
+
+Search policies can then be compared offline, on any machine, against trials a real device ran:
+the data of a GPU session is recorded once and tuned on afterwards. It assumes what ``find``
+assumes: a trial's outcome depends on its batch size, not on what ran before it.
+
+Run: ``.venv/bin/python bench/find_curves.py [--device cuda] [--quick] [--workloads cnn,mlp]``
+(on the 2-core CPU 52 s, ``--quick`` 14 s; not yet run on a GPU), written to
+``bench/results/find-curves-DEVICE.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import _harness
+import _workloads
+import torch
+from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case
+from find import CASES, PACKAGES, QUICK, largest_fitting, resolve_cap
+
+import batchfit
+from batchfit.policy.trial import Trial
+from batchfit.runtime.resolve import parse_device, resolve_device
+from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.steps import TrialRunner
+from batchfit.runtime.tracker import resident_tensors
+from batchfit.units import format_bytes
+
+#: The window around the largest fitting size where every size is recorded, as fractions of it:
+#: where a search's guesses, overshoots and confirmation land.
+DENSE_BELOW, DENSE_ABOVE = 0.7, 1.15
+
+
+@dataclass
+class Point:
+    """One batch size: its trial of ``steps_per_trial`` steps and, where recorded, its longer one."""
+
+    batch_size: int
+    short: dict[str, Any]
+    long: dict[str, Any] | None = None
+
+
+@dataclass
+class Curve:
+    """One case's recorded trials, and what ``find_batch_size`` did on it."""
+
+    workload: str
+    name: str
+    cap: str
+    cap_bytes: int
+    budget_bytes: int
+    steps_per_trial: int
+    confirm_steps: int | None
+    max_batch_size: int
+    largest_fitting: int | None  # by the short trials
+    points: list[Point] = field(default_factory=list)
+    find_sizes: list[int] = field(default_factory=list)  # find_batch_size's real trials, in order
+    find_steps: list[int | None] = field(default_factory=list)  # the steps each of those ran
+    find_answer: int | None = None
+    find_traces: int = 0  # its fake-tensor traces (the CPU's forecast)
+    seconds: float = 0.0
+
+
+def grid(upper: int) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, 16, ...: powers of two and the midpoints between them, up to ``upper``."""
+    sizes = {1}
+    power = 1
+    while power <= upper:
+        sizes.update(s for s in (power, power + power // 2) if s <= upper)
+        power *= 2
+    return sorted(sizes)
+
+
+def record(case: Case, device: torch.device) -> Curve:
+    Bench(case, device).warm_up()
+    bench = Bench(case, device, resolve_cap(case, device))
+    workload, state = bench.workload()
+    state.reset()
+    target = resolve_device(device, bench.cap_bytes)
+    started = time.perf_counter()
+    snapshot = TrainingSnapshot.capture(workload.model, state.optimizer)
+    snapshot.set_gradients_aside()
+    try:
+        budget = target.capacity_bytes(resident_tensors(workload.model, state.optimizer))
+        short = TrialRunner(workload, target, "train", STEPS_PER_TRIAL, budget, snapshot, None)
+        confirm_steps = target.confirm_steps
+        longer = (
+            TrialRunner(workload, target, "train", confirm_steps, budget, snapshot, None)
+            if confirm_steps is not None and confirm_steps > STEPS_PER_TRIAL
+            else None
+        )
+        shorts: dict[int, Trial] = {}
+
+        def fits(batch_size: int) -> bool:
+            if batch_size not in shorts:
+                shorts[batch_size] = short.run(batch_size)
+            return shorts[batch_size].fits
+
+        top, _ = largest_fitting(fits, 8, MAX_BATCH_SIZE)
+        reference = top or 1
+        dense = range(max(1, math.floor(DENSE_BELOW * reference)), math.ceil(DENSE_ABOVE * reference) + 2)
+        sizes = sorted({*grid(MAX_BATCH_SIZE), *(s for s in dense if s <= MAX_BATCH_SIZE)})
+        curve = Curve(
+            case.workload,
+            case.name,
+            case.cap,
+            bench.cap_bytes,
+            budget,
+            STEPS_PER_TRIAL,
+            confirm_steps if longer is not None else None,
+            MAX_BATCH_SIZE,
+            top,
+        )
+        for batch_size in sizes:
+            trial = shorts[batch_size] if batch_size in shorts else short.run(batch_size)
+            shorts[batch_size] = trial
+            long = None
+            if longer is not None and trial.fits and batch_size >= DENSE_BELOW * reference:
+                long = longer.run(batch_size).to_dict()
+            curve.points.append(Point(batch_size, trial.to_dict(), long))
+    finally:
+        snapshot.restore(gradients=True)
+        target.release()
+    curve.seconds = time.perf_counter() - started
+    _find_itself(bench, curve)
+    return curve
+
+
+def _find_itself(bench: Bench, curve: Curve) -> None:
+    """``find_batch_size`` on a fresh workload under the same cap, as ``bench/find.py`` runs it."""
+    workload, state = bench.workload()
+    state.reset()
+    result = batchfit.find_batch_size(
+        workload,
+        "train",
+        device=bench.device,
+        memory_limit=bench.cap_bytes,
+        memory_fraction=1.0,
+        max_batch_size=MAX_BATCH_SIZE,
+        steps_per_trial=STEPS_PER_TRIAL,
+    )
+    curve.find_sizes = [t.batch_size for t in result.trials]
+    curve.find_steps = [t.steps for t in result.trials]
+    curve.find_answer = result.batch_size
+    curve.find_traces = len(result.predicted_trials)
+
+
+def describe(curve: Curve) -> str:
+    fitting = [p.batch_size for p in curve.points if p.short["outcome"] == "ok"]
+    longs = [p for p in curve.points if p.long is not None]
+    long_failures = [p.batch_size for p in longs if p.long is not None and p.long["outcome"] != "ok"]
+    return (
+        f"  {len(curve.points)} sizes ({min(p.batch_size for p in curve.points)}.."
+        f"{max(p.batch_size for p in curve.points)}), largest fitting {max(fitting, default=None)}"
+        f"{f', {len(longs)} longer trials' if longs else ''}"
+        f"{f', failed over {curve.confirm_steps} steps at {long_failures}' if long_failures else ''}; "
+        f"find: {curve.find_answer} from {curve.find_sizes}"
+        f"{f' ({curve.find_traces} traces)' if curve.find_traces else ''}; {curve.seconds:.1f} s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _harness.parser(
+        __doc__, quick="fewer cases", json_default="bench/results/find-curves-DEVICE.json"
+    )
+    parser.add_argument("--workloads", default=None, help="comma-separated workloads (default: all)")
+    args = parser.parse_args(argv)
+    device = parse_device(args.device)
+    kind = device.type
+    cases = (QUICK if args.quick else CASES)[kind]
+    if args.workloads is not None:
+        wanted = args.workloads.split(",")
+        unknown = sorted(set(wanted) - {case.workload for case in CASES[kind]})
+        if unknown:
+            parser.error(f"unknown workload(s) {', '.join(unknown)} on {kind}")
+        cases = [case for case in CASES[kind] if case.workload in wanted]
+    session = _harness.Session(device, PACKAGES)
+    print(session.machine())
+    curves: list[Curve] = []
+    for case in cases:
+        why = _workloads.missing(case.workload)
+        if why is not None:
+            print(f"{case.name}: skipped: {why}")
+            continue
+        print(f"{case.name} at {case.cap}:", flush=True)
+        curve = record(case, device)
+        print(f"  cap {format_bytes(curve.cap_bytes)}, budget {format_bytes(curve.budget_bytes)}")
+        print(describe(curve), flush=True)
+        curves.append(curve)
+    print(session.finish())
+    if not args.no_json:
+        payload = {**session.to_dict(), "curves": [asdict(curve) for curve in curves]}
+        _harness.write_results(args.json or _harness.RESULTS / f"find-curves-{kind}.json", payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

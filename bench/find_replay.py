@@ -1,0 +1,258 @@
+"""Replay ``find``'s search on trials recorded by ``bench/find_curves.py`` (a tuning aid).
+
+It runs ``batchfit.policy.search.search_and_confirm``, the function ``find_batch_size`` runs, with
+real trials only (no fake-tensor forecast, as on CUDA), against each recorded case: a size that was
+recorded answers with its recorded trial; one that was not, between two that fitted, with peaks
+interpolated between theirs, and above a failure, with that failure (memory grows with the batch).
+On the same trials it counts what doubling then bisection from 2 takes (Lightning's binsearch) and
+accelerate's finder (from 512, 10% smaller after each failure), so a change to the policy is
+judged on trials a real device ran, in seconds, on any machine. ``--set NAME=VALUE`` changes one
+of the search's constants (``FIRST_MARGIN``, ``MAX_MARGIN``, ``MAX_OVERHEAD``) for the replay.
+
+The truth is the largest size whose trials fit (on CUDA its longer, confirming trial too). Where
+a recorded GPU case ran ``find`` without a forecast, the replay's sizes are checked against it:
+they differ only where the device's outcome depended on what ran before.
+
+Run: ``.venv/bin/python bench/find_replay.py bench/results/find-curves-cuda.json [more.json ...]
+[--set FIRST_MARGIN=0.03]`` (well under a second per case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import _harness
+
+from batchfit.policy import search as search_policy
+from batchfit.policy.search import Candidates, search_and_confirm
+from batchfit.policy.trial import Trial
+
+#: Lightning's binsearch, as the benchmark runs it: from 2, at most 25 trials that fit.
+LIGHTNING_START, LIGHTNING_MAX_TRIALS = 2, 25
+#: accelerate's ``find_executable_batch_size``: from 512, times 0.9 after each failure.
+ACCELERATE_START, ACCELERATE_FACTOR = 512, 0.9
+#: What the benchmark's target asks of batchfit: at most half of Lightning's trials.
+TARGET = 2.0
+TUNABLE = ("FIRST_MARGIN", "MAX_MARGIN", "MAX_OVERHEAD")
+_INTERPOLATED = ("peak_bytes", "optimizer_peak_bytes", "activation_peak_bytes", "reserved_peak_bytes")
+
+
+class GapError(LookupError):
+    """A size the recording cannot answer for: between a size that fitted and one that failed."""
+
+
+@dataclass
+class Recorded:
+    """One case's trials, as oracles: ``short`` the search's trial, ``long`` the confirming one."""
+
+    name: str
+    cap: str
+    budget_bytes: int
+    max_batch_size: int
+    confirm_steps: int | None
+    sizes: list[int]
+    shorts: dict[int, Trial]
+    longs: dict[int, Trial]
+    find_sizes: list[int]
+    find_answer: int | None
+    find_traces: int
+    modelled: set[int] = field(default_factory=set)  # sizes answered without a recorded trial
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recorded:
+        points = sorted(data["points"], key=lambda point: point["batch_size"])
+        return cls(
+            data["name"],
+            data["cap"],
+            data["budget_bytes"],
+            data["max_batch_size"],
+            data["confirm_steps"],
+            [point["batch_size"] for point in points],
+            {point["batch_size"]: Trial(**point["short"]) for point in points},
+            {point["batch_size"]: Trial(**point["long"]) for point in points if point["long"]},
+            data["find_sizes"],
+            data["find_answer"],
+            data["find_traces"],
+        )
+
+    def short(self, batch_size: int) -> Trial:
+        if batch_size in self.shorts:
+            return self.shorts[batch_size]
+        self.modelled.add(batch_size)
+        at = bisect.bisect_left(self.sizes, batch_size)
+        below = self.shorts[self.sizes[at - 1]] if at > 0 else None
+        above = self.shorts[self.sizes[at]] if at < len(self.sizes) else None
+        if below is not None and not below.fits:  # above a failure: it fails too
+            return replace(below, batch_size=batch_size)
+        if above is None:
+            raise GapError(f"{self.name}: {batch_size} lies above every recorded size")
+        if below is None or not above.fits:
+            raise GapError(
+                f"{self.name}: {batch_size} lies between {below and below.batch_size} and "
+                f"{above.batch_size} ({above.outcome}); record a wider dense window"
+            )
+        share = (batch_size - below.batch_size) / (above.batch_size - below.batch_size)
+        values = {
+            name: None if low is None or high is None else round(low + share * (high - low))
+            for name in _INTERPOLATED
+            for low, high in [(getattr(below, name), getattr(above, name))]
+        }
+        return replace(below, batch_size=batch_size, **values)
+
+    def long(self, batch_size: int) -> Trial:
+        """The confirming trial: recorded, or (unrecorded, where the short one fits, far below the
+        boundary) the short one's measurement, taken to hold over the longer run."""
+        if batch_size in self.longs:
+            return self.longs[batch_size]
+        trial = self.short(batch_size)
+        self.modelled.add(batch_size)
+        return replace(trial, steps=self.confirm_steps)
+
+    def truth(self) -> int | None:
+        """The largest size whose trials fit, below the first that does not."""
+        fitting = None
+        for size in self.sizes:
+            if not self.shorts[size].fits or (size in self.longs and not self.longs[size].fits):
+                break
+            fitting = size
+        return fitting
+
+
+@dataclass
+class Replay:
+    answer: int | None
+    sizes: list[int]
+    modelled: int  # of those, answered without a recorded trial
+
+
+def replay_batchfit(recorded: Recorded) -> Replay:
+    recorded.modelled.clear()
+    candidates = Candidates.between(1, recorded.max_batch_size)
+    longer = recorded.long if recorded.confirm_steps else None
+    outcome = search_and_confirm(recorded.short, candidates, recorded.budget_bytes, longer=longer)
+    sizes = [trial.batch_size for trial in outcome.trials]
+    return Replay(outcome.batch_size, sizes, len(recorded.modelled & set(sizes)))
+
+
+def doubling_then_bisection(fits: Callable[[int], bool], start: int, upper: int) -> list[int]:
+    """The sizes Lightning's binsearch tries: double while the trial fits, then bisect."""
+    tried: list[int] = []
+    low, high, size, fitted = 1, None, start, 0
+    while True:
+        tried.append(size)
+        if fits(size):
+            fitted += 1
+            low = size
+            if fitted > LIGHTNING_MAX_TRIALS or (high is not None and high - low <= 1):
+                return tried
+            following = (high + low) // 2 if high is not None else min(2 * size, upper)
+            if following == size:
+                return tried
+            size = following
+        else:
+            high = size
+            size = (high + low) // 2
+            if high - low <= 1:
+                return tried
+
+
+def shrink_from_top(fits: Callable[[int], bool], start: int) -> list[int]:
+    """The sizes accelerate's finder tries: from ``start``, 10% smaller after each failure."""
+    tried, size = [], start
+    while size > 0:
+        tried.append(size)
+        if fits(size):
+            break
+        size = int(size * ACCELERATE_FACTOR)
+    return tried
+
+
+def rows(curves: list[Recorded]) -> tuple[list[list[str]], bool]:
+    lines, met = [], True
+    for recorded in curves:
+        ours = replay_batchfit(recorded)
+        truth = recorded.truth()
+
+        def fits(size: int, recorded: Recorded = recorded) -> bool:
+            return recorded.short(size).fits
+
+        lightning = doubling_then_bisection(fits, LIGHTNING_START, recorded.max_batch_size)
+        accelerate = shrink_from_top(fits, min(ACCELERATE_START, recorded.max_batch_size))
+        live = "-" if recorded.find_traces else ("yes" if recorded.find_sizes == ours.sizes else "NO")
+        met = met and ours.answer == truth and len(lightning) >= TARGET * len(ours.sizes)
+        lines.append(
+            [
+                recorded.name,
+                recorded.cap,
+                str(truth),
+                str(ours.answer),
+                "yes" if ours.answer == truth else "NO",
+                str(len(ours.sizes)),
+                str(ours.modelled),
+                " ".join(map(str, ours.sizes)),
+                live,
+                str(len(lightning)),
+                _harness.ratio(len(lightning), len(ours.sizes)),
+                str(len(accelerate)),
+            ]
+        )
+    return lines, met
+
+
+HEADERS = (
+    "workload",
+    "cap",
+    "truth",
+    "batchfit",
+    "exact",
+    "trials",
+    "modelled",
+    "sizes",
+    "as find ran",
+    "binsearch",
+    "L trials/bf",
+    "accelerate",
+)
+
+
+def load(paths: list[Path]) -> list[Recorded]:
+    return [Recorded.from_dict(curve) for path in paths for curve in json.loads(path.read_text())["curves"]]
+
+
+def apply_settings(settings: list[str], parser: argparse.ArgumentParser) -> None:
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if name not in TUNABLE or not value:
+            parser.error(f"--set takes NAME=VALUE with NAME one of {', '.join(TUNABLE)}; got {setting!r}")
+        try:
+            setattr(search_policy, name, float(value))
+        except ValueError:
+            parser.error(f"--set {name} needs a number; got {value!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("curves", nargs="+", type=Path, help="files written by bench/find_curves.py")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    args = parser.parse_args(argv)
+    apply_settings(args.set, parser)
+    for path in args.curves:
+        if not path.is_file():
+            parser.error(f"{path} does not exist: record it first with bench/find_curves.py")
+    lines, met = rows(load(args.curves))
+    _harness.print_text_table(HEADERS, lines)
+    verdict = "met" if met else "NOT met"
+    print(f"\nexact, with at most 1/{TARGET:g} of binsearch's trials, in every case: {verdict}")
+    print("(trials include the confirming one; 'modelled' of them were not recorded but interpolated)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

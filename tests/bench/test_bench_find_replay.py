@@ -1,0 +1,154 @@
+"""Recorded trials and their replay (bench/find_curves.py, bench/find_replay.py): the replay runs
+find's own policy on trials a real device ran, so the recording must be those trials and the
+replay must take the path the live search takes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from batchfit.policy import search as search_policy
+from batchfit.policy.search import Candidates, search_and_confirm
+from batchfit.policy.trial import Trial
+from batchfit.runtime.resolve import resolve_device
+from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.steps import TrialRunner
+
+# bench/ is a directory of scripts, not a package: its directory goes on the path.
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+import find_curves  # noqa: E402
+import find_replay  # noqa: E402
+from _capped import STEPS_PER_TRIAL, Bench, Case  # noqa: E402
+
+CASE = Case("mlp", "36.75MiB")
+
+
+@pytest.fixture(scope="module")
+def curve() -> find_curves.Curve:
+    return find_curves.record(CASE, find_curves.torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def curve_file(curve: find_curves.Curve, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("curves") / "find-curves-cpu.json"
+    path.write_text(json.dumps({"curves": [asdict(curve)]}))
+    return path
+
+
+def test_the_recording_is_real_trials_around_the_boundary(curve: find_curves.Curve) -> None:
+    sizes = [point.batch_size for point in curve.points]
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == 512
+    top = curve.largest_fitting
+    assert top is not None and set(range(int(0.7 * top), int(1.15 * top) + 1)) <= set(sizes)
+    outcomes = {point.batch_size: point.short["outcome"] for point in curve.points}
+    assert all(outcomes[s] == "ok" for s in sizes if s <= top)
+    assert all(outcomes[s] == "oom" for s in sizes if s > top)
+    peaks = [point.short["peak_bytes"] for point in curve.points if point.batch_size <= top]
+    assert peaks == sorted(peaks) and peaks[-1] <= curve.budget_bytes  # memory grows with the batch
+    assert curve.confirm_steps is None and all(point.long is None for point in curve.points)
+    # find itself, on the same case, lands on the recorded boundary.
+    assert curve.find_answer == top and curve.find_traces > 0
+
+
+def test_the_replay_takes_the_live_search_s_path(curve: find_curves.Curve) -> None:
+    # The live search without a forecast (as on CUDA), on the real capped device, from a fresh
+    # workload: the replay of the recording must try the same sizes in the same order.
+    bench = Bench(CASE, find_curves.torch.device("cpu"), curve.cap_bytes)
+    workload, state = bench.workload()
+    state.reset()
+    target = resolve_device("cpu", bench.cap_bytes)
+    snapshot = TrainingSnapshot.capture(workload.model, state.optimizer)
+    snapshot.set_gradients_aside()
+    try:
+        runner = TrialRunner(workload, target, "train", STEPS_PER_TRIAL, curve.budget_bytes, snapshot, None)
+        live = search_and_confirm(runner.run, Candidates.between(1, 512), curve.budget_bytes)
+    finally:
+        snapshot.restore(gradients=True)
+    replayed = find_replay.replay_batchfit(find_replay.Recorded.from_dict(asdict(curve)))
+    assert replayed.sizes == [t.batch_size for t in live.trials]
+    assert replayed.answer == live.batch_size == curve.largest_fitting
+
+
+def _recorded(fits_up_to: int, sizes: list[int], longs_fail: tuple[int, ...] = ()) -> find_replay.Recorded:
+    def trial(size: int, steps: int, fits: bool) -> Trial:
+        peak = 1000 + 10 * size
+        return Trial(size, "ok" if fits else "oom", peak, 0.1 if fits else None, steps=steps)
+
+    shorts = {s: trial(s, 2, s <= fits_up_to) for s in sizes}
+    longs = {s: trial(s, 10, s not in longs_fail) for s in sizes if s <= fits_up_to and s >= fits_up_to // 2}
+    return find_replay.Recorded(
+        "made", "1KiB", 1000 + 10 * fits_up_to, 512, 10, sizes, shorts, longs, [], None, 0
+    )
+
+
+def test_unrecorded_sizes_are_interpolated_or_fail_above_a_failure() -> None:
+    recorded = _recorded(100, [1, 2, 4, 8, 16, 32, 64, *range(70, 116), 128, 256, 512])
+    between = recorded.short(40)
+    assert between.fits and between.peak_bytes == 1000 + 10 * 40 and between.batch_size == 40
+    assert not recorded.short(300).fits and recorded.short(300).batch_size == 300
+    assert recorded.modelled == {40, 300}
+    assert recorded.long(50).fits and recorded.long(50).steps == 10  # below the longer trials
+    gappy = _recorded(100, [1, 2, 4, 8, 16, 32, 64, 128])
+    with pytest.raises(find_replay.GapError, match="between 64 and 128"):
+        gappy.short(100)
+
+
+def test_the_truth_counts_the_confirming_trial() -> None:
+    sizes = [1, 2, 4, 8, 16, 32, 64, *range(70, 116), 128]
+    assert _recorded(100, sizes).truth() == 100
+    assert _recorded(100, sizes, longs_fail=(99, 100)).truth() == 98
+    replayed = find_replay.replay_batchfit(_recorded(100, sizes, longs_fail=(99, 100)))
+    assert replayed.answer == 98  # the search found 100; its confirmation stepped down
+
+
+@pytest.mark.parametrize(
+    ("fits_up_to", "expected"),
+    [
+        # The ResNet-50 rows of docs/benchmarks.md: Lightning took 13 trials to 122 and 15 to 240.
+        (122, [2, 4, 8, 16, 32, 64, 128, 96, 112, 120, 124, 122, 123]),
+        (240, [2, 4, 8, 16, 32, 64, 128, 256, 192, 224, 240, 248, 244, 242, 241]),
+        (1, [2]),
+        (512, [2, 4, 8, 16, 32, 64, 128, 256, 512]),
+    ],
+)
+def test_binsearch_tries_what_lightning_tries(fits_up_to: int, expected: list[int]) -> None:
+    assert find_replay.doubling_then_bisection(lambda s: s <= fits_up_to, 2, 512) == expected
+
+
+def test_accelerate_shrinks_from_the_top() -> None:
+    assert find_replay.shrink_from_top(lambda s: s <= 400, 512) == [512, 460, 414, 372]
+
+
+def test_the_cli_prints_the_table_and_refuses_what_it_cannot_use(curve_file: Path) -> None:
+    script = BENCH / "find_replay.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(curve_file), "--set", "FIRST_MARGIN=0.05"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "mlp" in done.stdout and "exact, with at most 1/2 of binsearch's trials" in done.stdout
+    bad = subprocess.run(
+        [sys.executable, str(script), str(curve_file), "--set", "SPEED=3"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "FIRST_MARGIN, MAX_MARGIN, MAX_OVERHEAD" in bad.stderr
+    missing = subprocess.run(
+        [sys.executable, str(script), str(curve_file.with_name("none.json"))], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "record it first with bench/find_curves.py" in missing.stderr
+
+
+def test_settings_change_the_search_s_constants() -> None:
+    parser = find_replay.argparse.ArgumentParser()
+    before = search_policy.FIRST_MARGIN
+    try:
+        find_replay.apply_settings(["FIRST_MARGIN=0.07"], parser)
+        assert search_policy.FIRST_MARGIN == 0.07
+    finally:
+        search_policy.FIRST_MARGIN = before
