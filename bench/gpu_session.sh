@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU checks of batchfit, stage by stage, on a machine with CUDA: each stage's log and results
+# file go to $OUT (default bench/results/). Stages:
+#   gpu-tests  the tests marked gpu (pytest -m gpu)
+#   tests      the whole suite, with CUDA present (tests that mean the CPU say so)
+#   find       bench/find.py --device cuda: the truth, Lightning and accelerate
+#   curves     bench/find_curves.py --device cuda: every trial near each boundary, for find_replay.py
+#   explore    bench/explore.py --device cuda
+#   compare    bench/compare.py --device cuda
+# Usage: bash bench/gpu_session.sh STAGE [STAGE ...]   (e.g. gpu-tests find curves)
+# Python: $PYTHON, else .venv/bin/python, else python3. Wheels in .whl/ (what the machine lacks:
+# ../shared/tools/gpu-wheels.sh builds omegaconf's) are installed into /tmp/site first, and src/ is
+# put on the path, so a machine whose Python has torch and the bench packages needs no set-up.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+out=${OUT:-bench/results}
+mkdir -p "$out"
+if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
+export PYTHONUNBUFFERED=1
+stages="gpu-tests tests find curves explore compare"
+if [ $# -eq 0 ]; then
+    echo "usage: bash bench/gpu_session.sh STAGE [STAGE ...]; stages: $stages" >&2
+    exit 2
+fi
+for stage in "$@"; do
+    if [[ " $stages " != *" $stage "* ]]; then
+        echo "gpu_session: unknown stage '$stage'; stages: $stages" >&2
+        exit 2
+    fi
+done
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+        exit 1
+    export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+else
+    export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_session: torch sees no CUDA device here; these stages need one" >&2
+    exit 1
+fi
+"$py" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
+status=0
+for stage in "$@"; do
+    echo "== $stage"
+    started=$SECONDS
+    case $stage in
+    gpu-tests) "$py" -m pytest -p no:cacheprovider -q -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
+    tests) "$py" -m pytest -p no:cacheprovider -q 2>&1 | tail -n 60 | tee "$out/tests.log" ;;
+    find) "$py" bench/find.py --device cuda --json "$out/find-cuda.json" 2>&1 | tee "$out/find.log" ;;
+    curves) "$py" bench/find_curves.py --device cuda --json "$out/find-curves-cuda.json" 2>&1 | tee "$out/curves.log" ;;
+    explore) "$py" bench/explore.py --device cuda --json "$out/explore-cuda.json" 2>&1 | tee "$out/explore.log" ;;
+    compare) "$py" bench/compare.py --device cuda --json "$out/compare-cuda.json" 2>&1 | tee "$out/compare.log" ;;
+    esac
+    code=${PIPESTATUS[0]}
+    echo "== $stage: exit $code after $((SECONDS - started)) s"
+    [ "$code" -ne 0 ] && status=$code
+done
+exit "$status"
