@@ -6,8 +6,9 @@ from the workload's resident state, and writes each trial's outcome, allocated a
 and allocator retries:
 
 - the sizes 1, 2, 3, 4, 6, 8, 12, ... (powers of two and their midpoints) up to ``MAX_BATCH_SIZE``,
-  and every size from 0.7x to 1.15x the largest that fits (found first by galloping and bisecting);
-- on CUDA, each fitting size from 0.7x up is also run for ``CONFIRM_STEPS`` (10) steps, the trial
+  and every size from 0.85x to 1.12x the largest that fits (found first by galloping and
+  bisecting), each with the seconds its trial took, set-up and clean-up included;
+- on CUDA, each fitting size from 0.85x up is also run for ``CONFIRM_STEPS`` (10) steps, the trial
   that confirms an answer there (the caching allocator fragments over the first steps);
 - ``find_batch_size`` itself, once, from a fresh workload: its trials, for the replay to check
   itself against (on the CPU its fake-tensor forecast places them, which the replay does not model).
@@ -17,7 +18,7 @@ the data of a GPU session is recorded once and tuned on afterwards. It assumes w
 assumes: a trial's outcome depends on its batch size, not on what ran before it.
 
 Run: ``.venv/bin/python bench/find_curves.py [--device cuda] [--quick] [--workloads cnn,mlp]``
-(on the 2-core CPU 52 s, ``--quick`` 14 s; not yet run on a GPU), written to
+(on the 2-core CPU 45 s, ``--quick`` 11 s; not yet run on a GPU), written to
 ``bench/results/find-curves-DEVICE.json``.
 """
 
@@ -44,8 +45,9 @@ from batchfit.runtime.tracker import resident_tensors
 from batchfit.units import format_bytes
 
 #: The window around the largest fitting size where every size is recorded, as fractions of it:
-#: where a search's guesses, overshoots and confirmation land.
-DENSE_BELOW, DENSE_ABOVE = 0.7, 1.15
+#: where a search's guesses, overshoots and confirmation land (on the H100 its first guesses were
+#: 0.97x-1.07x the truth). Sizes outside it are interpolated by the replay.
+DENSE_BELOW, DENSE_ABOVE = 0.85, 1.12
 
 
 @dataclass
@@ -55,6 +57,8 @@ class Point:
     batch_size: int
     short: dict[str, Any]
     long: dict[str, Any] | None = None
+    short_seconds: float = 0.0  # the whole trial's wall time: release, steps, restore
+    long_seconds: float | None = None
 
 
 @dataclass
@@ -106,12 +110,15 @@ def record(case: Case, device: torch.device) -> Curve:
             if confirm_steps is not None and confirm_steps > STEPS_PER_TRIAL
             else None
         )
-        shorts: dict[int, Trial] = {}
+        shorts: dict[int, tuple[Trial, float]] = {}
+
+        def run_short(batch_size: int) -> tuple[Trial, float]:
+            if batch_size not in shorts:
+                shorts[batch_size] = timed(short, batch_size)
+            return shorts[batch_size]
 
         def fits(batch_size: int) -> bool:
-            if batch_size not in shorts:
-                shorts[batch_size] = short.run(batch_size)
-            return shorts[batch_size].fits
+            return run_short(batch_size)[0].fits
 
         top, _ = largest_fitting(fits, 8, MAX_BATCH_SIZE)
         reference = top or 1
@@ -129,18 +136,24 @@ def record(case: Case, device: torch.device) -> Curve:
             top,
         )
         for batch_size in sizes:
-            trial = shorts[batch_size] if batch_size in shorts else short.run(batch_size)
-            shorts[batch_size] = trial
-            long = None
+            trial, seconds = run_short(batch_size)
+            point = Point(batch_size, trial.to_dict(), short_seconds=seconds)
             if longer is not None and trial.fits and batch_size >= DENSE_BELOW * reference:
-                long = longer.run(batch_size).to_dict()
-            curve.points.append(Point(batch_size, trial.to_dict(), long))
+                long, point.long_seconds = timed(longer, batch_size)
+                point.long = long.to_dict()
+            curve.points.append(point)
     finally:
         snapshot.restore(gradients=True)
         target.release()
     curve.seconds = time.perf_counter() - started
     _find_itself(bench, curve)
     return curve
+
+
+def timed(runner: TrialRunner, batch_size: int) -> tuple[Trial, float]:
+    started = time.perf_counter()
+    trial = runner.run(batch_size)
+    return trial, time.perf_counter() - started
 
 
 def _find_itself(bench: Bench, curve: Curve) -> None:

@@ -8,6 +8,8 @@
 #   explore    bench/explore.py --device cuda
 #   compare    bench/compare.py --device cuda
 # Usage: bash bench/gpu_session.sh STAGE [STAGE ...]   (e.g. gpu-tests find curves)
+# find and curves take workloads after a colon, to split a long stage over calls: curves:resnet50,gpt2
+# (their files are then named after them: find-curves-cuda-resnet50-gpt2.json).
 # Python: $PYTHON, else .venv/bin/python, else python3. Wheels in .whl/ (what the machine lacks:
 # ../shared/tools/gpu-wheels.sh builds omegaconf's) are installed into /tmp/site first, and src/ is
 # put on the path, so a machine whose Python has torch and the bench packages needs no set-up.
@@ -23,8 +25,9 @@ if [ $# -eq 0 ]; then
     exit 2
 fi
 for stage in "$@"; do
-    if [[ " $stages " != *" $stage "* ]]; then
-        echo "gpu_session: unknown stage '$stage'; stages: $stages" >&2
+    name=${stage%%:*}
+    if [[ " $stages " != *" $name "* ]] || { [[ $stage == *:* ]] && [[ $name != find && $name != curves ]]; }; then
+        echo "gpu_session: unknown stage '$stage'; stages: $stages (find and curves take :WORKLOAD,...)" >&2
         exit 2
     fi
 done
@@ -44,11 +47,21 @@ status=0
 for stage in "$@"; do
     echo "== $stage"
     started=$SECONDS
-    case $stage in
+    name=${stage%%:*}
+    only=()
+    suffix=""
+    if [[ $stage == *:* ]]; then
+        only=(--workloads "${stage#*:}")
+        suffix="-${stage#*:}"
+        suffix=${suffix//,/-}  # the device tool brings back names of letters, digits, ., _ and - only
+    fi
+    case $name in
     gpu-tests) "$py" -m pytest -p no:cacheprovider -q -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
     tests) "$py" -m pytest -p no:cacheprovider -q 2>&1 | tail -n 60 | tee "$out/tests.log" ;;
-    find) "$py" bench/find.py --device cuda --json "$out/find-cuda.json" 2>&1 | tee "$out/find.log" ;;
-    curves) "$py" bench/find_curves.py --device cuda --json "$out/find-curves-cuda.json" 2>&1 | tee "$out/curves.log" ;;
+    find) "$py" bench/find.py --device cuda "${only[@]}" --json "$out/find-cuda$suffix.json" 2>&1 |
+        tee "$out/find$suffix.log" ;;
+    curves) "$py" bench/find_curves.py --device cuda "${only[@]}" --json "$out/find-curves-cuda$suffix.json" 2>&1 |
+        tee "$out/curves$suffix.log" ;;
     explore) "$py" bench/explore.py --device cuda --json "$out/explore-cuda.json" 2>&1 | tee "$out/explore.log" ;;
     compare) "$py" bench/compare.py --device cuda --json "$out/compare-cuda.json" 2>&1 | tee "$out/compare.log" ;;
     esac

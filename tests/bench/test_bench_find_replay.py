@@ -45,7 +45,8 @@ def test_the_recording_is_real_trials_around_the_boundary(curve: find_curves.Cur
     sizes = [point.batch_size for point in curve.points]
     assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == 512
     top = curve.largest_fitting
-    assert top is not None and set(range(int(0.7 * top), int(1.15 * top) + 1)) <= set(sizes)
+    assert top is not None and set(range(int(0.85 * top), int(1.12 * top) + 1)) <= set(sizes)
+    assert all(point.short_seconds > 0 for point in curve.points)
     outcomes = {point.batch_size: point.short["outcome"] for point in curve.points}
     assert all(outcomes[s] == "ok" for s in sizes if s <= top)
     assert all(outcomes[s] == "oom" for s in sizes if s > top)
@@ -152,3 +153,14 @@ def test_settings_change_the_search_s_constants() -> None:
         assert search_policy.FIRST_MARGIN == 0.07
     finally:
         search_policy.FIRST_MARGIN = before
+
+
+def test_a_replay_s_seconds_are_the_recorded_trials_own() -> None:
+    recorded = _recorded(100, [1, 2, 4, 8, 16, 32, 64, *range(85, 113), 128])
+    recorded.seconds = {(s, 2): s / 100 for s in recorded.sizes} | {(100, 10): 5.0}
+    trials = [recorded.short(2), recorded.short(40), recorded.long(100)]
+    assert recorded.trial_seconds(trials) == pytest.approx(0.02 + 0.32 + 5.0)  # 40: as 32 took
+    replayed = find_replay.replay_batchfit(recorded)
+    assert replayed.seconds == pytest.approx(
+        recorded.trial_seconds([*map(recorded.short, replayed.sizes[:-1])]) + 5.0
+    )
