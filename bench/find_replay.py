@@ -41,7 +41,6 @@ ACCELERATE_START, ACCELERATE_FACTOR = 512, 0.9
 #: What the benchmark's target asks of batchfit: at most half of Lightning's trials.
 TARGET = 2.0
 TUNABLE = ("FIRST_MARGIN", "MAX_MARGIN", "MAX_OVERHEAD")
-_INTERPOLATED = ("peak_bytes", "optimizer_peak_bytes", "activation_peak_bytes", "reserved_peak_bytes")
 
 
 class GapError(LookupError):
@@ -118,12 +117,18 @@ class Recorded:
                 f"{above.batch_size} ({above.outcome}); record a wider dense window"
             )
         share = (batch_size - below.batch_size) / (above.batch_size - below.batch_size)
-        values = {
-            name: None if low is None or high is None else round(low + share * (high - low))
-            for name in _INTERPOLATED
-            for low, high in [(getattr(below, name), getattr(above, name))]
-        }
-        return replace(below, batch_size=batch_size, **values)
+
+        def between(low: int | None, high: int | None) -> int | None:
+            return None if low is None or high is None else round(low + share * (high - low))
+
+        return replace(
+            below,
+            batch_size=batch_size,
+            peak_bytes=round(below.peak_bytes + share * (above.peak_bytes - below.peak_bytes)),
+            optimizer_peak_bytes=between(below.optimizer_peak_bytes, above.optimizer_peak_bytes),
+            activation_peak_bytes=between(below.activation_peak_bytes, above.activation_peak_bytes),
+            reserved_peak_bytes=between(below.reserved_peak_bytes, above.reserved_peak_bytes),
+        )
 
     def long(self, batch_size: int) -> Trial:
         """The confirming trial: recorded, or (unrecorded, where the short one fits, far below the
