@@ -96,6 +96,18 @@ class Bench:
             return None
         return measurement.peak_bytes
 
+    def find(self, workload: Workload) -> batchfit.SearchResult:
+        """``find_batch_size`` as every benchmark runs it: train, under the cap at fraction 1."""
+        return batchfit.find_batch_size(
+            workload,
+            "train",
+            device=self.device,
+            memory_limit=self.cap_bytes,
+            memory_fraction=1.0,
+            max_batch_size=MAX_BATCH_SIZE,
+            steps_per_trial=STEPS_PER_TRIAL,
+        )
+
     def reserved_at(self, batch_size: int) -> int:
         """What a trial at ``batch_size`` reserved, uncapped: a cap near what it needs."""
         workload, state = self.workload()

@@ -12,6 +12,7 @@ columns are skipped, as are real models whose package is missing.
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import sys
@@ -25,7 +26,6 @@ import torch
 from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult
 from _peers import COMPETITORS, available_competitors, quiet_competitors
 
-import batchfit
 from batchfit.runtime.resolve import parse_device
 from batchfit.units import format_bytes, parse_bytes
 
@@ -160,15 +160,7 @@ def run_batchfit(bench: Bench) -> MethodResult:
     workload, state = bench.workload()
     state.reset()
     with _harness.Stopwatch() as watch:
-        result = batchfit.find_batch_size(
-            workload,
-            "train",
-            device=bench.device,
-            memory_limit=bench.cap_bytes,
-            memory_fraction=1.0,
-            max_batch_size=MAX_BATCH_SIZE,
-            steps_per_trial=STEPS_PER_TRIAL,
-        )
+        result = bench.find(workload)
     peaks = {t.batch_size: t.peak_bytes for t in result.trials if t.fits}
     sizes = [t.batch_size for t in result.trials]
     return MethodResult(
@@ -351,6 +343,20 @@ def resolve_cap(case: Case, device: torch.device) -> int:
     return parse_bytes(case.cap, name="cap")
 
 
+def select_cases(
+    parser: argparse.ArgumentParser, kind: str, quick: bool, workloads: str | None
+) -> list[Case]:
+    """The cases on this kind of device (``--quick``'s few, or all), kept to ``--workloads``."""
+    cases = (QUICK if quick else CASES)[kind]
+    if workloads is None:
+        return cases
+    wanted = workloads.split(",")
+    unknown = sorted(set(wanted) - {case.workload for case in CASES[kind]})
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)} on {kind}")
+    return [case for case in cases if case.workload in wanted]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _harness.parser(__doc__, quick="fewer cases", json_default="bench/results/find-DEVICE.json")
     parser.add_argument(
@@ -366,13 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = parse_device(args.device)
     kind = device.type
-    cases = (QUICK if args.quick else CASES)[kind]
-    if args.workloads is not None:
-        wanted = args.workloads.split(",")
-        unknown = sorted(set(wanted) - {case.workload for case in CASES[kind]})
-        if unknown:
-            parser.error(f"unknown workload(s) {', '.join(unknown)} on {kind}")
-        cases = [case for case in cases if case.workload in wanted]
+    cases = select_cases(parser, kind, args.quick, args.workloads)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
 

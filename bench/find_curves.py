@@ -34,9 +34,8 @@ import _harness
 import _workloads
 import torch
 from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case
-from find import CASES, PACKAGES, QUICK, largest_fitting, resolve_cap
+from find import PACKAGES, largest_fitting, resolve_cap, select_cases
 
-import batchfit
 from batchfit.policy.trial import Trial
 from batchfit.runtime.resolve import parse_device, resolve_device
 from batchfit.runtime.state import TrainingSnapshot
@@ -160,15 +159,7 @@ def _find_itself(bench: Bench, curve: Curve) -> None:
     """``find_batch_size`` on a fresh workload under the same cap, as ``bench/find.py`` runs it."""
     workload, state = bench.workload()
     state.reset()
-    result = batchfit.find_batch_size(
-        workload,
-        "train",
-        device=bench.device,
-        memory_limit=bench.cap_bytes,
-        memory_fraction=1.0,
-        max_batch_size=MAX_BATCH_SIZE,
-        steps_per_trial=STEPS_PER_TRIAL,
-    )
+    result = bench.find(workload)
     curve.find_sizes = [t.batch_size for t in result.trials]
     curve.find_steps = [t.steps for t in result.trials]
     curve.find_answer = result.batch_size
@@ -197,13 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = parse_device(args.device)
     kind = device.type
-    cases = (QUICK if args.quick else CASES)[kind]
-    if args.workloads is not None:
-        wanted = args.workloads.split(",")
-        unknown = sorted(set(wanted) - {case.workload for case in CASES[kind]})
-        if unknown:
-            parser.error(f"unknown workload(s) {', '.join(unknown)} on {kind}")
-        cases = [case for case in CASES[kind] if case.workload in wanted]
+    cases = select_cases(parser, kind, args.quick, args.workloads)
     session = _harness.Session(device, PACKAGES)
     print(session.machine())
     curves: list[Curve] = []
