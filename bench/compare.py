@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/compare.py                  # CPU: the built-in examples, capped
     .venv/bin/python bench/compare.py --device cuda    # ResNet-50 and GPT-2 where installed, capped
+    .venv/bin/python bench/compare.py --workloads cnn  # one case
 
 For every row that applied, the truth is the largest batch whose 10 steps, the technique applied
 the same way, complete under the comparison's budget from freshly built state (galloping, then
@@ -56,7 +57,9 @@ def fits(
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
         return True
-    except torch.OutOfMemoryError:
+    except Exception as error:  # cuDNN's "unable to find an engine" under the cap is one too
+        if not batchfit.is_out_of_memory(error):
+            raise
         return False
     finally:
         del workload, optimizer
@@ -88,12 +91,20 @@ def check(name: str, device: torch.device, comparison: Comparison, block: str | 
 def main() -> None:
     args = parser(__doc__, quick="the first case alone", json_default="bench/results/compare-DEVICE.json")
     args.add_argument("--explore-seconds", type=float, default=5.0, help="explore per row (default: 5)")
+    args.add_argument("--workloads", default=None, help="comma-separated workloads (default: all)")
     options = args.parse_args()
     device = parse_device(options.device)
+    cases = CASES[device.type][:1] if options.quick else CASES[device.type]
+    if options.workloads is not None:
+        wanted = options.workloads.split(",")
+        unknown = sorted(set(wanted) - {name for name, _ in CASES[device.type]})
+        if unknown:
+            args.error(f"unknown workload(s) {', '.join(unknown)} on {device.type}")
+        cases = [(name, limit) for name, limit in CASES[device.type] if name in wanted]
     session = Session(device, ["torch", "torchvision", "transformers"])
     print(session.machine())
     results = []
-    for name, limit in CASES[device.type][:1] if options.quick else CASES[device.type]:
+    for name, limit in cases:
         why = missing(name)
         if why:
             print(f"{name}: skipped, {why}")

@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import batchfit
 from batchfit import Workload, find_batch_size
 from batchfit.runtime.cuda import user_memory_fraction
+from batchfit.runtime.examples import build_example
 from batchfit.runtime.resolve import memory_limit, parse_device, resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
@@ -116,7 +117,9 @@ def fits(workload: Workload, mode: str, device: str, cap: int, batch_size: int) 
             if target.type == "cuda":
                 torch.cuda.synchronize(target)
         return True
-    except torch.OutOfMemoryError:
+    except Exception as error:  # cuDNN's "unable to find an engine" under the cap is one too
+        if not batchfit.is_out_of_memory(error):
+            raise
         return False
     finally:
         fresh(workload, weights)
@@ -383,3 +386,35 @@ def test_micro_batch_step_survives_an_out_of_memory_under_the_cap(device: str) -
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_building_an_example_leaves_every_rng_as_it_was(device: str) -> None:
+    # The weights are drawn on the host: neither the CPU generator nor a CUDA one is moved.
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    first = build_example("mlp", device)
+    assert torch.equal(cpu, torch.get_rng_state())
+    if torch.cuda.is_available():
+        after = torch.cuda.get_rng_state_all()
+        assert len(after) == len(cuda) and all(torch.equal(a, b) for a, b in zip(cuda, after, strict=True))
+    second = build_example("mlp", "cpu")
+    for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True):
+        assert torch.equal(a.cpu(), b)  # the same weights on every device
+
+
+@pytest.mark.gpu
+def test_the_user_s_memory_fraction_bounds_the_capacity() -> None:
+    # Training runs under the fraction the user set for the process, so the budget is within it.
+    index = torch.cuda.current_device()
+    before = user_memory_fraction(index)
+    torch.cuda.set_per_process_memory_fraction(0.25, index)
+    try:
+        total = torch.cuda.mem_get_info(index)[1]
+        assert resolve_device("cuda", None).capacity_bytes([]) <= int(0.25 * total)
+        workload = cnn_workload("cuda")
+        result = find_batch_size(workload, device="cuda", memory_fraction=0.8, max_batch_size=8)
+        assert result.capacity_bytes <= int(0.25 * total)
+        assert user_memory_fraction(index) == 0.25  # put back after the search's own caps
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, index)
