@@ -46,8 +46,10 @@ class CudaDevice:
     def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
         free_bytes, total_bytes = cuda_call(torch.cuda.mem_get_info, self.torch_device)
         reserved = cuda_call(torch.cuda.memory_reserved, self.torch_device, allow_zero=True)
-        # What this process could hold: free memory plus what its allocator already caches.
-        capacity = min(total_bytes, free_bytes + reserved)
+        # What this process could hold: free memory plus what its allocator already caches, within
+        # the memory fraction the user set for it (training runs under that cap too).
+        allowed = int(user_memory_fraction(self.torch_device.index or 0) * total_bytes)
+        capacity = min(total_bytes, free_bytes + reserved, allowed)
         return int(capacity if self.limit_bytes is None else min(capacity, self.limit_bytes))
 
     @contextmanager
@@ -87,7 +89,9 @@ class CudaDevice:
         return int(stats.get("num_alloc_retries", 0)) if stats else 0
 
     def synchronize(self) -> None:
-        cuda_call(torch.cuda.synchronize, self.torch_device, allow_zero=True)
+        # Not through cuda_call: this is where an asynchronous CUDA error (a device-side assert in
+        # the user's step) surfaces, and it must reach the user as it is.
+        torch.cuda.synchronize(self.torch_device)
 
     def release(self) -> None:
         gc.collect()

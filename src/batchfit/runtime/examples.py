@@ -122,6 +122,8 @@ def build_example(name: str, device: str | torch.device | None = None) -> Worklo
     if name not in EXAMPLES:
         raise ConfigurationError(f"unknown example {name!r}: choose one of {', '.join(sorted(EXAMPLES))}.")
     target = parse_device(device)
+    # The weights are drawn on the host, then moved: only the CPU generator is seeded (and put
+    # back). torch.manual_seed would also seed, or queue a seed for, every CUDA device.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.default_generator.manual_seed(0)
         return EXAMPLES[name](target)
