@@ -382,14 +382,18 @@ def test_workload_errors() -> None:
 
 
 def test_model_on_another_device_is_named() -> None:
+    # find, explore (also with its own max_batch_size: no search) and check_data all say so before
+    # any step, rather than torch's device mismatch from inside one.
     model = nn.Linear(2, 2).to("meta")
-    workload = Workload(
-        model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), make_batch=lambda n: torch.randn(n, 2)
-    )
-    with pytest.raises(
-        ConfigurationError, match=r"the model's weight is on meta, but the search runs on cpu"
-    ):
+    data = torch.utils.data.TensorDataset(torch.randn(16, 2), torch.randn(16, 2))
+    workload = Workload(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), dataset=data)
+    named = r"the model's weight is on meta, but batchfit runs on cpu; move the model there first"
+    with pytest.raises(ConfigurationError, match=named):
         find_batch_size(workload, device="cpu")
+    with pytest.raises(ConfigurationError, match=named):
+        batchfit.explore(workload, device="cpu", max_batch_size=4)
+    with pytest.raises(ConfigurationError, match=named):
+        batchfit.check_data(workload, 4, device="cpu")
 
 
 def test_uncapped_cpu_uses_the_host_capacity(mlp_workload: Workload) -> None:

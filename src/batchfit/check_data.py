@@ -29,7 +29,7 @@ from batchfit.runtime.data_loop import DataLoop
 from batchfit.runtime.host import usable_cores
 from batchfit.runtime.loaders import LoaderFactory, LoaderSource
 from batchfit.runtime.resolve import resolve_device
-from batchfit.runtime.workload import Workload
+from batchfit.runtime.workload import Workload, check_model_on
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,7 @@ def check_data(
     source = LoaderSource(workload, batch_size, loader)
     source.check(current)
     target = resolve_device(device, None)
+    check_model_on(workload.model, target.torch_device)
 
     def out_of_time() -> bool:
         return time_budget_seconds is not None and time.perf_counter() - started > time_budget_seconds

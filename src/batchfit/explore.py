@@ -23,7 +23,7 @@ from batchfit.policy.trial import Trial
 from batchfit.runtime.lockstep import Lockstep, LockstepMeter
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.steps import StepTimer
-from batchfit.runtime.workload import Workload
+from batchfit.runtime.workload import Workload, check_model_on
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,7 @@ def explore(
     rules.check()
     check_divisible(global_batch_size, world_size)  # before any work is done
     target = resolve_device(device, memory_limit)
+    check_model_on(workload.model, target.torch_device)
     if max_batch_size is None:
         max_batch_size = find_on(
             target,

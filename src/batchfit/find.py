@@ -23,7 +23,7 @@ from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
 from batchfit.runtime.trace import forecast_search
 from batchfit.runtime.tracker import resident_tensors
-from batchfit.runtime.workload import Workload
+from batchfit.runtime.workload import Workload, check_model_on
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -287,15 +287,7 @@ def _check_workload(workload: Workload, mode: Mode, device: Device) -> None:
             "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
             "or a train_step(model, optimizer, batch) function."
         )
-    model = workload.model
-    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        if tensor.device.type != device.torch_device.type or (
-            device.torch_device.index is not None and tensor.device != device.torch_device
-        ):
-            raise ConfigurationError(
-                f"the model's {name} is on {tensor.device}, but the search runs on "
-                f"{device.torch_device}; move the model there first (model.to('{device.torch_device}'))."
-            )
+    check_model_on(workload.model, device.torch_device)
 
 
 def _does_not_fit(

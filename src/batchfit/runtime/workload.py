@@ -198,3 +198,14 @@ def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -
         ),
         batch,
     )
+
+
+def check_model_on(model: torch.nn.Module, device: torch.device) -> None:
+    """Every parameter and buffer of ``model`` is on ``device``, or a ConfigurationError says which
+    is not and what to do (before any work, rather than torch's device mismatch inside a step)."""
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if tensor.device.type != device.type or (device.index is not None and tensor.device != device):
+            raise ConfigurationError(
+                f"the model's {name} is on {tensor.device}, but batchfit runs on {device}; move "
+                f"the model there first (model.to('{device}')), or pass device='{tensor.device.type}'."
+            )
