@@ -63,11 +63,14 @@ def resnet50(device: torch.device, amp: bool = False) -> batchfit.Workload:
 
 def gpt2(device: torch.device) -> batchfit.Workload:
     """A GPT-2 small (124M parameters) built from its Hugging Face config, on 1024-token sequences
-    with AdamW; the model computes its own loss from ``labels``."""
+    with AdamW and no key-value cache, as training runs it; the model computes its own loss from
+    ``labels``."""
     import transformers  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_positions=GPT2_TOKENS)
+    # Training keeps no key-value cache (the default keeps one, which activation checkpointing
+    # would hold twice over during recomputation).
+    config = transformers.GPT2Config(n_positions=GPT2_TOKENS, use_cache=False)
     model = transformers.GPT2LMHeadModel(config).to(device)
 
     def make_batch(n: int) -> dict[str, torch.Tensor]:

@@ -8,8 +8,8 @@
 #   explore    bench/explore.py --device cuda
 #   compare    bench/compare.py --device cuda
 # Usage: bash bench/gpu_session.sh STAGE [STAGE ...]   (e.g. gpu-tests find curves)
-# find and curves take workloads after a colon, to split a long stage over calls: curves:resnet50,gpt2
-# (their files are then named after them: find-curves-cuda-resnet50-gpt2.json).
+# find, curves, explore and compare take workloads after a colon, to split a long stage over calls:
+# curves:resnet50,gpt2 (their files are then named after them: find-curves-cuda-resnet50-gpt2.json).
 # Python: $PYTHON, else .venv/bin/python, else python3. Wheels in .whl/ (what the machine lacks:
 # ../shared/tools/gpu-wheels.sh builds omegaconf's) are installed into /tmp/site first, and src/ is
 # put on the path, so a machine whose Python has torch and the bench packages needs no set-up.
@@ -26,8 +26,8 @@ if [ $# -eq 0 ]; then
 fi
 for stage in "$@"; do
     name=${stage%%:*}
-    if [[ " $stages " != *" $name "* ]] || { [[ $stage == *:* ]] && [[ $name != find && $name != curves ]]; }; then
-        echo "gpu_session: unknown stage '$stage'; stages: $stages (find and curves take :WORKLOAD,...)" >&2
+    if [[ " $stages " != *" $name "* ]] || { [[ $stage == *:* ]] && [[ $name == *tests ]]; }; then
+        echo "gpu_session: unknown stage '$stage'; stages: $stages (all but the tests take :WORKLOAD,...)" >&2
         exit 2
     fi
 done
@@ -42,6 +42,12 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     echo "gpu_session: torch sees no CUDA device here; these stages need one" >&2
     exit 1
 fi
+if ! "$py" -c "import batchfit" 2>"$out/import.log"; then
+    tail -n 1 "$out/import.log" >&2
+    echo "gpu_session: batchfit does not import; a missing dependency (omegaconf: ../shared/tools/gpu-wheels.sh) goes in .whl/ as a wheel" >&2
+    exit 1
+fi
+rm -f "$out/import.log"
 "$py" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
 status=0
 for stage in "$@"; do
@@ -52,18 +58,21 @@ for stage in "$@"; do
     suffix=""
     if [[ $stage == *:* ]]; then
         only=(--workloads "${stage#*:}")
+        [ "$name" = explore ] && only=(--examples "${stage#*:}")
         suffix="-${stage#*:}"
         suffix=${suffix//,/-}  # the device tool brings back names of letters, digits, ., _ and - only
     fi
     case $name in
     gpu-tests) "$py" -m pytest -p no:cacheprovider -q -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
-    tests) "$py" -m pytest -p no:cacheprovider -q 2>&1 | tail -n 60 | tee "$out/tests.log" ;;
+    tests) "$py" -m pytest -p no:cacheprovider -q 2>&1 | tee "$out/tests.log" | tail -n 60 ;;
     find) "$py" bench/find.py --device cuda "${only[@]}" --json "$out/find-cuda$suffix.json" 2>&1 |
         tee "$out/find$suffix.log" ;;
     curves) "$py" bench/find_curves.py --device cuda "${only[@]}" --json "$out/find-curves-cuda$suffix.json" 2>&1 |
         tee "$out/curves$suffix.log" ;;
-    explore) "$py" bench/explore.py --device cuda --json "$out/explore-cuda.json" 2>&1 | tee "$out/explore.log" ;;
-    compare) "$py" bench/compare.py --device cuda --json "$out/compare-cuda.json" 2>&1 | tee "$out/compare.log" ;;
+    explore) "$py" bench/explore.py --device cuda "${only[@]}" --json "$out/explore-cuda$suffix.json" 2>&1 |
+        tee "$out/explore$suffix.log" ;;
+    compare) "$py" bench/compare.py --device cuda "${only[@]}" --json "$out/compare-cuda$suffix.json" 2>&1 |
+        tee "$out/compare$suffix.log" ;;
     esac
     code=${PIPESTATUS[0]}
     echo "== $stage: exit $code after $((SECONDS - started)) s"
