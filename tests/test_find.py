@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tiny_workloads import build, classification_batch, tiny_mlp
+from tiny_workloads import build, classification_batch, tiny_mlp, untraceable
 from torch import nn
 
 import batchfit
@@ -500,6 +500,28 @@ def test_confirm_steps_hold_the_answer_to_longer_training() -> None:
     # peak than this loop, 8 bytes a sample, so the next batch up can squeeze in here; two cannot.)
     assert _trains(result.batch_size, 10, limit) and not _trains(result.batch_size + 2, 10, limit)
     assert "the answer confirmed over 10 steps" in result.summary()
+
+
+def test_after_a_failure_the_search_runs_the_confirming_trial() -> None:
+    # No forecast (the step reads a value): real trials from 2 and 4, and this mlp's line through
+    # them overshoots (its memory is mostly fixed). Once a trial has failed, every trial may be the
+    # answer, so each runs confirm_steps: the answer is proven by its own longer trial, at no
+    # trial of its own, and is what the plain search finds (the capped CPU's step 2 is every
+    # later step).
+    limit = 1_500_000
+    plain = find_batch_size(untraceable("mlp"), device="cpu", memory_limit=limit, memory_fraction=1.0)
+    result = find_batch_size(
+        untraceable("mlp"), device="cpu", memory_limit=limit, memory_fraction=1.0, confirm_steps=4
+    )
+    assert not result.predicted_trials and result.stop_reason == "boundary"
+    assert result.batch_size == plain.batch_size
+    first_failure = next(i for i, trial in enumerate(result.trials) if not trial.fits)
+    assert first_failure < len(result.trials) - 2  # the search went on after its first failure
+    assert [trial.steps for trial in result.trials[: first_failure + 1]] == [2] * (first_failure + 1)
+    assert all(trial.steps == 4 for trial in result.trials[first_failure + 1 :])
+    assert result.answer.steps == 4 and result.answer.fits
+    assert len(result.trials) == len(plain.trials)  # the confirmation cost no trial of its own
+    assert "the answer confirmed over 4 steps" in result.summary()
 
 
 def test_confirm_steps_must_be_positive(mlp_workload: Workload) -> None:

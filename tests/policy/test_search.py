@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.search import Candidates, confirm, search
+from batchfit.policy.search import Candidates, confirm, search, search_and_confirm
 from batchfit.policy.trial import Trial
 
 PeakFn = Callable[[int], float]
@@ -274,3 +274,64 @@ def test_confirm_after_failure_only_looks_again_after_an_allocator_failure() -> 
     outcome = search(stepped_oracle(100, log, 2), candidates, 10**9)
     assert outcome.stop_reason == "max_batch_size"
     assert confirm(outcome, stepped_oracle(10, log, 2), candidates, 10**9, always=False) == outcome
+
+
+def stepped_allocator(
+    fixed: float, per_sample: float, overhead: float, budget: int, later: float, log: list[tuple[int, int]]
+) -> tuple[Callable[[int], Trial], Callable[[int], Trial]]:
+    """``caching_allocator``'s 2-step trial and a 10-step one whose need grows by ``later`` more
+    (fragmentation over the later steps), both logging ``(batch, steps)``."""
+
+    def trial(steps: int, grown: float) -> Callable[[int], Trial]:
+        def run(batch: int) -> Trial:
+            log.append((batch, steps))
+            allocated = fixed + per_sample * batch
+            need = SEGMENT * math.ceil(allocated * (1 + overhead + grown) / SEGMENT)
+            if need > budget:
+                return Trial(batch, "oom", budget, None, "CUDA out of memory", steps=steps)
+            return Trial(batch, "ok", int(allocated), 0.1, reserved_peak_bytes=need, steps=steps)
+
+        return run
+
+    return trial(2, 0.0), trial(10, later)
+
+
+@pytest.mark.parametrize("workload", ["resnet50", "resnet50_amp", "gpt2"])
+@pytest.mark.parametrize("later", [0.0, 0.004])
+def test_after_a_failure_the_confirming_trial_is_the_verdict(workload: str, later: float) -> None:
+    # Once a failure is known every trial may be the answer, so it runs the confirming (longer)
+    # trial: the answer is the largest the longer trial fits, proven by it, with no trial of its own.
+    fixed, per_sample, budget = GPU_LIKE[workload]
+    log: list[tuple[int, int]] = []
+    short, long = stepped_allocator(fixed, per_sample, 0.02, budget, later, log)
+    candidates = Candidates.between(1, 512)
+    outcome = search_and_confirm(short, candidates, budget, longer=long)
+    truth = brute_force(lambda b: long(b) if short(b).fits else short(b), candidates)
+    del log[len(outcome.trials) :]  # the brute force's own trials
+    assert outcome.batch_size == truth and outcome.confirmed
+    first_failure = next(i for i, t in enumerate(outcome.trials) if not t.fits)
+    assert all(steps == 2 for _, steps in log[: first_failure + 1])
+    assert all(steps == 10 for _, steps in log[first_failure + 1 :])
+    answer = [t for t in outcome.trials if t.batch_size == truth]
+    assert answer[-1].fits and answer[-1].steps == 10
+    if outcome.trials.index(answer[0]) > first_failure:  # found near the boundary: run once, long
+        assert len(answer) == 1
+    assert not [t for t in outcome.trials if t.batch_size == truth + 1][-1].fits
+
+
+def test_a_confirming_trial_inside_the_search_saves_trials() -> None:
+    # Against searching with short trials and confirming the answer after, over the GPU-like
+    # curves: fewer trials in all, and never more in any case.
+    fused_total = separate_total = 0
+    for fixed, per_sample, budget in GPU_LIKE.values():
+        for overhead in (0.0, 0.01, 0.02, 0.05):
+            log: list[tuple[int, int]] = []
+            short, long = stepped_allocator(fixed, per_sample, overhead, budget, 0.0, log)
+            candidates = Candidates.between(1, 512)
+            fused = search_and_confirm(short, candidates, budget, longer=long)
+            separate = confirm(search(short, candidates, budget), long, candidates, budget)
+            assert fused.batch_size == separate.batch_size
+            assert len(fused.trials) <= len(separate.trials)
+            fused_total += len(fused.trials)
+            separate_total += len(separate.trials)
+    assert fused_total < separate_total

@@ -32,7 +32,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--confirm-steps",
         type=int,
         default=None,
-        help="steps the answer trains before it is final (default: 10 on CUDA, none on the CPU)",
+        help=(
+            "steps the answer trains before it is final, and every trial after the first that "
+            "fails (default: 10 on CUDA, none on the CPU)"
+        ),
     )
     flags.add_device(parser)
     flags.add_output(parser, ("text", "json"))

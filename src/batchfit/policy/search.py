@@ -63,6 +63,7 @@ class SearchOutcome:
     trials: tuple[Trial, ...]
     memory_model: MemoryModel | None
     stop_reason: StopReason
+    confirmed: bool = False  # the answer's own trial was the longer, confirming one, and fitted
 
 
 def search(
@@ -73,19 +74,29 @@ def search(
     prior: Sequence[Trial] = (),
     seed: int | None = None,
     forecast_only: bool = False,
+    longer: Callable[[int], Trial] | None = None,
 ) -> SearchOutcome:
     """Find the largest candidate batch that ``run`` reports as fitting ``budget_bytes``.
 
     ``prior`` trials (predicted, not run: a fake-tensor trace) inform the memory model but prove
     nothing; ``seed`` (a predicted answer) is where the real trials start. With ``forecast_only``
     (``run`` is a predictor) the search stops where it would only confirm the model's answer.
+    With ``longer`` (the confirming trial: more steps), every trial after the first failure runs
+    it: from then on each trial may be the answer, so its verdict is the confirmation's, and an
+    answer found there needs no trial of its own (``confirmed``). A trial that fails does so at the
+    step it runs out of memory, so the longer trial costs more only where it fits.
     """
     trials: list[Trial] = []
     at: dict[int, Trial] = {}
     known = {candidates.index_at_most(t.batch_size): t for t in prior if t.outcome != "oom"}
+    ran_longer: set[int] = set()
 
     def probe(index: int) -> Trial:
-        trial = run(candidates.batch(index))
+        trial_of = run
+        if longer is not None and high is not None:  # a failure is known: the answer is near
+            trial_of = longer
+            ran_longer.add(index)
+        trial = trial_of(candidates.batch(index))
         trials.append(trial)
         at[index] = known[index] = trial
         return trial
@@ -149,7 +160,7 @@ def search(
             high = index
         if high is not None and not (held and overshot):
             widths.append(high - low)
-    return SearchOutcome(candidates.batch(low), tuple(trials), model, reason)
+    return SearchOutcome(candidates.batch(low), tuple(trials), model, reason, low in ran_longer)
 
 
 def _opening(candidates: Candidates, probe: Callable[[int], Trial]) -> tuple[int | None, int | None]:
@@ -260,14 +271,15 @@ def search_and_confirm(
     """``find``'s whole policy over oracles: ``search`` with ``run``, then the answer confirmed.
 
     With ``longer`` (a trial of more steps: CUDA's caching allocator fragments over the first
-    steps) the answer is run again with it and, if it no longer fits, searched below with it. On a
+    steps) the search runs it once a failure is known, and an answer it did not run that way is
+    run again with it and, if it no longer fits, searched below with it. On a
     device that is not ``exact`` (the uncapped CPU, where glibc's heap keeps what a failed trial
     grew it to) the answer is looked at again with ``run`` after an allocator failure. The
     benchmark's replay (``bench/find_replay.py``) runs this same function on recorded trials.
     """
-    outcome = search(run, candidates, budget_bytes, prior=prior, seed=seed)
+    outcome = search(run, candidates, budget_bytes, prior=prior, seed=seed, longer=longer)
     if longer is not None:
-        return confirm(outcome, longer, candidates, budget_bytes)
+        return outcome if outcome.confirmed else confirm(outcome, longer, candidates, budget_bytes)
     if not exact:
         return confirm(outcome, run, candidates, budget_bytes, always=False)
     return outcome
@@ -307,7 +319,10 @@ def confirm(
         trials.extend(outcome.trials)
         if always:  # the search below ran ``run``'s own trials: its answer is confirmed
             break
-    return SearchOutcome(outcome.batch_size, tuple(trials), outcome.memory_model, outcome.stop_reason)
+    confirmed = always and outcome.batch_size is not None  # the answer's last trial is ``run``'s
+    return SearchOutcome(
+        outcome.batch_size, tuple(trials), outcome.memory_model, outcome.stop_reason, confirmed
+    )
 
 
 def _downwards(
