@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import weakref
 from typing import Any
 
 import pytest
@@ -21,7 +22,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import batchfit
 from batchfit import Workload, find_batch_size
-from batchfit.runtime.cuda import user_memory_fraction
+from batchfit.runtime.cuda import CudaDevice, user_memory_fraction
+from batchfit.runtime.device import GarbageCollector
 from batchfit.runtime.examples import build_example
 from batchfit.runtime.resolve import memory_limit, parse_device, resolve_device
 from batchfit.runtime.state import TrainingSnapshot
@@ -418,3 +420,64 @@ def test_the_user_s_memory_fraction_bounds_the_capacity() -> None:
         assert user_memory_fraction(index) == 0.25  # put back after the search's own caps
     finally:
         torch.cuda.set_per_process_memory_fraction(before, index)
+
+
+class _Cycle:
+    """An object in a reference cycle with itself, holding a tensor: only the collector frees it."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor, self.me = tensor, self
+
+
+def _release_on(device: str) -> tuple[GarbageCollector, Any, list[weakref.ref[torch.Tensor]]]:
+    """The device's collector and release(); on the CPU (no allocator to read) a collector of the
+    bytes held by the tensors this test makes, weakly referenced."""
+    made: list[weakref.ref[torch.Tensor]] = []
+    if device == "cuda":
+        target = resolve_device("cuda", None)
+        assert isinstance(target, CudaDevice)
+        return target.garbage, target.release, made
+
+    def held() -> int:
+        return sum(t.nbytes for ref in made if (t := ref()) is not None)
+
+    collector = GarbageCollector(held)
+    return collector, collector.collect, made
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_release_walks_the_whole_heap_only_for_garbage_a_young_collection_missed(device: str) -> None:
+    collector, release, made = _release_on(device)
+    generations: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    gc.disable()  # no automatic collection may move or free the test's garbage
+    gc.callbacks.append(seen)
+    try:
+        release()  # the first: the caller's garbage too, the whole heap
+        assert 2 in generations and collector.full_collections == 1
+        # A trial's garbage: young. Freed by the younger generations alone.
+        young = torch.ones(1 << 20, device=device)
+        made.append(weakref.ref(young))
+        _Cycle(young)
+        del young
+        generations.clear()
+        release()
+        assert made[-1]() is None and 2 not in generations and collector.full_collections == 1
+        # Garbage that outlived a full collection sits in the oldest generation: the device still
+        # holds it after the young collection, so the whole heap is walked, and it is freed.
+        old = torch.ones(1 << 20, device=device)
+        made.append(weakref.ref(old))
+        cycle = _Cycle(old)
+        del old
+        gc.collect()  # survives (still referenced): promoted to the oldest generation
+        del cycle
+        generations.clear()
+        release()
+        assert made[-1]() is None and 2 in generations and collector.full_collections == 2
+    finally:
+        gc.callbacks.remove(seen)
+        gc.enable()

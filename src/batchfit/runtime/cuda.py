@@ -3,7 +3,6 @@ retries as the measurement, and the user's own memory fraction put back."""
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import torch
 
 from batchfit.errors import DeviceUnavailableError
-from batchfit.runtime.device import Measurement
+from batchfit.runtime.device import GarbageCollector, Measurement
 from batchfit.units import format_bytes
 
 #: Steps the answer trains before it is final on CUDA: under the cap the caching allocator's
@@ -37,6 +36,9 @@ class CudaDevice:
         self.torch_device = torch.device("cuda", index)
         self.limit_bytes = limit_bytes
         self.name = f"cuda:{index}"
+        self.garbage = GarbageCollector(
+            lambda: int(cuda_call(torch.cuda.memory_allocated, self.torch_device, allow_zero=True))
+        )
         if limit_bytes is not None:
             self.name += f" (capped at {format_bytes(limit_bytes)})"
 
@@ -94,7 +96,7 @@ class CudaDevice:
         torch.cuda.synchronize(self.torch_device)
 
     def release(self) -> None:
-        gc.collect()
+        self.garbage.collect()  # the whole heap only when the GPU still holds what a trial left
         cuda_call(torch.cuda.empty_cache, allow_zero=True)
 
 

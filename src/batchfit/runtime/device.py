@@ -8,7 +8,7 @@ the cap; CUDA caps its caching allocator and reads the allocator's statistics.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -169,6 +169,33 @@ class CappedCpuDevice(CpuDevice):
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
         return self.limit_bytes
+
+
+class GarbageCollector:
+    """Frees the tensors that earlier trials left in reference cycles (a failed step's traceback
+    holds its frames, and they their activations), without walking the whole heap each time.
+
+    A trial's garbage is young, so the two younger generations are collected first: under a
+    millisecond, where a full collection took 0.09 s with torch imported and 0.2 s with Lightning
+    and accelerate too (docs/benchmarks.md). The whole heap is collected only when the device
+    still holds more than it did after the last collection (garbage that outlived a young
+    collection, or the caller's before the first). ``held_bytes`` reads what the device holds
+    (CUDA: the allocated bytes).
+    """
+
+    def __init__(self, held_bytes: Callable[[], int]) -> None:
+        self.held_bytes = held_bytes
+        self.settled: int | None = None  # what the device held after the last collection
+        self.full_collections = 0
+
+    def collect(self) -> None:
+        gc.collect(1)
+        held = self.held_bytes()
+        if self.settled is None or held > self.settled:
+            gc.collect()
+            self.full_collections += 1
+            held = self.held_bytes()
+        self.settled = held
 
 
 class _TrackerProbe:
