@@ -26,6 +26,8 @@ FIRST_MARGIN = 0.02
 MAX_MARGIN = 0.5
 #: The most of a trial's reserved memory read as the allocator's need beside the allocated bytes.
 MAX_OVERHEAD = 0.1
+#: How close below the largest fitting trial a second may be to fit the line through them.
+NEAR = 0.875
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,12 @@ def _opening(candidates: Candidates, probe: Callable[[int], Trial]) -> tuple[int
 def _local_model(at: dict[int, Trial], low: int, high: int | None) -> MemoryModel | None:
     """A line through the largest fitting trial and a second one with a whole peak.
 
-    The second is the failed trial just above when it ran to the end (the bracket), else a fitting
-    trial at most half as large (far enough that rounding in the peaks does not swamp the slope).
+    The second is the failed trial just above when it ran to the end (the bracket), else, among
+    the fitting trials at most ``NEAR`` of its size (far enough that rounding in the peaks does not
+    swamp the slope), the one that gives the steepest line: where memory is mostly fixed at small
+    batches (a plateau, then activations), a line from the plateau overshoots the boundary, and a
+    trial that runs out of memory there teaches nothing; too steep a line undershoots, and a trial
+    that fits brings a whole peak.
     """
     upper = at.get(high) if high is not None else None
     if upper is not None and upper.outcome == "over_budget":
@@ -194,9 +200,11 @@ def _local_model(at: dict[int, Trial], low: int, high: int | None) -> MemoryMode
     below = [t for t in at.values() if t.fits and t.batch_size < best.batch_size]
     if not below:
         return None
-    far = [t for t in below if t.batch_size <= best.batch_size / 2]
-    other = max(far, key=lambda t: t.batch_size) if far else min(below, key=lambda t: t.batch_size)
-    return MemoryModel.through(other, best)
+    far = [t for t in below if t.batch_size <= best.batch_size * NEAR]
+    if not far:
+        return MemoryModel.through(min(below, key=lambda t: t.batch_size), best)
+    lines = [MemoryModel.through(t, best) for t in far]
+    return max(lines, key=lambda m: m.bytes_per_sample)
 
 
 def _next_index(
