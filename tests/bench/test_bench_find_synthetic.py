@@ -32,9 +32,10 @@ def test_curves_are_devices_the_search_is_exact_on(case: str) -> None:
         assert inside.confirmed and after.confirmed
 
 
-def test_the_script_prints_every_case() -> None:
+@pytest.mark.parametrize("extra", [(), ("--jitter", "0.005")])
+def test_the_script_prints_every_case(extra: tuple[str, ...]) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH / "find_synthetic.py"), "--curves", "4"],
+        [sys.executable, str(BENCH / "find_synthetic.py"), "--curves", "4", *extra],
         capture_output=True,
         text=True,
         check=True,
