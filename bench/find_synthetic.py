@@ -31,6 +31,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from find_replay import LIGHTNING_START, doubling_then_bisection
+
 from batchfit.policy.search import Candidates, SearchOutcome, confirm, search, search_and_confirm
 from batchfit.policy.trial import Trial
 
@@ -110,16 +112,14 @@ class Curve:
             total += TRIAL_SECONDS + steps * self.step_seconds(trial.batch_size)
         return total
 
-    def lightning(self, start: int = 2) -> tuple[int, float]:
-        """Trials and modelled seconds of doubling then bisection from ``start``."""
-        count, seconds, low, high, batch = 0, 0.0, 0, None, start
-        while high is None or high - low > 1:
-            fits = self.trial(batch, SHORT).fits
-            count += 1
-            seconds += LIGHTNING_TRIAL_SECONDS + (SHORT if fits else 1) * self.step_seconds(batch)
-            low, high = (batch, high) if fits else (low, batch)
-            batch = 2 * batch if high is None else (low + high) // 2
-        return count, seconds
+    def lightning(self, upper: int) -> tuple[int, float]:
+        """Trials and modelled seconds of Lightning's binsearch (``find_replay``'s model of it)."""
+        tried = doubling_then_bisection(lambda b: self.trial(b, SHORT).fits, LIGHTNING_START, upper)
+        seconds = sum(
+            LIGHTNING_TRIAL_SECONDS + (SHORT if self.trial(b, SHORT).fits else 1) * self.step_seconds(b)
+            for b in tried
+        )
+        return len(tried), seconds
 
 
 Policy = Callable[[Curve, Candidates], SearchOutcome]
@@ -153,7 +153,7 @@ def main() -> None:
     for case in CASES:
         curves = [Curve(case, seed, args.later, args.jitter) for seed in range(args.curves)]
         truths = [curve.truth(candidates.count) for curve in curves]
-        lightning = [curve.lightning() for curve in curves]
+        lightning = [curve.lightning(candidates.count) for curve in curves]
         for name, policy in policies.items():
             outcomes = [policy(curve, candidates) for curve in curves]
             exact = sum(o.batch_size == t for o, t in zip(outcomes, truths, strict=True))
