@@ -1,5 +1,5 @@
-"""A CUDA (or ROCm) GPU as a ``Device``: the caching allocator capped at the budget, its peaks and
-retries as the measurement, and the user's own memory fraction put back."""
+"""A CUDA (or ROCm) GPU as a ``Device``: torch's caching allocator behind ``CachingDevice``'s seam,
+capped by the per-process memory fraction, the user's own fraction put back."""
 
 from __future__ import annotations
 
@@ -10,40 +10,28 @@ from typing import Any
 import torch
 
 from batchfit.errors import DeviceUnavailableError
-from batchfit.runtime.device import GarbageCollector, Measurement
+from batchfit.runtime.caching import CachingDevice
 from batchfit.units import format_bytes
 
-#: Steps the answer trains before it is final on CUDA: under the cap the caching allocator's
-#: fragmentation builds over the first steps. On an H100 a small CNN at a 160 MiB cap trained 2
-#: steps at batch 50 and 53 and failed within 10 (docs/search.md); 10 is the truth's probe.
-CONFIRM_STEPS = 10
 #: The fewest steps in an explore window on CUDA. Each window starts on an idle, synchronised GPU,
 #: so its first step pays the launch ramp and the unhidden batch copy that back-to-back training
 #: steps overlap; one-step windows under-read small batches, where that ramp weighs most.
 WINDOW_STEPS = 3
 
 
-class CudaDevice:
+class CudaDevice(CachingDevice):
     """A CUDA (or ROCm) GPU. The cap is the caching allocator's own per-process memory fraction,
-    so the allocator frees its cache and retries before it fails, as it does in training; the
-    measurements are its allocated and reserved peaks and its retries."""
+    so the allocator frees its cache and retries before it fails, as it does in training."""
 
-    exact = True  # release() empties the cache: a failed trial leaves nothing behind
-    confirm_steps: int | None = CONFIRM_STEPS
     min_window_steps = WINDOW_STEPS
 
     def __init__(self, index: int, limit_bytes: int | None = None) -> None:
         self.torch_device = torch.device("cuda", index)
+        super().__init__(_CudaAllocator(self.torch_device))
         self.limit_bytes = limit_bytes
         self.name = f"cuda:{index}"
-        self.garbage = GarbageCollector(
-            lambda: int(cuda_call(torch.cuda.memory_allocated, self.torch_device, allow_zero=True))
-        )
         if limit_bytes is not None:
             self.name += f" (capped at {format_bytes(limit_bytes)})"
-
-    def total_bytes(self) -> int:
-        return int(cuda_call(torch.cuda.mem_get_info, self.torch_device)[1])
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
         free_bytes, total_bytes = cuda_call(torch.cuda.mem_get_info, self.torch_device)
@@ -54,55 +42,27 @@ class CudaDevice:
         capacity = min(total_bytes, free_bytes + reserved, allowed)
         return int(capacity if self.limit_bytes is None else min(capacity, self.limit_bytes))
 
-    @contextmanager
-    def measure(
-        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None
-    ) -> Iterator[Measurement]:
-        self.synchronize()
-        with self._capped(cap_bytes):
-            retries_before = self._retries()
-            measurement = Measurement(_probe=_AllocatorProbe(self.torch_device))
-            measurement.begin_step()
-            try:
-                yield measurement
-            finally:
-                try:
-                    self.synchronize()  # the last kernels' allocations are in the statistics
-                finally:
-                    measurement.finish()
-                    measurement.allocator_retries = self._retries() - retries_before
+
+class _CudaAllocator:
+    """torch's caching allocator on one GPU, as ``CachingDevice`` reads and caps it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
 
     @contextmanager
-    def _capped(self, cap_bytes: int | None) -> Iterator[None]:
-        """The caching allocator capped at ``cap_bytes``, and the user's own fraction put back."""
+    def capped(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[None]:
+        """The per-process memory fraction at ``cap_bytes``, and the user's own put back."""
         if cap_bytes is None:
             yield
             return
-        index = self.torch_device.index
-        previous = user_memory_fraction(index)
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / self.total_bytes()), index)
+        index = self.device.index
+        total = int(cuda_call(torch.cuda.mem_get_info, self.device)[1])
+        previous = user_memory_fraction(index or 0)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), index)
         try:
             yield
         finally:
             torch.cuda.set_per_process_memory_fraction(previous, index)
-
-    def _retries(self) -> int:
-        stats = cuda_call(torch.cuda.memory_stats, self.torch_device, allow_zero=True)
-        return int(stats.get("num_alloc_retries", 0)) if stats else 0
-
-    def synchronize(self) -> None:
-        # Not through cuda_call: this is where an asynchronous CUDA error (a device-side assert in
-        # the user's step) surfaces, and it must reach the user as it is.
-        torch.cuda.synchronize(self.torch_device)
-
-    def release(self) -> None:
-        self.garbage.collect()  # the whole heap only when the GPU still holds what a trial left
-        cuda_call(torch.cuda.empty_cache, allow_zero=True)
-
-
-class _AllocatorProbe:
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
 
     def peaks(self) -> tuple[int, int | None]:
         # The allocator's statistics are kept on the host as it allocates: no synchronisation.
@@ -113,6 +73,21 @@ class _AllocatorProbe:
 
     def reset(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
+
+    def retries(self) -> int:
+        stats = cuda_call(torch.cuda.memory_stats, self.device, allow_zero=True)
+        return int(stats.get("num_alloc_retries", 0)) if stats else 0
+
+    def allocated_bytes(self) -> int:
+        return int(cuda_call(torch.cuda.memory_allocated, self.device, allow_zero=True))
+
+    def empty_cache(self) -> None:
+        cuda_call(torch.cuda.empty_cache, allow_zero=True)
+
+    def synchronize(self) -> None:
+        # Not through cuda_call: this is where an asynchronous CUDA error (a device-side assert in
+        # the user's step) surfaces, and it must reach the user as it is.
+        torch.cuda.synchronize(self.device)
 
 
 def user_memory_fraction(index: int) -> float:

@@ -129,7 +129,7 @@ class CpuDevice:
         self.fake = fake  # measure fake tensors: a trace, not a run
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
-        held = sum(tensor.untyped_storage().nbytes() for tensor in _unique_storages(resident))
+        held = sum(tensor.untyped_storage().nbytes() for tensor in unique_storages(resident))
         return host_available_bytes() + held
 
     @contextmanager
@@ -137,7 +137,7 @@ class CpuDevice:
         self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None
     ) -> Iterator[Measurement]:
         tracker = StorageTracker(capacity_bytes=cap_bytes, fake=self.fake)
-        tracker.track(_unique_storages(resident))
+        tracker.track(unique_storages(resident))
         if cap_bytes is not None and tracker.live_bytes > cap_bytes:
             raise torch.OutOfMemoryError(resident_oom_message(tracker.live_bytes, cap_bytes))
         measurement = Measurement(_probe=_TrackerProbe(tracker))
@@ -209,7 +209,7 @@ class _TrackerProbe:
         self.tracker.reset_peak()
 
 
-def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+def unique_storages(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     seen: dict[int, torch.Tensor] = {}
     for tensor in tensors:
         seen.setdefault(tensor.untyped_storage()._cdata, tensor)

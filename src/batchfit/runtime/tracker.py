@@ -86,8 +86,7 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        storages: dict[int, torch.UntypedStorage] = {}
-        self._collect(out, storages)
+        storages = output_storages(out, self.device_type, self.fake)
         added = {key: self._new_bytes(storage) for key, storage in storages.items()}
         requested = sum(added.values())
         if (
@@ -105,17 +104,29 @@ class StorageTracker(TorchDispatchMode):
         return out
 
     def _counts(self, tensor: torch.Tensor) -> bool:
-        # The tensor's device decides, not the storage's: a fake tensor's storage is on "meta".
-        return tensor.device.type == self.device_type and isinstance(tensor, FakeTensor) == self.fake
+        return counted(tensor, self.device_type, self.fake)
 
-    def _collect(self, value: Any, into: dict[int, torch.UntypedStorage]) -> None:
-        if isinstance(value, torch.Tensor):
-            if self._counts(value):
-                storage = value.untyped_storage()
-                into[storage._cdata] = storage
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                self._collect(item, into)
+
+def counted(tensor: torch.Tensor, device_type: str, fake: bool = False) -> bool:
+    """Whether a tracker of ``device_type`` counts ``tensor``: the tensor's device decides, not its
+    storage's (a fake tensor's storage is on "meta"), and a trace counts fake tensors alone."""
+    return tensor.device.type == device_type and isinstance(tensor, FakeTensor) == fake
+
+
+def output_storages(value: Any, device_type: str, fake: bool = False) -> dict[int, torch.UntypedStorage]:
+    """The storages of the tensors in an op's output (a tensor, or tuples and lists of them) that a
+    tracker of ``device_type`` counts, by key, in order."""
+    found: dict[int, torch.UntypedStorage] = {}
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            if counted(item, device_type, fake):
+                storage = item.untyped_storage()
+                found[storage._cdata] = storage
+        elif isinstance(item, (tuple, list)):
+            pending.extend(reversed(item))
+    return found
 
 
 def resident_oom_message(resident: int, capacity: int) -> str:
