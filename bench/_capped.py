@@ -12,10 +12,16 @@ import _workloads
 import torch
 
 import batchfit
-from batchfit.runtime.device import Measurement
+from batchfit.find import find_on
+from batchfit.runtime.caching import CachingCpuDevice
+from batchfit.runtime.device import Device, Measurement
+from batchfit.runtime.resolve import parse_device, resolve_device
+from batchfit.runtime.tracker import resident_tensors
 from batchfit.runtime.workload import Workload, to_device
 
 STEPS_PER_TRIAL = 2
+#: The benchmark's name for the CPU with CUDA's caching allocator modelled on its real allocations.
+CPU_CACHING = "cpu-caching"
 #: The upper bound of every search: batchfit's default max_batch_size for training, and the batch
 #: size accelerate starts from.
 MAX_BATCH_SIZE = 512
@@ -55,11 +61,27 @@ class MethodResult:
         return len(self.sizes)
 
 
+def bench_device(name: str) -> tuple[torch.device, str]:
+    """``--device``'s torch device and its kind of cases: ``cpu``, ``cuda``, or ``cpu-caching``
+    (the CPU, each capped block behind a fresh modelled caching allocator: its cache empty)."""
+    if name == CPU_CACHING:
+        return torch.device("cpu"), CPU_CACHING
+    device = parse_device(name)
+    return device, device.type
+
+
 class Bench:
     """One case on one device: a fresh workload per method, and the capped trial they all run."""
 
-    def __init__(self, case: Case, device: torch.device, cap_bytes: int = 0) -> None:
+    def __init__(self, case: Case, device: torch.device, cap_bytes: int = 0, kind: str | None = None) -> None:
         self.case, self.device, self.cap_bytes = case, device, cap_bytes
+        self.kind = kind or device.type
+
+    def target(self, limit: int) -> Device:
+        """The batchfit device every method's trials run on, capped at ``limit``."""
+        if self.kind == CPU_CACHING:
+            return CachingCpuDevice(limit)
+        return resolve_device(self.device, limit)
 
     def workload(self) -> tuple[Workload, FreshState]:
         torch.backends.cudnn.benchmark = self.case.cudnn_benchmark
@@ -75,10 +97,10 @@ class Bench:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def capped(self, state: FreshState) -> AbstractContextManager[Measurement]:
-        return batchfit.memory_limit(
-            self.cap_bytes, resident=[state.model, state.optimizer], device=self.device
-        )
+    def capped(self, state: FreshState, cap_bytes: int | None = None) -> AbstractContextManager[Measurement]:
+        """A block under the case's cap (or ``cap_bytes``), as ``batchfit.memory_limit`` makes it."""
+        cap = self.cap_bytes if cap_bytes is None else cap_bytes
+        return self.target(cap).measure(resident_tensors(state.model, state.optimizer), cap)
 
     def trial(self, workload: Workload, state: FreshState, batch_size: int, steps: int) -> int | None:
         """Run one trial under the cap from the fresh state; its peak bytes, or None if it ran out."""
@@ -97,11 +119,10 @@ class Bench:
 
     def find(self, workload: Workload) -> batchfit.SearchResult:
         """``find_batch_size`` as every benchmark runs it: train, under the cap at fraction 1."""
-        return batchfit.find_batch_size(
+        return find_on(
+            self.target(self.cap_bytes),
             workload,
             "train",
-            device=self.device,
-            memory_limit=self.cap_bytes,
             memory_fraction=1.0,
             max_batch_size=MAX_BATCH_SIZE,
             steps_per_trial=STEPS_PER_TRIAL,
@@ -112,7 +133,7 @@ class Bench:
         workload, state = self.workload()
         state.reset()
         host = workload.host_batch(batch_size)
-        with batchfit.memory_limit(2**50, resident=[workload.model], device=self.device) as measurement:
+        with self.capped(state, 2**50) as measurement:
             self.train_steps(workload, state.optimizer, host, STEPS_PER_TRIAL)
         return int(measurement.reserved_peak_bytes or measurement.peak_bytes)
 

@@ -20,7 +20,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def parser(doc: str | None, *, quick: str, json_default: str) -> argparse.ArgumentParser:
     """The options every benchmark takes: ``--device``, ``--quick``, ``--json``, ``--no-json``."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda[:N], or cpu-caching (CUDA's caching allocator modelled on the CPU)",
+    )
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--json", type=Path, default=None, help=f"results file (default {json_default})")
     parser.add_argument("--no-json", action="store_true", help="do not write the results file")

@@ -23,10 +23,9 @@ from dataclasses import asdict, dataclass
 import _harness
 import _workloads
 import torch
-from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult
+from _capped import CPU_CACHING, MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult, bench_device
 from _peers import COMPETITORS, available_competitors, quiet_competitors
 
-from batchfit.runtime.resolve import parse_device
 from batchfit.units import format_bytes, parse_bytes
 
 #: Steps in a probe of the CUDA truth, and in the check that each answer trains.
@@ -53,10 +52,18 @@ CASES: dict[str, list[Case]] = {
         Case("cnn", "ref:128"),
         Case("transformer", "ref:128"),
     ],
+    # CUDA's caching allocator modelled on the CPU: the built-ins under what a trial at a reference
+    # size reserved there, as on the GPU.
+    CPU_CACHING: [
+        Case("mlp", "ref:256"),
+        *(Case("cnn", f"ref:{size}") for size in (32, 64, 128)),
+        *(Case("transformer", f"ref:{size}") for size in (32, 64, 128)),
+    ],
 }
 QUICK: dict[str, list[Case]] = {
     "cpu": [Case("mlp", "36.75MiB"), Case("cnn", "64MiB"), Case("transformer", "128MiB")],
     "cuda": [Case("resnet50-amp", "10.5GiB", precision="16-mixed"), Case("cnn", "ref:128")],
+    CPU_CACHING: [Case("cnn", "ref:64"), Case("transformer", "ref:64")],
 }
 
 
@@ -336,9 +343,9 @@ def print_summary(rows: list[Row], device: str) -> None:
             print(f"  peaks minus the exhaustive scan's: {_peak_differences(rows, name)}")
 
 
-def resolve_cap(case: Case, device: torch.device) -> int:
+def resolve_cap(case: Case, device: torch.device, kind: str | None = None) -> int:
     if case.cap.startswith("ref:"):
-        reserved = Bench(case, device).reserved_at(int(case.cap.partition(":")[2]))
+        reserved = Bench(case, device, kind=kind).reserved_at(int(case.cap.partition(":")[2]))
         return int(math.ceil(reserved / 2**20) * 2**20)
     return parse_bytes(case.cap, name="cap")
 
@@ -370,8 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat", type=int, default=1, help="run each search N times and report the median time"
     )
     args = parser.parse_args(argv)
-    device = parse_device(args.device)
-    kind = device.type
+    device, kind = bench_device(args.device)
     cases = select_cases(parser, kind, args.quick, args.workloads)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -386,11 +392,11 @@ def main(argv: list[str] | None = None) -> int:
         if why is not None:
             print(f"{case.name}: skipped: {why}")
             continue
-        Bench(case, device).warm_up()
-        bench = Bench(case, device, resolve_cap(case, device))
+        Bench(case, device, kind=kind).warm_up()
+        bench = Bench(case, device, resolve_cap(case, device, kind), kind)
         print(f"{case.name} at {case.cap} ({format_bytes(bench.cap_bytes)}):", flush=True)
         rows.append(
-            bench_one(bench, competitors, args.repeat, args.truth or ("bisect" if kind == "cuda" else "scan"))
+            bench_one(bench, competitors, args.repeat, args.truth or ("scan" if kind == "cpu" else "bisect"))
         )
 
     print()

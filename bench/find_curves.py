@@ -33,11 +33,10 @@ from typing import Any
 import _harness
 import _workloads
 import torch
-from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case
+from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, bench_device
 from find import PACKAGES, largest_fitting, resolve_cap, select_cases
 
 from batchfit.policy.trial import Trial
-from batchfit.runtime.resolve import parse_device, resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
 from batchfit.runtime.tracker import resident_tensors
@@ -91,12 +90,12 @@ def grid(upper: int) -> list[int]:
     return sorted(sizes)
 
 
-def record(case: Case, device: torch.device) -> Curve:
-    Bench(case, device).warm_up()
-    bench = Bench(case, device, resolve_cap(case, device))
+def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
+    Bench(case, device, kind=kind).warm_up()
+    bench = Bench(case, device, resolve_cap(case, device, kind), kind)
     workload, state = bench.workload()
     state.reset()
-    target = resolve_device(device, bench.cap_bytes)
+    target = bench.target(bench.cap_bytes)
     started = time.perf_counter()
     snapshot = TrainingSnapshot.capture(workload.model, state.optimizer)
     snapshot.set_gradients_aside()
@@ -186,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workloads", default=None, help="comma-separated workloads (default: all)")
     args = parser.parse_args(argv)
-    device = parse_device(args.device)
-    kind = device.type
+    device, kind = bench_device(args.device)
     cases = select_cases(parser, kind, args.quick, args.workloads)
     session = _harness.Session(device, PACKAGES)
     print(session.machine())
@@ -198,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case.name}: skipped: {why}")
             continue
         print(f"{case.name} at {case.cap}:", flush=True)
-        curve = record(case, device)
+        curve = record(case, device, kind)
         print(f"  cap {format_bytes(curve.cap_bytes)}, budget {format_bytes(curve.budget_bytes)}")
         print(describe(curve), flush=True)
         curves.append(curve)

@@ -1,7 +1,8 @@
 """Capped trials against the truth, on every device: the CPU runs each test here, CUDA too where
-there is one (marker ``gpu``). The truth is the user's question answered by force: the largest
-batch whose steps complete under the same hard cap, each probe from the freshly built state with
-the allocator's cache emptied."""
+there is one (marker ``gpu``), and most also on the CPU with CUDA's caching allocator modelled
+(``cpu-caching``: the CUDA device's own measure and release, on the CPU's real allocations). The
+truth is the user's question answered by force: the largest batch whose steps complete under the
+same hard cap, each probe from the freshly built state with the allocator's cache emptied."""
 
 from __future__ import annotations
 
@@ -21,24 +22,42 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import batchfit
-from batchfit import Workload, find_batch_size
+from batchfit import SearchResult, Workload, find_batch_size
+from batchfit.find import find_on
+from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.cuda import CudaDevice, user_memory_fraction
-from batchfit.runtime.device import GarbageCollector
+from batchfit.runtime.device import Device, GarbageCollector
 from batchfit.runtime.examples import build_example
 from batchfit.runtime.resolve import memory_limit, parse_device, resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
+from batchfit.runtime.tracker import resident_tensors
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+#: The devices with the CPU's stand-in for CUDA's caching allocator too.
+CACHING_DEVICES = [DEVICES[0], pytest.param("cpu-caching", id="cpu-caching"), DEVICES[1]]
 #: Steps in a probe of the truth (a trial takes 2: the issue measured 2, 10 and 40 alike).
 TRUTH_STEPS = 10
+
+
+def target_for(device: str, limit: int | None) -> Device:
+    """The device a test means: ``cpu-caching`` is the CPU with CUDA's caching allocator modelled."""
+    if device == "cpu-caching":
+        return CachingCpuDevice(2**40 if limit is None else limit)
+    return resolve_device(device, limit)
+
+
+def find(workload: Workload, mode: str, device: str, cap: int, **options: Any) -> SearchResult:
+    if device == "cpu-caching":
+        return find_on(CachingCpuDevice(cap), workload, mode, **options)  # type: ignore[arg-type]
+    return find_batch_size(workload, mode, device=device, memory_limit=cap, **options)  # type: ignore[arg-type]
 
 
 def cnn_workload(device: str, *, amp: bool = False) -> Workload:
     """A BatchNorm CNN on 3x32x32 images with SGD and momentum; with ``amp``, its step runs under
     autocast (fp16 on CUDA, bf16 on the CPU) with a GradScaler, as mixed-precision training does."""
     torch.manual_seed(0)
-    target = parse_device(device)
+    target = target_for(device, None).torch_device
     model = nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1),
         nn.BatchNorm2d(32),
@@ -102,9 +121,10 @@ def fits(workload: Workload, mode: str, device: str, cap: int, batch_size: int) 
     weights = {name: value.to("cpu", copy=True) for name, value in workload.model.state_dict().items()}
     optimizer = fresh(workload, weights)
     host = workload.host_batch(batch_size)
-    target = parse_device(device)
+    capped = target_for(device, cap)
+    target = capped.torch_device
     try:
-        with memory_limit(cap, resident=[workload.model, optimizer], device=target):
+        with capped.measure(resident_tensors(workload.model, optimizer), cap):
             if mode == "eval":  # validation inside training: gradients and optimizer state resident
                 workload.model.train()
                 workload.run_train_step(optimizer, [t.to(target) for t in workload.host_batch(1)])
@@ -129,8 +149,8 @@ def fits(workload: Workload, mode: str, device: str, cap: int, batch_size: int) 
 
 
 def reference_cap(workload: Workload, device: str, batch_size: int) -> int:
-    """A cap near what ``batch_size`` needs: its trial's reserved peak (CUDA), or its peak (CPU)."""
-    target = resolve_device(device, None)
+    """A cap near what ``batch_size`` needs: its trial's reserved peak (caching), or its peak (CPU)."""
+    target = target_for(device, None)
     snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     try:
@@ -158,14 +178,14 @@ def benchmark_on() -> Any:
     torch.backends.cudnn.benchmark = before
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", CACHING_DEVICES)
 @pytest.mark.parametrize(
     ("mode", "amp"), [("train", False), ("eval", False), pytest.param("train", True, id="train-amp")]
 )
 def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool) -> None:
     workload = cnn_workload(device, amp=amp)
     cap = reference_cap(workload, device, 48)
-    result = find_batch_size(workload, mode, device=device, memory_limit=cap, memory_fraction=1.0)  # type: ignore[arg-type]
+    result = find(workload, mode, device, cap, memory_fraction=1.0)
     assert result.budget_bytes == cap
     truth = truth_near(workload, mode, device, cap, result.batch_size, result.max_batch_size)
     assert result.batch_size == truth
@@ -183,10 +203,10 @@ def test_cudnn_benchmark_does_not_lower_the_answer(benchmark_on: None) -> None:
     assert result.batch_size == truth
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", CACHING_DEVICES)
 def test_a_smaller_trial_after_a_larger_one_reads_its_own_peak(device: str) -> None:
     workload = cnn_workload(device)
-    target = resolve_device(device, None)
+    target = target_for(device, None)
     snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     runner = TrialRunner(workload, target, "train", 2, 2**40, snapshot, None)
@@ -195,7 +215,7 @@ def test_a_smaller_trial_after_a_larger_one_reads_its_own_peak(device: str) -> N
     finally:
         snapshot.restore()
     assert again.peak_bytes == alone.peak_bytes < large.peak_bytes
-    if target.torch_device.type == "cuda":  # what the allocator held is the small batch's own
+    if device != "cpu":  # what the caching allocator held is the small batch's own
         assert alone.reserved_peak_bytes is not None and again.reserved_peak_bytes is not None
         assert again.reserved_peak_bytes <= alone.reserved_peak_bytes + 2 * 2**20
         assert large.reserved_peak_bytes is not None and again.reserved_peak_bytes < large.reserved_peak_bytes
@@ -230,19 +250,21 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", CACHING_DEVICES)
 def test_everything_is_put_back_bit_for_bit(device: str) -> None:
     workload = cnn_workload(device)
     optimizer = workload.optimizer
     assert isinstance(optimizer, torch.optim.Optimizer)
     for n in (4, 6):  # mid-training: momentum buffers, BatchNorm statistics, gradients
         optimizer.zero_grad()
-        workload.run_train_step(optimizer, [t.to(parse_device(device)) for t in workload.host_batch(n)])
-    torch.rand(3, device=parse_device(device))  # the device's RNG has moved
+        workload.run_train_step(
+            optimizer, [t.to(target_for(device, None).torch_device) for t in workload.host_batch(n)]
+        )
+    torch.rand(3, device=target_for(device, None).torch_device)  # the device's RNG has moved
     before = _state(workload)
     cap = reference_cap(workload, device, 32)
     for mode in ("train", "eval"):
-        find_batch_size(workload, mode, device=device, memory_limit=cap)  # type: ignore[arg-type]
+        find(workload, mode, device, cap)
     assert _same(before, _state(workload))
 
 
@@ -250,14 +272,16 @@ class Boom(Exception):
     pass
 
 
-def _cap_in_force(device: str) -> float | None:
-    """The CUDA fraction in force, or on the CPU whether a tracker is still intercepting (1.0: none)."""
-    if device == "cuda":
+def _cap_in_force(target: Device) -> float | None:
+    """The CUDA fraction in force, or on the CPU whether a tracker is still intercepting and the
+    modelled allocator still capped (1.0: neither)."""
+    if target.torch_device.type == "cuda":
         return user_memory_fraction(torch.cuda.current_device())
-    return 1.0 if _get_current_dispatch_mode() is None else None
+    capped = isinstance(target, CachingCpuDevice) and target.allocator.model.limit_bytes is not None  # type: ignore[attr-defined]
+    return 1.0 if _get_current_dispatch_mode() is None and not capped else None
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", CACHING_DEVICES)
 @pytest.mark.parametrize("ending", ["success", "error", "interrupt"])
 def test_the_user_s_cap_is_put_back(device: str, ending: str) -> None:
     workload = cnn_workload(device)
@@ -278,14 +302,15 @@ def test_the_user_s_cap_is_put_back(device: str, ending: str) -> None:
                 raise error
 
     workload.train_step = train_step
+    target = target_for(device, cap)
     try:
         if ending == "success":
-            find_batch_size(workload, device=device, memory_limit=cap)
+            find_on(target, workload)
         else:
             with pytest.raises(type(error)):
-                find_batch_size(workload, device=device, memory_limit=cap)
+                find_on(target, workload)
         # The allocator keeps the fraction as bytes of the device's total: it reads back to ~1e-11.
-        assert _cap_in_force(device) == pytest.approx(user_fraction if device == "cuda" else 1.0, abs=1e-9)
+        assert _cap_in_force(target) == pytest.approx(user_fraction if device == "cuda" else 1.0, abs=1e-9)
     finally:
         if device == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0)

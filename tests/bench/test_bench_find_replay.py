@@ -15,6 +15,7 @@ import pytest
 from batchfit.policy import search as search_policy
 from batchfit.policy.search import Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
+from batchfit.runtime.caching import CONFIRM_STEPS
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
@@ -24,7 +25,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 import find_curves  # noqa: E402
 import find_replay  # noqa: E402
-from _capped import STEPS_PER_TRIAL, Bench, Case  # noqa: E402
+from _capped import CPU_CACHING, STEPS_PER_TRIAL, Bench, Case  # noqa: E402
 
 CASE = Case("mlp", "36.75MiB")
 
@@ -164,3 +165,41 @@ def test_a_replay_s_seconds_are_the_recorded_trials_own() -> None:
     assert replayed.seconds == pytest.approx(
         recorded.trial_seconds([*map(recorded.short, replayed.sizes[:-1])]) + 5.0
     )
+
+
+def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_its_confirming_steps() -> None:
+    # CUDA's path on the CPU: a caching allocator, no forecast, the confirming trials inside the
+    # search once one has failed. The recording has the longer trials, and the replay of find's
+    # policy on it tries the same sizes, each as long, as the live search on the device.
+    case = Case("cnn", "ref:32")
+    curve = find_curves.record(case, find_curves.torch.device("cpu"), CPU_CACHING)
+    assert curve.confirm_steps == CONFIRM_STEPS and any(point.long is not None for point in curve.points)
+    points = {point.batch_size: point for point in curve.points}
+    assert all(p.short["reserved_peak_bytes"] >= p.short["peak_bytes"] for p in points.values() if p.long)
+    bench = Bench(case, find_curves.torch.device("cpu"), curve.cap_bytes, CPU_CACHING)
+    workload, state = bench.workload()
+    state.reset()
+    target = bench.target(bench.cap_bytes)
+    snapshot = TrainingSnapshot.capture(workload.model, state.optimizer)
+    snapshot.set_gradients_aside()
+    try:
+
+        def runner(steps: int) -> TrialRunner:
+            return TrialRunner(workload, target, "train", steps, curve.budget_bytes, snapshot, None)
+
+        live = search_and_confirm(
+            runner(STEPS_PER_TRIAL).run,
+            Candidates.between(1, 512),
+            curve.budget_bytes,
+            longer=runner(CONFIRM_STEPS).run,
+        )
+    finally:
+        snapshot.restore(gradients=True)
+    recorded = find_replay.Recorded.from_dict(asdict(curve))
+    replayed = find_replay.replay_batchfit(recorded)
+    assert replayed.sizes == [t.batch_size for t in live.trials] == curve.find_sizes
+    assert [t.steps for t in live.trials] == curve.find_steps
+    assert CONFIRM_STEPS in curve.find_steps
+    # Only a longer trial above the boundary is not recorded: it fails as its short trial did.
+    assert all(points[size].short["outcome"] != "ok" for size in recorded.modelled)
+    assert replayed.answer == live.batch_size == curve.find_answer == recorded.truth()
