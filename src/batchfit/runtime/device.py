@@ -1,4 +1,5 @@
-"""Devices a search runs on: one interface, three implementations (CPU, capped CPU, CUDA).
+"""Devices a search runs on: one interface; the CPU and the capped CPU here, the caching-allocator devices
+(CUDA, and the CPU with CUDA's allocator modelled) in ``runtime.caching`` and ``runtime.cuda``.
 
 A device knows its capacity in bytes, runs a block of work under a hard cap and measures its
 peaks. The CPU devices count live tensor storages with ``StorageTracker``, which also enforces
