@@ -8,8 +8,9 @@ and allocator retries:
 - the sizes 1, 2, 3, 4, 6, 8, 12, ... (powers of two and their midpoints) up to ``MAX_BATCH_SIZE``,
   and every size from 0.85x to 1.12x the largest that fits (found first by galloping and
   bisecting), each with the seconds its trial took, set-up and clean-up included;
-- on CUDA, each fitting size from 0.85x up is also run for ``CONFIRM_STEPS`` (10) steps, the trial
-  that confirms an answer there (the caching allocator fragments over the first steps);
+- on a caching allocator, each fitting size from 0.85x up is also run as the trial that confirms
+  an answer there (``CONFIRM_STEPS``, 10 steps, ended early where the allocator's state recurs,
+  as ``find`` runs it: the caching allocator fragments over the first steps);
 - ``find_batch_size`` itself, once, from a fresh workload: its trials, for the replay to check
   itself against (on the CPU its fake-tensor forecast places them, which the replay does not model).
 
@@ -169,10 +170,12 @@ def describe(curve: Curve) -> str:
     fitting = [p.batch_size for p in curve.points if p.short["outcome"] == "ok"]
     longs = [p for p in curve.points if p.long is not None]
     long_failures = [p.batch_size for p in longs if p.long is not None and p.long["outcome"] != "ok"]
+    ended = sorted(p.long["steps"] for p in longs if p.long is not None and p.long.get("steady_from"))
+    early = f" ({len(ended)} ended early, at steps {ended[0]}-{ended[-1]})" if ended else ""
     return (
         f"  {len(curve.points)} sizes ({min(p.batch_size for p in curve.points)}.."
         f"{max(p.batch_size for p in curve.points)}), largest fitting {max(fitting, default=None)}"
-        f"{f', {len(longs)} longer trials' if longs else ''}"
+        f"{f', {len(longs)} longer trials{early}' if longs else ''}"
         f"{f', failed over {curve.confirm_steps} steps at {long_failures}' if long_failures else ''}; "
         f"find: {curve.find_answer} from {curve.find_sizes}"
         f"{f' ({curve.find_traces} traces)' if curve.find_traces else ''}; {curve.seconds:.1f} s"

@@ -62,7 +62,7 @@ class Recorded:
     find_sizes: list[int]
     find_answer: int | None
     find_traces: int
-    seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (size, steps): a trial's time
+    seconds: dict[tuple[int, bool], float] = field(default_factory=dict)  # (size, longer?): a trial's time
     modelled: set[int] = field(default_factory=set)  # sizes answered without a recorded trial
 
     @classmethod
@@ -81,21 +81,18 @@ class Recorded:
             data["find_answer"],
             data["find_traces"],
             {
-                **{(p["batch_size"], p["short"]["steps"]): p.get("short_seconds", 0.0) for p in points},
-                **{
-                    (p["batch_size"], p["long"]["steps"]): p.get("long_seconds") or 0.0
-                    for p in points
-                    if p["long"]
-                },
+                **{(p["batch_size"], False): p.get("short_seconds", 0.0) for p in points},
+                **{(p["batch_size"], True): p.get("long_seconds") or 0.0 for p in points if p["long"]},
             },
         )
 
-    def trial_seconds(self, trials: list[Trial]) -> float:
-        """What ``trials`` took when recorded; an unrecorded one, what the nearest recorded size
-        below it with as many steps took."""
+    def trial_seconds(self, trials: list[Trial], longer: list[Trial] | None = None) -> float:
+        """What ``trials`` took when recorded (those in ``longer`` were confirming trials); an
+        unrecorded one, what the nearest recorded size below it took with a trial of its kind."""
         total = 0.0
         for trial in trials:
-            times = sorted((size, t) for (size, steps), t in self.seconds.items() if steps == trial.steps)
+            kind = any(trial is other for other in longer or ())
+            times = sorted((size, t) for (size, long), t in self.seconds.items() if long == kind)
             below = [t for size, t in times if size <= trial.batch_size]
             total += below[-1] if below else (times[0][1] if times else 0.0)
         return total
@@ -153,6 +150,7 @@ class Recorded:
 class Replay:
     answer: int | None
     sizes: list[int]
+    steps: list[int | None]  # the steps each trial ran
     modelled: int  # of those, answered without a recorded trial
     seconds: float  # what its trials took when recorded
 
@@ -160,11 +158,22 @@ class Replay:
 def replay_batchfit(recorded: Recorded) -> Replay:
     recorded.modelled.clear()
     candidates = Candidates.between(1, recorded.max_batch_size)
-    longer = recorded.long if recorded.confirm_steps else None
-    outcome = search_and_confirm(recorded.short, candidates, recorded.budget_bytes, longer=longer)
+    confirming: list[Trial] = []
+
+    def longer(batch_size: int) -> Trial:
+        confirming.append(recorded.long(batch_size))
+        return confirming[-1]
+
+    outcome = search_and_confirm(
+        recorded.short,
+        candidates,
+        recorded.budget_bytes,
+        longer=longer if recorded.confirm_steps else None,
+    )
     sizes = [trial.batch_size for trial in outcome.trials]
-    seconds = recorded.trial_seconds(list(outcome.trials))
-    return Replay(outcome.batch_size, sizes, len(recorded.modelled & set(sizes)), seconds)
+    seconds = recorded.trial_seconds(list(outcome.trials), confirming)
+    steps = [trial.steps for trial in outcome.trials]
+    return Replay(outcome.batch_size, sizes, steps, len(recorded.modelled & set(sizes)), seconds)
 
 
 def doubling_then_bisection(fits: Callable[[int], bool], start: int, upper: int) -> list[int]:

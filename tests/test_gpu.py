@@ -203,6 +203,31 @@ def test_cudnn_benchmark_does_not_lower_the_answer(benchmark_on: None) -> None:
     assert result.batch_size == truth
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_confirming_trial_ends_where_the_allocator_state_recurs_with_the_verdict_of_30(mode: str) -> None:
+    # On CUDA the state is torch.cuda.memory_snapshot()'s segments and blocks. (The CPU checks the
+    # same on the modelled allocator in tests/runtime/test_steps.py, with a smaller model.)
+    workload = cnn_workload("cuda")
+    cap = reference_cap(workload, "cuda", 48)
+    target = target_for("cuda", cap)
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot.set_gradients_aside()
+    warm = 1 if mode == "eval" else None
+
+    def runner(steps: int, until_steady: bool) -> TrialRunner:
+        return TrialRunner(workload, target, mode, steps, cap, snapshot, warm, until_steady=until_steady)  # type: ignore[arg-type]
+
+    sizes = list(range(40, 58, 2))
+    try:
+        early = [runner(10, True).run(size) for size in sizes]
+        full = [runner(30, False).run(size) for size in sizes]
+    finally:
+        snapshot.restore()
+    assert [t.fits for t in early] == [t.fits for t in full], (early, full)
+    assert any(t.fits and t.steps is not None and t.steps < 10 for t in early), early
+
+
 @pytest.mark.parametrize("device", CACHING_DEVICES)
 def test_a_smaller_trial_after_a_larger_one_reads_its_own_peak(device: str) -> None:
     workload = cnn_workload(device)

@@ -67,8 +67,14 @@ class SearchResult:
             f" (placed by {len(self.predicted_trials)} fake-tensor traces)" if self.predicted_trials else ""
         )
         ranks = f", the smallest of {self.world_size} ranks" if self.world_size > 1 else ""
+        answer = self.answer
         confirmed = f", the answer confirmed over {self.confirm_steps} steps" if self.confirm_steps else ""
-        retries = self.answer.allocator_retries
+        if confirmed and answer.steady_from is not None:
+            confirmed += (
+                f" (to step {answer.steps}, where the allocator's state repeated its state after step "
+                f"{answer.steady_from}: the steps after would repeat steps that ran)"
+            )
+        retries = answer.allocator_retries
         retried = (
             f" Its steps needed {retries} allocator retries under the cap (the allocator freed its "
             f"cache to go on, which costs time); a smaller batch may train faster."

@@ -158,13 +158,15 @@ def test_settings_change_the_search_s_constants() -> None:
 
 def test_a_replay_s_seconds_are_the_recorded_trials_own() -> None:
     recorded = _recorded(100, [1, 2, 4, 8, 16, 32, 64, *range(85, 113), 128])
-    recorded.seconds = {(s, 2): s / 100 for s in recorded.sizes} | {(100, 10): 5.0}
+    recorded.seconds = {(s, False): s / 100 for s in recorded.sizes} | {(100, True): 5.0}
     trials = [recorded.short(2), recorded.short(40), recorded.long(100)]
-    assert recorded.trial_seconds(trials) == pytest.approx(0.02 + 0.32 + 5.0)  # 40: as 32 took
+    assert recorded.trial_seconds(trials, [trials[-1]]) == pytest.approx(0.02 + 0.32 + 5.0)  # 40: as 32 took
+    assert recorded.trial_seconds(trials) == pytest.approx(0.02 + 0.32 + 1.0)  # 100 as a short trial
     replayed = find_replay.replay_batchfit(recorded)
     assert replayed.seconds == pytest.approx(
         recorded.trial_seconds([*map(recorded.short, replayed.sizes[:-1])]) + 5.0
     )
+    assert replayed.steps == [2] * (len(replayed.sizes) - 1) + [10]
 
 
 def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_its_confirming_steps() -> None:
@@ -198,6 +200,10 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
     recorded = find_replay.Recorded.from_dict(asdict(curve))
     replayed = find_replay.replay_batchfit(recorded)
     assert replayed.sizes == [t.batch_size for t in live.trials] == curve.find_sizes
+    # Each trial as long as the live one: 2 steps, or a confirming trial ended where the modelled
+    # allocator's state recurred (the same step on every run: the allocator is deterministic).
+    assert replayed.steps == [t.steps for t in live.trials] == curve.find_steps
+    assert any(t.steady_from is not None for t in live.trials)
     assert [t.steps for t in live.trials] == curve.find_steps
     assert CONFIRM_STEPS in curve.find_steps
     # Only a longer trial above the boundary is not recorded: it fails as its short trial did.

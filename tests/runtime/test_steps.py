@@ -1,13 +1,104 @@
-"""The step runner's timing windows (explore's meter) on a real tiny model."""
+"""The step runner on real tiny models: trials that end where the allocator's state recurs, and
+timing windows (explore's meter)."""
 
 from __future__ import annotations
 
-import pytest
-from tiny_workloads import build
+from typing import Any
 
+import pytest
+import torch
+from tiny_workloads import build, classification_batch
+from torch import nn
+
+from batchfit import Workload
+from batchfit.policy.trial import Trial
+from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.cuda import WINDOW_STEPS, CudaDevice
-from batchfit.runtime.device import CpuDevice
-from batchfit.runtime.steps import StepTimer
+from batchfit.runtime.device import CappedCpuDevice, CpuDevice, Device
+from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.steps import StepTimer, TrialRunner
+
+MiB = 2**20
+
+
+def trials(
+    workload: Workload, device: Device, steps: int, sizes: list[int], mode: str = "train", **options: Any
+) -> list[Trial]:
+    """Trials of ``steps`` steps at ``sizes``, capped at the device's capacity."""
+    optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+    snapshot = TrainingSnapshot.capture(workload.model, optimizer)
+    snapshot.set_gradients_aside()
+    warm = 1 if mode == "eval" else None
+    cap = device.capacity_bytes([])
+    runner = TrialRunner(workload, device, mode, steps, cap, snapshot, warm, **options)  # type: ignore[arg-type]
+    try:
+        return [runner.run(size) for size in sizes]
+    finally:
+        snapshot.restore()
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_long_trial_on_a_caching_allocator_ends_where_its_state_recurs(mode: str) -> None:
+    workload, device = build("cnn"), CachingCpuDevice(2**40)
+    (early,) = trials(workload, device, 10, [32], mode)
+    (full,) = trials(workload, device, 10, [32], mode, until_steady=False)
+    assert early.steady_from is not None and early.steady_from < early.steps < 10
+    assert (full.steps, full.steady_from) == (10, None)
+    # Its last step is a step of the cycle: the same peaks as the tenth.
+    assert (early.peak_bytes, early.reserved_peak_bytes) == (full.peak_bytes, full.reserved_peak_bytes)
+
+
+def test_near_the_cap_an_early_end_gives_the_verdict_of_thirty_steps() -> None:
+    workload = build("cnn")
+    (reference,) = trials(workload, CachingCpuDevice(2**40), 2, [48])
+    assert reference.reserved_peak_bytes is not None
+    device = CachingCpuDevice(reference.reserved_peak_bytes)
+    sizes = list(range(40, 60, 2))
+    early = trials(workload, device, 10, sizes)
+    full = trials(workload, device, 30, sizes, until_steady=False)
+    assert [t.fits for t in early] == [t.fits for t in full]
+    assert any(not t.fits for t in full) and any(t.fits and t.steps < 10 for t in early)
+
+
+def skipping_workload(skipped: int) -> Workload:
+    """An MLP with Adam whose step skips ``optimizer.step`` its first ``skipped`` times for each
+    optimizer (as a GradScaler does while the scale is too large): Adam's state is created late."""
+    torch.manual_seed(0)
+    width = 1024  # Adam's state (8.8 MB) is what does not fit
+    model = nn.Sequential(
+        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
+    calls: dict[int, int] = {}
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        calls[id(optimizer)] = calls.get(id(optimizer), 0) + 1
+        if calls[id(optimizer)] > skipped:
+            optimizer.step()
+
+    return Workload(
+        model=model,
+        optimizer=lambda parameters: torch.optim.Adam(parameters, lr=1e-3),
+        make_batch=classification_batch((64,)),
+        train_step=train_step,
+    )
+
+
+def test_a_trial_does_not_end_before_its_optimizer_has_stepped() -> None:
+    # Without optimizer steps the allocator's state recurs from step 6 to 7; Adam's state, created
+    # at step 9, does not fit under a 20 MiB cap. Ending at the recurrence would say it fits.
+    (trial,) = trials(skipping_workload(8), CachingCpuDevice(20 * MiB), 10, [16])
+    assert trial.outcome == "oom"
+    (never,) = trials(skipping_workload(100), CachingCpuDevice(20 * MiB), 10, [16])
+    assert never.fits and (never.steps, never.steady_from) == (10, None)
+
+
+@pytest.mark.parametrize("device", [CpuDevice(), CappedCpuDevice(2**30)], ids=["cpu", "capped-cpu"])
+def test_a_trial_on_the_cpu_s_tracker_runs_every_step(device: Device) -> None:
+    # Live bytes, not an allocator's state, decide there: nothing recurs, every step runs.
+    (trial,) = trials(build("cnn"), device, 5, [16])
+    assert trial.fits and (trial.steps, trial.steady_from) == (5, None)
 
 
 @pytest.mark.parametrize(("min_window_steps", "expected"), [(None, 1), (3, 3)])
@@ -33,3 +124,20 @@ def test_a_window_takes_as_many_steps_as_min_window_seconds_asks() -> None:
     with StepTimer(build("mlp"), CpuDevice(), min_window_seconds=0.5) as timer:
         timer.first_visit(8)
         assert timer.steps[8] > 1  # an 8-sample step of the tiny MLP takes well under 500 ms
+
+
+def test_no_allocator_state_repeats_across_a_retry() -> None:
+    # A retry gives cached segments back, and on a GPU new ones come back at addresses the layout
+    # does not name: states on either side of one differ even where the layouts match.
+    device = CachingCpuDevice(20 * MiB)
+    with device.measure([], 20 * MiB):
+        small = torch.empty(MiB // 4)  # 1 MiB: a 2 MiB segment of the small pool, cached when freed
+        del small
+        before = device.allocator_state()
+        large = torch.empty(MiB // 2)  # 2 MiB: a 20 MiB segment; the small one is given back first
+        del large
+        small = torch.empty(MiB // 4)  # a small segment again; the large one is given back first
+        del small
+        after = device.allocator_state()
+    assert device.allocator.retries() == 2
+    assert after[1] == before[1] and after != before  # type: ignore[index]

@@ -63,7 +63,8 @@ def trial_line(label: str, trial: Trial, usual_steps: int | None = None) -> str:
     peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"  # 0: failed before a step
     extras = []
     if trial.steps is not None and usual_steps is not None and trial.steps != usual_steps:
-        extras.append(f"{trial.steps} steps")
+        repeated = f" (state of step {trial.steady_from} repeated)" if trial.steady_from is not None else ""
+        extras.append(f"{trial.steps} steps{repeated}")
     if trial.step_seconds is not None:
         extras.append(f"{trial.step_seconds * 1000:8.1f} ms/step")
     if trial.reserved_peak_bytes is not None:

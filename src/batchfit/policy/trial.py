@@ -24,7 +24,8 @@ class Trial:
     allocator_retries: int = 0  # times a caching allocator freed its cache to go on (they cost speed)
     reserved_peak_bytes: int | None = None  # what a caching allocator held at most (CUDA)
     reused: bool = False  # measured by an earlier search (another fraction) and judged again
-    steps: int | None = None  # the steps it ran (a confirmation of the answer runs more)
+    steps: int | None = None  # the steps it ran (a confirmation runs more); for "oom", was to run
+    steady_from: int | None = None  # it ended early: the allocator's state after this step recurred
 
     @property
     def fits(self) -> bool:

@@ -11,7 +11,7 @@ CUDA path's logic runs in CI, fragmentation included.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
@@ -49,6 +49,11 @@ class Allocator(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def layout(self) -> Hashable:
+        """Every segment's blocks (their sizes and states) in address order, the addresses left
+        out: equal layouts place every later request alike."""
+        ...
+
 
 class CachingDevice:
     """A device behind a caching allocator. A trial is what training does under a hard cap: the
@@ -84,6 +89,11 @@ class CachingDevice:
 
     def synchronize(self) -> None:
         self.allocator.synchronize()
+
+    def allocator_state(self) -> Hashable:
+        # The retries count with the layout: a retry gives segments back to the driver and the new
+        # ones come back at addresses the layout does not name, so no state across one repeats.
+        return self.allocator.retries(), self.allocator.layout()
 
     def release(self) -> None:
         self.garbage.collect()  # the whole heap only when the device still holds what a trial left
@@ -141,6 +151,9 @@ class ModelledAllocator:
 
     def synchronize(self) -> None:
         pass
+
+    def layout(self) -> Hashable:
+        return tuple(blocks for _, blocks in self.model.layout())
 
     def _hold(self, storage: torch.UntypedStorage) -> None:
         key, nbytes = storage._cdata, storage.nbytes()

@@ -3,7 +3,7 @@ capped by the per-process memory fraction, the user's own fraction put back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -88,6 +88,18 @@ class _CudaAllocator:
         # Not through cuda_call: this is where an asynchronous CUDA error (a device-side assert in
         # the user's step) surfaces, and it must reach the user as it is.
         torch.cuda.synchronize(self.device)
+
+    def layout(self) -> Hashable:
+        # The allocator's own account of its segments and blocks, read on the host (no sync).
+        segments = [s for s in torch.cuda.memory_snapshot() if s.get("device") == self.device.index]
+        return tuple(
+            (segment["stream"], segment["segment_type"], _blocks(segment))
+            for segment in sorted(segments, key=lambda segment: segment["address"])
+        )
+
+
+def _blocks(segment: Any) -> tuple[tuple[int, str], ...]:
+    return tuple((block["size"], block["state"]) for block in segment["blocks"])
 
 
 def user_memory_fraction(index: int) -> float:

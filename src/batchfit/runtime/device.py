@@ -9,7 +9,7 @@ the cap; CUDA caps its caching allocator and reads the allocator's statistics.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,6 +46,9 @@ class Measurement:
     allocator_retries: int = 0  # over the whole trial
     optimizer_peak_bytes: int | None = None
     activation_peak_bytes: int | None = None
+    steps: int = 0  # the steps run (to the one that failed)
+    optimizer_steps: int = 0  # the optimizer steps completed, over the whole trial
+    steady_from: int | None = None  # the step whose end state the last step's recurred
     _probe: Probe | None = None
 
     def begin_step(self) -> None:
@@ -58,6 +61,7 @@ class Measurement:
 
     def exit_optimizer_step(self) -> None:
         self.optimizer_peak_bytes = self._close_phase(self.optimizer_peak_bytes)
+        self.optimizer_steps += 1
 
     def finish(self) -> None:
         """Close the last phase (outside any optimizer step) and stop reading the device."""
@@ -113,6 +117,11 @@ class Device(Protocol):
         """Give back what earlier trials left cached (after a failure above all)."""
         ...
 
+    def allocator_state(self) -> Hashable | None:
+        """What decides where the allocator places the next requests (``policy.steady``), inside
+        ``measure``; None where nothing does (memory counted as live bytes)."""
+        ...
+
 
 class CpuDevice:
     """The host CPU; capacity is what the process can really use (RAM, cgroup, RLIMIT_AS).
@@ -150,6 +159,9 @@ class CpuDevice:
 
     def synchronize(self) -> None:
         pass
+
+    def allocator_state(self) -> Hashable | None:
+        return None  # live bytes decide: a trial's second step is every later step (confirm_steps)
 
     def release(self) -> None:
         # A trial's garbage is young: collecting the two younger generations frees its cycles

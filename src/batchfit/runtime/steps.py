@@ -14,6 +14,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from batchfit.policy.cache import verdict
+from batchfit.policy.steady import RecurrenceWatch
 from batchfit.policy.trial import Mode, Trial
 from batchfit.runtime.device import Device, Measurement
 from batchfit.runtime.oom import is_out_of_memory
@@ -58,14 +59,18 @@ def run_steps(
     warm_batch: int | None,
     cap_bytes: int | None = None,
     started: list[Measurement] | None = None,
+    until_steady: bool = False,
 ) -> tuple[Measurement, float | None]:
     """Run ``steps`` steps of ``mode`` on copies of ``host_batch`` under a hard cap of ``cap_bytes``
     (none when None); the measurement of the last step and its seconds. With ``warm_batch``, an
     eval trial first makes the training state resident (gradients, optimizer state), under the
     same cap. The measurement is also appended to ``started`` as it begins, so a failure can
-    read it."""
+    read it. With ``until_steady``, the steps end early where the device's allocator state after a
+    step recurs (``policy.steady``): the steps left would repeat steps that ran."""
     resident = list(resident_tensors(workload.model, optimizer))
     step_seconds: float | None = None
+    # A 2-step trial cannot end before its second step, where a recurrence is first seen.
+    watch = RecurrenceWatch(needs_optimizer_step=mode == "train") if until_steady and steps > 2 else None
     with device.measure(resident, cap_bytes) as measurement, _optimizer_phases(measurement):
         if started is not None:
             started.append(measurement)
@@ -76,9 +81,16 @@ def run_steps(
                 optimizer, to_device(workload.host_batch(warm_batch), device.torch_device)
             )
         workload.model.train(mode == "train")
-        for _ in range(steps):
+        for step in range(1, steps + 1):
             measurement.begin_step()
+            measurement.steps = step
+            optimizer_steps = measurement.optimizer_steps
             step_seconds = timed_steps(workload, optimizer, device, mode, host_batch, 1)
+            if watch is not None and step < steps:
+                stepped = measurement.optimizer_steps > optimizer_steps
+                measurement.steady_from = watch.after_step(device.allocator_state(), stepped)
+                if measurement.steady_from is not None:
+                    break
     return measurement, step_seconds
 
 
@@ -105,7 +117,8 @@ class TrialRunner:
 
     The verdict is whether the steps complete under the cap: a batch that does not fit fails at
     its real allocation, as it would in training on a device of ``budget_bytes``; allocator
-    retries on the way are evidence (they cost speed), not a failure.
+    retries on the way are evidence (they cost speed), not a failure. On a caching allocator the
+    steps end where its state recurs (``until_steady``): the steps left would repeat earlier ones.
     """
 
     def __init__(
@@ -117,9 +130,12 @@ class TrialRunner:
         budget_bytes: int,
         snapshot: TrainingSnapshot,
         warm_batch: int | None,
+        *,
+        until_steady: bool = True,
     ) -> None:
         self.workload, self.device, self.mode, self.steps = workload, device, mode, steps
         self.budget_bytes, self.snapshot, self.warm_batch = budget_bytes, snapshot, warm_batch
+        self.until_steady = until_steady
 
     def run(self, batch_size: int) -> Trial:
         workload = self.workload
@@ -138,6 +154,7 @@ class TrialRunner:
                 self.warm_batch,
                 self.budget_bytes,
                 started,
+                self.until_steady,
             )
         except BaseException as error:
             if not is_out_of_memory(error):
@@ -159,7 +176,8 @@ class TrialRunner:
                 reserved_peak_bytes=measurement.reserved_peak_bytes,
                 steps=self.steps,
             )
-        return replace(judge(batch_size, measurement, step_seconds, self.budget_bytes), steps=self.steps)
+        trial = judge(batch_size, measurement, step_seconds, self.budget_bytes)
+        return replace(trial, steps=measurement.steps, steady_from=measurement.steady_from)
 
 
 @contextmanager
