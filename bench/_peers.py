@@ -12,10 +12,9 @@ from typing import Any
 
 import _workloads
 import torch
-from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, MethodResult
+from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult
 from _harness import Stopwatch
 
-import batchfit
 from batchfit.runtime.workload import to_device
 
 LIGHTNING_INIT_VAL = 2
@@ -160,19 +159,21 @@ COMPETITORS: dict[str, Callable[[Bench], MethodResult]] = {
 }
 
 
-def _cap_error(device: torch.device) -> RuntimeError:
-    """The error the cap raises, to check that each competitor recognises it as an OOM."""
+def _cap_error(device: torch.device, kind: str | None) -> RuntimeError:
+    """The error the bench's cap raises (the kind's device: ``cpu-caching`` has its own), to check
+    that each competitor recognises it as an OOM."""
+    target = Bench(Case("mlp", "1KiB"), device, kind=kind).target(1024)
     try:
-        with batchfit.memory_limit("1KiB", device=device):
+        with target.measure([], 1024):
             torch.ones(2**20, device=device)
     except RuntimeError as error:
         return error
     raise AssertionError("a 4 MiB tensor fitted a 1 KiB cap")
 
 
-def available_competitors(device: torch.device) -> dict[str, bool]:
+def available_competitors(device: torch.device, kind: str | None = None) -> dict[str, bool]:
     """Which competitors can run: importable, and recognising the cap's error as out of memory."""
-    error = _cap_error(device)
+    error = _cap_error(device, kind)
     found: dict[str, bool] = {}
     try:
         import lightning

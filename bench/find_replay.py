@@ -9,7 +9,8 @@ accelerate's finder (from 512, 10% smaller after each failure), so a change to t
 judged on trials a real device ran, in seconds, on any machine. ``--set NAME=VALUE`` changes one
 of the search's constants (``FIRST_MARGIN``, ``MAX_MARGIN``, ``MAX_OVERHEAD``) for the replay.
 
-The truth is the largest size whose trials fit (on CUDA its longer, confirming trial too). Where
+The truth is the largest recorded size whose trials fit (on a caching allocator its confirming
+trial too), which need not be below every failure: fitting is not always monotone there. Where
 a recorded GPU case ran ``find`` without a forecast, the replay's sizes are checked against it:
 they differ only where the device's outcome depended on what ran before.
 
@@ -137,13 +138,15 @@ class Recorded:
         return replace(trial, steps=self.confirm_steps)
 
     def truth(self) -> int | None:
-        """The largest size whose trials fit, below the first that does not."""
-        fitting = None
-        for size in self.sizes:
-            if not self.shorts[size].fits or (size in self.longs and not self.longs[size].fits):
-                break
-            fitting = size
-        return fitting
+        """The largest recorded size whose trials fit. Under a caching allocator fitting need not
+        be monotone in the batch (a size whose blocks fill the segments can fit where a smaller one
+        leaves holes), so this is not the size below the first failure."""
+        fitting = [
+            size
+            for size in self.sizes
+            if self.shorts[size].fits and (size not in self.longs or self.longs[size].fits)
+        ]
+        return max(fitting, default=None)
 
 
 @dataclass

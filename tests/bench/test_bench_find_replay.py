@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -107,6 +107,14 @@ def test_the_truth_counts_the_confirming_trial() -> None:
     assert _recorded(100, sizes, longs_fail=(99, 100)).truth() == 98
     replayed = find_replay.replay_batchfit(_recorded(100, sizes, longs_fail=(99, 100)))
     assert replayed.answer == 98  # the search found 100; its confirmation stepped down
+
+
+def test_the_truth_is_the_largest_size_that_fits_where_fitting_is_not_monotone() -> None:
+    # On a caching allocator a batch whose blocks fill the segments can fit where a smaller one
+    # leaves holes (the mlp at 46 MiB: 384 fails, 512 trains): the truth is 512, not 256.
+    recorded = _recorded(512, [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512])
+    recorded.shorts[384] = replace(recorded.shorts[384], outcome="oom", step_seconds=None)
+    assert recorded.truth() == 512
 
 
 @pytest.mark.parametrize(

@@ -127,9 +127,10 @@ class ModelledAllocator:
             try:
                 self._hold(storage)
             except AllocatorOutOfMemory as error:
+                # Opens as CUDA's own message does, so tools that match on it recognise this one.
                 return (
-                    f"out of memory: CUDA's caching allocator, modelled on the CPU: {error} "
-                    f"({format_bytes(self.model.reserved_bytes)} reserved, limit "
+                    f"CUDA out of memory. CUDA's caching allocator, modelled on the CPU by batchfit, "
+                    f"{error} ({format_bytes(self.model.reserved_bytes)} reserved, limit "
                     f"{format_bytes(self.model.limit_bytes or 0)})."
                 )
         return None
