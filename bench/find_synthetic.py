@@ -13,7 +13,7 @@ follow the benchmark's GPU cases: ResNet-50 in fp32 and with AMP under 10.5 GiB,
 16 GiB, and the built-in CNN and transformer under what they reserved on the H100.
 
 For each case it runs ``search_and_confirm`` as ``find`` does on CUDA (the confirming trial inside
-the search once a trial has failed) beside the search with the confirmation after it (the policy
+the search past its opening) beside the search with the confirmation after it (the policy
 measured on the H100), and counts Lightning's binsearch on the same oracle. Exactness is against
 brute force over 10-step trials. Seconds are modelled (a fixed cost per trial and a step time per
 sample, fitted by eye to the H100's ResNet-50 run): read them as a direction, not a measurement.

@@ -473,8 +473,9 @@ def _trains(batch_size: int, steps: int, limit: int) -> bool:
 
 def test_confirm_steps_hold_the_answer_to_longer_training() -> None:
     # The memory grows over the first 8 steps (as a caching allocator's fragmentation does on
-    # CUDA, where confirm_steps is 10 by default): the 2-step answer fails within 10 steps, and
-    # the confirmation steps down to what trains 10 steps, with every later trial 10 steps long.
+    # CUDA, where confirm_steps is 10 by default): the 2-step answer fails within 10 steps. After
+    # the opening every trial aims at the answer and runs 10 steps, so the search ends at what
+    # trains 10 steps.
     limit = 5_000_000
     workload = _history_workload()
     short = find_batch_size(workload, device="cpu", memory_limit=limit, memory_fraction=1.0)
@@ -493,21 +494,22 @@ def test_confirm_steps_hold_the_answer_to_longer_training() -> None:
     assert result.confirm_steps == 10 and result.answer.steps == 10 and result.answer.fits
     assert result.batch_size < short.batch_size and result.stop_reason == "boundary"
     assert list(result.trials) == seen
-    confirming = result.trials[len(short.trials) :]
-    assert confirming[0].batch_size == short.batch_size and not confirming[0].fits
-    assert all(trial.steps == 10 for trial in confirming)
+    assert [trial.steps for trial in result.trials[:2]] == [2, 2]
+    assert all(trial.steps == 10 for trial in result.trials[2:])
+    aimed = result.trials[2]  # where the 2-step search ended: it does not train 10 steps
+    assert aimed.batch_size == short.batch_size and not aimed.fits
     # The truth by force: the answer trains 10 steps. (A trial holds one more label tensor at its
     # peak than this loop, 8 bytes a sample, so the next batch up can squeeze in here; two cannot.)
     assert _trains(result.batch_size, 10, limit) and not _trains(result.batch_size + 2, 10, limit)
     assert "the answer confirmed over 10 steps" in result.summary()
 
 
-def test_after_a_failure_the_search_runs_the_confirming_trial() -> None:
+def test_after_the_opening_the_search_runs_the_confirming_trial() -> None:
     # No forecast (the step reads a value): real trials from 2 and 4, and this mlp's line through
-    # them overshoots (its memory is mostly fixed). Once a trial has failed, every trial may be the
+    # them overshoots (its memory is mostly fixed). After the opening every trial may be the
     # answer, so each runs confirm_steps: the answer is proven by its own longer trial, at no
-    # trial of its own, and is what the plain search finds (the capped CPU's step 2 is every
-    # later step).
+    # trial of its own, and the search tries what the plain search tries (the capped CPU's step 2
+    # is every later step).
     limit = 1_500_000
     plain = find_batch_size(untraceable("mlp"), device="cpu", memory_limit=limit, memory_fraction=1.0)
     result = find_batch_size(
@@ -515,12 +517,10 @@ def test_after_a_failure_the_search_runs_the_confirming_trial() -> None:
     )
     assert not result.predicted_trials and result.stop_reason == "boundary"
     assert result.batch_size == plain.batch_size
-    first_failure = next(i for i, trial in enumerate(result.trials) if not trial.fits)
-    assert first_failure < len(result.trials) - 2  # the search went on after its first failure
-    assert [trial.steps for trial in result.trials[: first_failure + 1]] == [2] * (first_failure + 1)
-    assert all(trial.steps == 4 for trial in result.trials[first_failure + 1 :])
+    assert [t.batch_size for t in result.trials] == [t.batch_size for t in plain.trials]
+    assert [trial.steps for trial in result.trials] == [2, 2] + [4] * (len(result.trials) - 2)
+    assert any(not trial.fits for trial in result.trials[2:])  # failures ran the longer trial too
     assert result.answer.steps == 4 and result.answer.fits
-    assert len(result.trials) == len(plain.trials)  # the confirmation cost no trial of its own
     assert "the answer confirmed over 4 steps" in result.summary()
 
 

@@ -117,10 +117,10 @@ def find_batch_size(
     ``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (default: cuda if available); with
     ``memory_limit`` (e.g. ``"2GiB"``) the device's capacity is that size (a smaller GPU, or a
     CPU standing in for one).
-    Each trial runs ``steps_per_trial`` steps until one fails, then ``confirm_steps`` (default: 10
-    on CUDA, whose caching allocator fragments over the first steps; none on the CPU); an answer
-    not found by such a trial runs them once more and, if they no longer fit, the search goes on
-    below it.
+    The opening trials run ``steps_per_trial`` steps; every later one, which may be the answer,
+    runs ``confirm_steps`` (default: 10 on CUDA, whose caching allocator fragments over the first
+    steps; none on the CPU); an answer not found by such a trial runs them once more and, if they
+    no longer fit, the search goes on below it.
     For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
     gradients and optimizer state resident, as when validation runs inside a training loop.
     ``on_trial_start(batch_size)`` and ``on_trial(trial)`` report progress. A ``cache`` shared by

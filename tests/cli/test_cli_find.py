@@ -410,19 +410,21 @@ def test_find_multiple_of(cli: dict[str, Done | None]) -> None:
 
 
 def test_find_confirm_steps(cli: dict[str, Done | None]) -> None:
-    # The answer trains 10 steps after the 2-step search (the default on CUDA, asked for here on
-    # the CPU); its progress line says so, and the summary.
+    # The confirming steps (the default on CUDA, asked for here on the CPU): the forecast places
+    # the real trials at its answer, so each aims at the answer and runs 10 steps, and the answer
+    # needs no trial of its own. Its progress lines say so, and the summary.
     done = finished(cli, "confirm-steps")
     assert done.returncode == 0, done.stderr
     (result,) = json.loads(done.stdout)["results"]
     assert result["confirm_steps"] == 10 and result["steps_per_trial"] == 2
-    *search, last = result["trials"]
-    assert last["steps"] == 10 and last["batch_size"] == result["batch_size"] and last["outcome"] == "ok"
-    assert all(trial["steps"] == 2 for trial in search)
+    assert result["predicted_trials"] and result["stop_reason"] == "boundary"
+    answer, larger = result["trials"]
+    assert (answer["batch_size"], answer["steps"], answer["outcome"]) == (result["batch_size"], 10, "ok")
+    assert larger["batch_size"] > result["batch_size"] and larger["outcome"] == "oom"
     lines = [line for line in done.stderr.splitlines() if PROGRESS.match(line)]
     assert len(lines) == len(result["trials"])
-    assert lines[-1].startswith(f"batchfit: train batch_size={result['batch_size']} ")
-    assert "10 steps" in lines[-1] and not any("steps" in line for line in lines[:-1])
+    assert lines[0].startswith(f"batchfit: train batch_size={result['batch_size']} ")
+    assert "10 steps" in lines[0]
     assert "the answer confirmed over 10 steps" in done.stderr
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from batchfit.errors import ConfigurationError
+from batchfit.policy import search as search_policy
 from batchfit.policy.search import Candidates, confirm, search, search_and_confirm
 from batchfit.policy.trial import Trial
 
@@ -160,15 +162,36 @@ def test_a_caching_allocator_under_a_cap(workload: str, overhead: float, kept: f
 @pytest.mark.parametrize("workload", ["resnet50", "resnet50_amp", "gpt2"])
 @pytest.mark.parametrize("overhead", [0.0, 0.005, 0.01, 0.02, 0.05, 0.08])
 def test_the_allocator_s_overhead_costs_few_trials(workload: str, overhead: float) -> None:
-    # The model overshoots once, then aims below by what the allocator reserved beside the
-    # allocated bytes: at most half the trials of doubling and bisection (13-15 here), and for an
-    # answer of 7-8 (where those take 5-7), the two opening trials, one guess and its neighbour.
+    # The model aims below its line by what the allocator reserved beside the allocated bytes
+    # (at least FIRST_MARGIN): at most half the trials of doubling and bisection (13-15 here), and
+    # for an answer of 7-8 (where those take 5-7), the two opening trials, one guess and its
+    # neighbour.
     fixed, per_sample, budget = GPU_LIKE[workload]
     run = caching_allocator(fixed, per_sample, overhead, budget)
     outcome = search(run, Candidates.between(1, 512), budget)
     assert outcome.batch_size == brute_force(run, Candidates.between(1, 512))
     binsearch = doubling_then_bisection_trials(run)
     assert len(outcome.trials) <= (4 if workload == "gpt2" else binsearch / 2)
+
+
+def test_behind_a_caching_allocator_the_first_aim_is_below_the_line() -> None:
+    # Trials that report reserved bytes come from a caching allocator, which needs more than the
+    # allocated bytes the line counts: the first guess aims below the line through 2 and 4 by at
+    # least FIRST_MARGIN of the budget. Without reserved bytes (an exact device) it aims at the line.
+    fixed, per_sample, budget = GPU_LIKE["resnet50"]
+    caching = caching_allocator(fixed, per_sample, 0.0, budget)
+
+    def exact(batch: int) -> Trial:
+        trial = caching(batch)
+        return replace(trial, reserved_peak_bytes=None)
+
+    line = int((budget - fixed) / per_sample)
+    candidates = Candidates.between(1, 512)
+    aimed_exact = search(exact, candidates, budget).trials[2].batch_size
+    aimed_caching = search(caching, candidates, budget).trials[2].batch_size
+    assert aimed_exact in (line, line + 1)
+    below = int((budget * (1 - search_policy.FIRST_MARGIN) - fixed) / per_sample)
+    assert aimed_caching <= below < aimed_exact
 
 
 def test_a_plateau_then_activations_takes_fewer_trials_than_binsearch() -> None:
@@ -315,8 +338,8 @@ def stepped_allocator(
 
 @pytest.mark.parametrize("workload", ["resnet50", "resnet50_amp", "gpt2"])
 @pytest.mark.parametrize("later", [0.0, 0.004])
-def test_after_a_failure_the_confirming_trial_is_the_verdict(workload: str, later: float) -> None:
-    # Once a failure is known every trial may be the answer, so it runs the confirming (longer)
+def test_after_the_opening_the_confirming_trial_is_the_verdict(workload: str, later: float) -> None:
+    # After the opening (2 and 4) every trial aims at the answer, so it runs the confirming (longer)
     # trial: the answer is the largest the longer trial fits, proven by it, with no trial of its own.
     fixed, per_sample, budget = GPU_LIKE[workload]
     log: list[tuple[int, int]] = []
@@ -326,14 +349,34 @@ def test_after_a_failure_the_confirming_trial_is_the_verdict(workload: str, late
     truth = brute_force(lambda b: long(b) if short(b).fits else short(b), candidates)
     del log[len(outcome.trials) :]  # the brute force's own trials
     assert outcome.batch_size == truth and outcome.confirmed
-    first_failure = next(i for i, t in enumerate(outcome.trials) if not t.fits)
-    assert all(steps == 2 for _, steps in log[: first_failure + 1])
-    assert all(steps == 10 for _, steps in log[first_failure + 1 :])
+    assert log[:2] == [(2, 2), (4, 2)]
+    assert len(log) > 2 and all(steps == 10 for _, steps in log[2:])
     answer = [t for t in outcome.trials if t.batch_size == truth]
-    assert answer[-1].fits and answer[-1].steps == 10
-    if outcome.trials.index(answer[0]) > first_failure:  # found near the boundary: run once, long
-        assert len(answer) == 1
+    assert len(answer) == 1 and answer[0].fits and answer[0].steps == 10
     assert not [t for t in outcome.trials if t.batch_size == truth + 1][-1].fits
+
+
+def test_a_failure_in_the_opening_makes_every_later_trial_confirm() -> None:
+    # 4 does not fit: the answer is 2 or 3, each of which may be it, so they run the longer trial.
+    log: list[tuple[int, int]] = []
+    short, long = stepped_allocator(0.0, 1.5 * SEGMENT, 0.0, 5 * SEGMENT, 0.0, log)
+    outcome = search_and_confirm(short, Candidates.between(1, 64), 5 * SEGMENT, longer=long)
+    assert outcome.batch_size == 3 and outcome.confirmed
+    assert log == [(2, 2), (4, 2), (3, 10)]
+
+
+def test_a_forecast_s_answer_runs_the_confirming_trial() -> None:
+    # The seed is the forecast's answer: it runs the longer trial, so when it is the answer the
+    # search ends with it and the next size, and no trial of the answer's own.
+    log: list[tuple[int, int]] = []
+    short, long = stepped_allocator(0.0, SEGMENT, 0.0, 40 * SEGMENT, 0.0, log)
+    prior = [short(2), short(4)]  # the forecast's traces: they place the line, and prove nothing
+    log.clear()
+    outcome = search_and_confirm(
+        short, Candidates.between(1, 64), 40 * SEGMENT, prior=prior, seed=40, longer=long
+    )
+    assert outcome.batch_size == 40 and outcome.confirmed
+    assert log == [(40, 10), (41, 10)]
 
 
 def test_a_confirming_trial_inside_the_search_saves_trials() -> None:

@@ -19,9 +19,9 @@ from batchfit.errors import ConfigurationError
 from batchfit.policy.trial import MemoryModel, Trial
 
 StopReason = Literal["boundary", "max_batch_size", "min_batch_size_failed", "predicted"]
-#: Once the model's answer has run out of memory, its answers are held at least this share of the
-#: budget below what it predicts (twice that after a held answer fails, and so on, up to
-#: ``MAX_MARGIN``, past which the search bisects).
+#: Once the model's answer has run out of memory (behind a caching allocator, from the start), its
+#: answers are held at least this share of the budget below what it predicts (twice that after a
+#: held answer fails, and so on, up to ``MAX_MARGIN``, past which the search bisects).
 FIRST_MARGIN = 0.02
 MAX_MARGIN = 0.5
 #: The most of a trial's reserved memory read as the allocator's need beside the allocated bytes.
@@ -83,10 +83,11 @@ def search(
     ``prior`` trials (predicted, not run: a fake-tensor trace) inform the memory model but prove
     nothing; ``seed`` (a predicted answer) is where the real trials start. With ``forecast_only``
     (``run`` is a predictor) the search stops where it would only confirm the model's answer.
-    With ``longer`` (the confirming trial: more steps), every trial after the first failure runs
-    it: from then on each trial may be the answer, so its verdict is the confirmation's, and an
-    answer found there needs no trial of its own (``confirmed``). A trial that fails does so at the
-    step it runs out of memory, so the longer trial costs more only where it fits.
+    With ``longer`` (the confirming trial: more steps), the ``seed`` and every trial after the
+    opening (or after a failure within it) run it: from then on each trial aims at the answer, so
+    its verdict is the confirmation's, and an answer found there needs no trial of its own
+    (``confirmed``). A trial that fails does so at the step it runs out of memory, so the longer
+    trial costs more only where it fits.
     """
     trials: list[Trial] = []
     at: dict[int, Trial] = {}
@@ -95,7 +96,7 @@ def search(
 
     def probe(index: int) -> Trial:
         trial_of = run
-        if longer is not None and high is not None:  # a failure is known: the answer is near
+        if longer is not None and (aiming or high is not None):  # this trial may be the answer
             trial_of = longer
             ran_longer.add(index)
         trial = trial_of(candidates.batch(index))
@@ -104,6 +105,7 @@ def search(
         return trial
 
     opened, high = None, None
+    aiming = seed is not None  # a forecast's answer, and every trial past the opening, aims at the answer
     if seed is not None and candidates.first <= seed:
         index = min(candidates.index_at_most(seed), candidates.count - 1)
         if probe(index).fits:
@@ -117,12 +119,16 @@ def search(
     if opened is None:
         return SearchOutcome(None, tuple(trials), None, "min_batch_size_failed")
     low = opened  # the largest index known to fit; high: the smallest known to fail
+    aiming = True
     widths: list[int] = []
     model: MemoryModel | None = None
     distrust = False  # the model's last guess was refuted: take a safe step (bisect or gallop)
     confirmed = 0  # "low + 1" checks that fitted: the model underestimates here
     stride = 2  # the step of an exponential search upwards from low, once the model is distrusted
-    held = False  # the model has overshot: its answers are held below what it predicts
+    # The model's answers are held below what it predicts once it has overshot, and from the start
+    # behind a caching allocator (the trials report reserved bytes): it needs more than the
+    # allocated bytes the model counts (rounding, fragmentation), so the line is an upper bound.
+    held = known[low].reserved_peak_bytes is not None
     held_failures = 0  # held answers that ran out of memory since the last that fitted
     held_fitted = False  # a held answer has fitted: the margin is measured near the boundary
     while True:
@@ -279,7 +285,7 @@ def search_and_confirm(
     """``find``'s whole policy over oracles: ``search`` with ``run``, then the answer confirmed.
 
     With ``longer`` (a trial of more steps: CUDA's caching allocator fragments over the first
-    steps) the search runs it once a failure is known, and an answer it did not run that way is
+    steps) the search runs it past its opening (and at a ``seed``), and an answer it did not run that way is
     run again with it and, if it no longer fits, searched below with it. On a
     device that is not ``exact`` (the uncapped CPU, where glibc's heap keeps what a failed trial
     grew it to) the answer is looked at again with ``run`` after an allocator failure. The
