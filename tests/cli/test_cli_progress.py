@@ -326,6 +326,12 @@ def test_trial_line() -> None:
     )
     failed = Trial(2, "oom", peak_bytes=0, step_seconds=None)
     assert trial_line("eval", failed) == "batchfit: eval  batch_size=2      oom         peak           -"
+    late = Trial(640, "oom", peak_bytes=39_823_360, step_seconds=None, steps=10, failed_at_step=3)
+    assert trial_line("train", late, usual_steps=2) == (
+        "batchfit: train batch_size=640    oom         peak   37.98 MiB  out at step 3 of 10"
+    )
+    warm_up = Trial(4, "oom", peak_bytes=0, step_seconds=None, steps=2, failed_at_step=0)
+    assert trial_line("eval", warm_up).endswith("peak           -  out in the warm-up step")
 
 
 def test_off_a_terminal_the_display_prints_the_trial_lines_alone(capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,3 +26,11 @@ def test_merge_takes_any_failure_the_largest_peak_and_the_slowest_step() -> None
     assert merged.outcome == "oom" and merged.detail == "rank 1: oom"
     with pytest.raises(ValueError, match="out of step"):
         merge_trials([_trial("ok", 1, 0.1), Trial(65, "ok", 1, 0.1)])
+
+
+def test_a_failure_on_another_rank_brings_its_steps() -> None:
+    # Rank 0 ended its 10 steps early at a recurrence; rank 1 ran out at its 7th step.
+    ended_early = Trial(64, "ok", 100, 0.2, steps=4, steady_from=3)
+    ran_out = Trial(64, "oom", 90, None, "out of memory", steps=10, failed_at_step=7)
+    merged = merge_trials([ended_early, ran_out])
+    assert (merged.outcome, merged.steps, merged.steady_from, merged.failed_at_step) == ("oom", 10, None, 7)

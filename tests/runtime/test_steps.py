@@ -94,6 +94,19 @@ def test_a_trial_does_not_end_before_its_optimizer_has_stepped() -> None:
     assert never.fits and (never.steps, never.steady_from) == (10, None)
 
 
+@pytest.mark.parametrize(
+    "device", [CachingCpuDevice(20 * MiB), CappedCpuDevice(20 * MiB)], ids=["caching", "capped"]
+)
+def test_a_failed_trial_names_the_step_that_ran_out(device: Device) -> None:
+    # Adam's state, created at the 9th step, is what does not fit; a fitting trial names none.
+    (late,) = trials(skipping_workload(8), device, 10, [16])
+    assert late.outcome == "oom" and (late.failed_at_step, late.steps) == (9, 10)
+    (fits,) = trials(skipping_workload(100), device, 10, [16])
+    assert fits.fits and fits.failed_at_step is None
+    (at_once,) = trials(build("mlp"), device, 10, [1 << 16])  # its first step's input alone is 16 MiB
+    assert at_once.outcome == "oom" and at_once.failed_at_step == 1
+
+
 @pytest.mark.parametrize("device", [CpuDevice(), CappedCpuDevice(2**30)], ids=["cpu", "capped-cpu"])
 def test_a_trial_on_the_cpu_s_tracker_runs_every_step(device: Device) -> None:
     # Live bytes, not an allocator's state, decide there: nothing recurs, every step runs.

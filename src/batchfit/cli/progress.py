@@ -58,11 +58,14 @@ class Status:
 
 
 def trial_line(label: str, trial: Trial, usual_steps: int | None = None) -> str:
-    """A trial's line: its label, batch, outcome and peak; the steps when unusual, the step time,
-    and on a GPU what the allocator reserved and its retries."""
+    """A trial's line: its label, batch, outcome and peak; the step that ran out of memory, or the
+    steps when unusual; the step time, and on a GPU what the allocator reserved and its retries."""
     peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"  # 0: failed before a step
     extras = []
-    if trial.steps is not None and usual_steps is not None and trial.steps != usual_steps:
+    if trial.failed_at_step is not None and trial.steps is not None:
+        step = trial.failed_at_step
+        extras.append(f"out at step {step} of {trial.steps}" if step else "out in the warm-up step")
+    elif trial.steps is not None and usual_steps is not None and trial.steps != usual_steps:
         repeated = f" (state of step {trial.steady_from} repeated)" if trial.steady_from is not None else ""
         extras.append(f"{trial.steps} steps{repeated}")
     if trial.step_seconds is not None:

@@ -13,7 +13,8 @@ def merge_trials(trials: Sequence[Trial]) -> Trial:
 
     An out-of-memory on any rank is an out-of-memory, then over budget on any is over budget; the
     peaks are the largest, the step time the slowest (the ranks wait for each other in training),
-    the allocator retries the most any rank needed. A failure's detail names its rank.
+    the allocator retries the most any rank needed. A failure's detail names its rank, and its
+    steps are that rank's (the step that ran out).
     """
     if not trials:
         raise ValueError("merge_trials needs at least one rank's trial")
@@ -38,7 +39,14 @@ def merge_trials(trials: Sequence[Trial]) -> Trial:
     if not failed:
         return merged
     rank, trial = failed[0]
-    return replace(merged, outcome=trial.outcome, detail=f"rank {rank}: {trial.detail}")
+    return replace(
+        merged,
+        outcome=trial.outcome,
+        detail=f"rank {rank}: {trial.detail}",
+        steps=trial.steps,
+        steady_from=trial.steady_from,
+        failed_at_step=trial.failed_at_step,
+    )
 
 
 def _largest(values: Sequence[int | None]) -> int | None:

@@ -26,6 +26,7 @@ class Trial:
     reused: bool = False  # measured by an earlier search (another fraction) and judged again
     steps: int | None = None  # the steps it ran (a confirmation runs more); for "oom", was to run
     steady_from: int | None = None  # it ended early: the allocator's state after this step recurred
+    failed_at_step: int | None = None  # for "oom": the step that ran out (0: before the first)
 
     @property
     def fits(self) -> bool:

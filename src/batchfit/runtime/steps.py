@@ -175,6 +175,7 @@ class TrialRunner:
                 allocator_retries=measurement.allocator_retries,
                 reserved_peak_bytes=measurement.reserved_peak_bytes,
                 steps=self.steps,
+                failed_at_step=measurement.steps,
             )
         trial = judge(batch_size, measurement, step_seconds, self.budget_bytes)
         return replace(trial, steps=measurement.steps, steady_from=measurement.steady_from)
