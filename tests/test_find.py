@@ -130,6 +130,13 @@ def test_the_summary_says_when_the_answer_needed_allocator_retries(mlp_workload:
     )
 
 
+def test_the_summary_counts_its_trials_in_words(mlp_workload: Workload) -> None:
+    # The forecast places one real trial at max_batch_size, which fits: "1 trial", not "1 trials".
+    result = find_batch_size(mlp_workload, device="cpu", memory_limit="64MiB", max_batch_size=8)
+    assert len(result.trials) == 1 and len(result.predicted_trials) > 1
+    assert f"); 1 trial (placed by {len(result.predicted_trials)} fake-tensor traces) in " in result.summary()
+
+
 def test_multiple_of_and_bounds(mlp_workload: Workload) -> None:
     result = find_batch_size(mlp_workload, device="cpu", memory_limit="4MiB", multiple_of=8, min_batch_size=8)
     assert result.batch_size % 8 == 0 and all(t.batch_size % 8 == 0 for t in result.trials)

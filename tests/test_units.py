@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchfit.errors import ConfigurationError
-from batchfit.units import format_bytes, parse_bytes
+from batchfit.units import format_bytes, format_count, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -46,3 +46,7 @@ def test_format() -> None:
         "3.00 MiB",
         "5.00 GiB",
     ]
+
+
+def test_format_count() -> None:
+    assert [format_count(n, "trial") for n in (0, 1, 2)] == ["0 trials", "1 trial", "2 trials"]

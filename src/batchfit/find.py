@@ -24,7 +24,7 @@ from batchfit.runtime.steps import TrialRunner
 from batchfit.runtime.trace import forecast_search
 from batchfit.runtime.tracker import resident_tensors
 from batchfit.runtime.workload import Workload, check_model_on
-from batchfit.units import format_bytes
+from batchfit.units import format_bytes, format_count
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ class SearchResult:
             "max_batch_size": f"max_batch_size={self.max_batch_size} was reached",
         }.get(self.stop_reason, self.stop_reason)
         traced = (
-            f" (placed by {len(self.predicted_trials)} fake-tensor traces)" if self.predicted_trials else ""
+            f" (placed by {format_count(len(self.predicted_trials), 'fake-tensor trace')})"
+            if self.predicted_trials
+            else ""
         )
         ranks = f", the smallest of {self.world_size} ranks" if self.world_size > 1 else ""
         answer = self.answer
@@ -84,7 +86,8 @@ class SearchResult:
         return (
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
-            f"{format_bytes(self.capacity_bytes)} on {self.device}{ranks}); {len(self.trials)} trials"
+            f"{format_bytes(self.capacity_bytes)} on {self.device}{ranks}); "
+            f"{format_count(len(self.trials), 'trial')}"
             f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}.{retried}"
         )
 

@@ -53,3 +53,8 @@ def format_bytes(size: int | float) -> str:
             return f"{int(magnitude)} B" if unit == "B" else f"{magnitude:.2f} {unit}"
         magnitude /= 1024
     raise AssertionError("unreachable")
+
+
+def format_count(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless it is one: "1 trial", "3 trials"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
