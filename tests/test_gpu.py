@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_workloads import skipping_workload
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -24,6 +25,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import batchfit
 from batchfit import SearchResult, Workload, find_batch_size
 from batchfit.find import find_on
+from batchfit.policy.trial import Trial
 from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.cuda import CudaDevice, user_memory_fraction
 from batchfit.runtime.device import Device, GarbageCollector
@@ -244,6 +246,30 @@ def test_a_smaller_trial_after_a_larger_one_reads_its_own_peak(device: str) -> N
         assert alone.reserved_peak_bytes is not None and again.reserved_peak_bytes is not None
         assert again.reserved_peak_bytes <= alone.reserved_peak_bytes + 2 * 2**20
         assert large.reserved_peak_bytes is not None and again.reserved_peak_bytes < large.reserved_peak_bytes
+
+
+@pytest.mark.parametrize("device", CACHING_DEVICES[1:])
+def test_a_failed_trial_names_the_step_that_ran_out(device: str) -> None:
+    # Adam's state, made at the 9th step, is what does not fit under the cap that the same
+    # workload reserved without it: the trial runs 8 steps and says it ran out at the 9th (on the
+    # H100 a small CNN fit 2 steps at 50 and 53 and failed within 10: this is where it shows).
+    on = target_for(device, None).torch_device
+
+    def trial(skipped: int, cap: int) -> Trial:
+        workload = skipping_workload(skipped, on)
+        snapshot = TrainingSnapshot.capture(workload.model, None)
+        runner = TrialRunner(workload, target_for(device, cap), "train", 10, cap, snapshot, None)
+        try:
+            return runner.run(16)
+        finally:
+            snapshot.restore()
+
+    without_state = trial(100, 2**40)
+    assert without_state.fits and without_state.reserved_peak_bytes is not None
+    cap = without_state.reserved_peak_bytes
+    late, never = trial(8, cap), trial(100, cap)
+    assert late.outcome == "oom" and (late.failed_at_step, late.steps) == (9, 10), late
+    assert never.fits and never.failed_at_step is None, never
 
 
 def _state(workload: Workload) -> dict[str, Any]:

@@ -5,6 +5,7 @@ whichever conftest was imported last."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,3 +75,29 @@ def untraceable(kind: str, optimizer: str = "sgd") -> Workload:
     workload.losses = []  # type: ignore[attr-defined]
     workload.train_step = train_step
     return workload
+
+
+def skipping_workload(skipped: int, device: str | torch.device = "cpu") -> Workload:
+    """An MLP with Adam whose step skips ``optimizer.step`` its first ``skipped`` times for each
+    optimizer (as a GradScaler does while the scale is too large): Adam's state is created late.
+    On ``device``."""
+    torch.manual_seed(0)
+    width = 1024  # Adam's state (8.8 MB) is what does not fit
+    model = nn.Sequential(
+        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    ).to(device)
+    calls: dict[int, int] = {}
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        calls[id(optimizer)] = calls.get(id(optimizer), 0) + 1
+        if calls[id(optimizer)] > skipped:
+            optimizer.step()
+
+    return Workload(
+        model=model,
+        optimizer=lambda parameters: torch.optim.Adam(parameters, lr=1e-3),
+        make_batch=classification_batch((64,)),
+        train_step=train_step,
+    )

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_workloads import build, classification_batch
-from torch import nn
+from tiny_workloads import build, skipping_workload
 
 from batchfit import Workload
 from batchfit.policy.trial import Trial
@@ -58,31 +57,6 @@ def test_near_the_cap_an_early_end_gives_the_verdict_of_thirty_steps() -> None:
     full = trials(workload, device, 30, sizes, until_steady=False)
     assert [t.fits for t in early] == [t.fits for t in full]
     assert any(not t.fits for t in full) and any(t.fits and t.steps < 10 for t in early)
-
-
-def skipping_workload(skipped: int) -> Workload:
-    """An MLP with Adam whose step skips ``optimizer.step`` its first ``skipped`` times for each
-    optimizer (as a GradScaler does while the scale is too large): Adam's state is created late."""
-    torch.manual_seed(0)
-    width = 1024  # Adam's state (8.8 MB) is what does not fit
-    model = nn.Sequential(
-        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
-    )
-    calls: dict[int, int] = {}
-
-    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
-        calls[id(optimizer)] = calls.get(id(optimizer), 0) + 1
-        if calls[id(optimizer)] > skipped:
-            optimizer.step()
-
-    return Workload(
-        model=model,
-        optimizer=lambda parameters: torch.optim.Adam(parameters, lr=1e-3),
-        make_batch=classification_batch((64,)),
-        train_step=train_step,
-    )
 
 
 def test_a_trial_does_not_end_before_its_optimizer_has_stepped() -> None:
