@@ -11,6 +11,9 @@ and allocator retries:
 - on a caching allocator, each fitting size from 0.85x up is also run as the trial that confirms
   an answer there (``CONFIRM_STEPS``, 10 steps, ended early where the allocator's state recurs,
   as ``find`` runs it: the caching allocator fragments over the first steps);
+- on a caching allocator, the allocator's requests in the trials of the opening's sizes (up to
+  4), step by step, which ``find`` replays at other sizes to place its confirming trials
+  (``policy.allocation_replay``);
 - ``find_batch_size`` itself, once, from a fresh workload: its trials, for the replay to check
   itself against (on the CPU its fake-tensor forecast places them, which the replay does not model).
 
@@ -47,6 +50,8 @@ from batchfit.units import format_bytes
 #: where a search's guesses, overshoots and confirmation land (on the H100 its first guesses were
 #: 0.97x-1.07x the truth). Sizes outside it are interpolated by the replay.
 DENSE_BELOW, DENSE_ABOVE = 0.85, 1.12
+#: The sizes whose allocator requests are kept: the search's opening (2 and 4) and below.
+OPENING = 4
 
 
 @dataclass
@@ -79,6 +84,8 @@ class Curve:
     find_answer: int | None = None
     find_traces: int = 0  # its fake-tensor traces (the CPU's forecast)
     seconds: float = 0.0
+    # On a caching allocator, the allocator requests of the opening's sizes (policy.allocation_replay).
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def grid(upper: int) -> list[int]:
@@ -102,8 +109,11 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
     snapshot.set_gradients_aside()
     try:
         budget = target.capacity_bytes(resident_tensors(workload.model, state.optimizer))
-        short = TrialRunner(workload, target, "train", STEPS_PER_TRIAL, budget, snapshot, None)
         confirm_steps = target.confirm_steps
+        recording = confirm_steps is not None  # as find records its opening behind a caching allocator
+        short = TrialRunner(
+            workload, target, "train", STEPS_PER_TRIAL, budget, snapshot, None, record=recording
+        )
         longer = (
             TrialRunner(workload, target, "train", confirm_steps, budget, snapshot, None)
             if confirm_steps is not None and confirm_steps > STEPS_PER_TRIAL
@@ -141,6 +151,8 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
                 long, point.long_seconds = timed(longer, batch_size)
                 point.long = long.to_dict()
             curve.points.append(point)
+        opening = {size: record for size, record in short.records.items() if size <= OPENING}
+        curve.records = {str(size): record.to_dict() for size, record in sorted(opening.items())}
     finally:
         snapshot.restore(gradients=True)
         target.release()

@@ -1,7 +1,9 @@
 """Replay ``find``'s search on trials recorded by ``bench/find_curves.py`` (a tuning aid).
 
 It runs ``batchfit.policy.search.search_and_confirm``, the function ``find_batch_size`` runs, with
-real trials only (no fake-tensor forecast, as on CUDA), against each recorded case: a size that was
+real trials only (no fake-tensor forecast, as on CUDA; on a caching allocator the opening's
+recorded allocator requests replayed at other sizes, as ``find`` does, unless ``--no-forecast``),
+against each recorded case: a size that was
 recorded answers with its recorded trial; one that was not, between two that fitted, with peaks
 interpolated between theirs, and above a failure, with that failure (memory grows with the batch).
 On the same trials it counts what doubling then bisection from 2 takes (Lightning's binsearch) and
@@ -32,6 +34,7 @@ from typing import Any
 import _harness
 
 from batchfit.policy import search as search_policy
+from batchfit.policy.allocation_replay import AllocationRecord, ReplayForecast
 from batchfit.policy.search import Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
 
@@ -65,6 +68,7 @@ class Recorded:
     find_traces: int
     seconds: dict[tuple[int, bool], float] = field(default_factory=dict)  # (size, longer?): a trial's time
     modelled: set[int] = field(default_factory=set)  # sizes answered without a recorded trial
+    records: dict[int, AllocationRecord] = field(default_factory=dict)  # the opening's requests
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recorded:
@@ -84,6 +88,10 @@ class Recorded:
             {
                 **{(p["batch_size"], False): p.get("short_seconds", 0.0) for p in points},
                 **{(p["batch_size"], True): p.get("long_seconds") or 0.0 for p in points if p["long"]},
+            },
+            records={
+                int(size): AllocationRecord.from_dict(record)
+                for size, record in data.get("records", {}).items()
             },
         )
 
@@ -158,20 +166,35 @@ class Replay:
     seconds: float  # what its trials took when recorded
 
 
-def replay_batchfit(recorded: Recorded) -> Replay:
+def replay_batchfit(recorded: Recorded, forecast: bool = True) -> Replay:
+    """``find``'s search on the recording; with ``forecast``, the opening's recorded allocator
+    requests replayed at other sizes place the confirming trials, as ``find`` does live."""
     recorded.modelled.clear()
     candidates = Candidates.between(1, recorded.max_batch_size)
     confirming: list[Trial] = []
+    records: dict[int, AllocationRecord] = {}  # as the search's short trials run, as find's runner fills
+
+    def short(batch_size: int) -> Trial:
+        trial = recorded.short(batch_size)
+        if trial.fits and batch_size in recorded.records:
+            records[batch_size] = recorded.records[batch_size]
+        return trial
 
     def longer(batch_size: int) -> Trial:
         confirming.append(recorded.long(batch_size))
         return confirming[-1]
 
+    confirm_steps = recorded.confirm_steps
     outcome = search_and_confirm(
-        recorded.short,
+        short,
         candidates,
         recorded.budget_bytes,
-        longer=longer if recorded.confirm_steps else None,
+        longer=longer if confirm_steps else None,
+        forecast=(
+            ReplayForecast(records, recorded.budget_bytes, confirm_steps)
+            if forecast and confirm_steps
+            else None
+        ),
     )
     sizes = [trial.batch_size for trial in outcome.trials]
     seconds = recorded.trial_seconds(list(outcome.trials), confirming)
@@ -212,10 +235,10 @@ def shrink_from_top(fits: Callable[[int], bool], start: int) -> list[int]:
     return tried
 
 
-def rows(curves: list[Recorded]) -> tuple[list[list[str]], bool]:
+def rows(curves: list[Recorded], forecast: bool = True) -> tuple[list[list[str]], bool]:
     lines, met = [], True
     for recorded in curves:
-        ours = replay_batchfit(recorded)
+        ours = replay_batchfit(recorded, forecast)
         truth = recorded.truth()
 
         def fits(size: int, recorded: Recorded = recorded) -> bool:
@@ -283,12 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("curves", nargs="+", type=Path, help="files written by bench/find_curves.py")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--no-forecast",
+        action="store_true",
+        help="search without replaying the opening's allocator requests (the search before it)",
+    )
     args = parser.parse_args(argv)
     apply_settings(args.set, parser)
     for path in args.curves:
         if not path.is_file():
             parser.error(f"{path} does not exist: record it first with bench/find_curves.py")
-    lines, met = rows(load(args.curves))
+    lines, met = rows(load(args.curves), forecast=not args.no_forecast)
     _harness.print_text_table(HEADERS, lines)
     verdict = "met" if met else "NOT met"
     print(f"\nexact, with at most 1/{TARGET:g} of binsearch's trials, in every case: {verdict}")

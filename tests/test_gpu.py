@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import batchfit
 from batchfit import SearchResult, Workload, find_batch_size
 from batchfit.find import find_on
+from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.trial import Trial
 from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.cuda import CudaDevice, user_memory_fraction
@@ -192,6 +193,36 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
     truth = truth_near(workload, mode, device, cap, result.batch_size, result.max_batch_size)
     assert result.batch_size == truth
     assert result.answer.fits and result.answer.allocator_retries >= 0
+    if device == "cpu-caching":  # the opening's requests, replayed, place the answer and the next
+        assert [t.batch_size for t in result.trials] == [2, 4, truth, truth + 1]
+
+
+@pytest.mark.parametrize("device", CACHING_DEVICES[1:])
+@pytest.mark.parametrize(
+    ("mode", "amp"), [("train", False), ("eval", False), pytest.param("train", True, id="train-amp")]
+)
+def test_the_opening_trials_record_requests_that_replay_at_other_sizes(
+    device: str, mode: str, amp: bool
+) -> None:
+    # What find's forecast needs of a device: the trials at 2 and 4 record the allocator's requests
+    # step by step, so that they align request for request (the first trial's requests made once,
+    # such as the GradScaler's scale, left out) and the last step can be played again. On CUDA the
+    # records come from torch's allocator history.
+    workload = cnn_workload(device, amp=amp)
+    cap = reference_cap(workload, device, 48)
+    target = target_for(device, cap)
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot.set_gradients_aside()
+    warm = 1 if mode == "eval" else None
+    runner = TrialRunner(workload, target, mode, 2, cap, snapshot, warm, record=True)  # type: ignore[arg-type]
+    try:
+        trials = [runner.run(2), runner.run(4)]
+    finally:
+        snapshot.restore()
+    assert all(t.fits for t in trials) and sorted(runner.records) == [2, 4]
+    replay = AllocationReplay.of(runner.records[2], runner.records[4])
+    assert replay is not None and replay.repeatable
+    assert replay.fits(4, cap, 2) is True and replay.fits(4096, cap, 2) is False
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ import torch
 
 from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
+from batchfit.policy.allocation_replay import ReplayForecast
 from batchfit.policy.cache import TrialCache
 from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
@@ -194,7 +195,12 @@ def find_on(
         capacity = prepare() if lockstep is None else min(lockstep.run(prepare))
         budget = int(memory_fraction * capacity)
         warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
-        runner = TrialRunner(workload, target, mode, steps_per_trial, budget, snapshot, warm_batch)
+        # Behind a caching allocator the opening trials record their requests: replayed at other
+        # sizes (policy.allocation_replay), they place the confirming trials.
+        record = confirming is not None and lockstep is None
+        runner = TrialRunner(
+            workload, target, mode, steps_per_trial, budget, snapshot, warm_batch, record=record
+        )
 
         def forecast_here() -> SearchOutcome | None:
             return forecast_search(
@@ -215,6 +221,7 @@ def find_on(
             seed=forecast.batch_size if forecast else None,
             longer=longer,
             exact=target.exact,
+            forecast=ReplayForecast(runner.records, budget, confirming) if record and confirming else None,
         )
     finally:
         snapshot.restore(gradients=True)

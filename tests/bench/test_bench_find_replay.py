@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from batchfit.policy import search as search_policy
+from batchfit.policy.allocation_replay import ReplayForecast
 from batchfit.policy.search import Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
 from batchfit.runtime.caching import CONFIRM_STEPS
@@ -179,9 +180,10 @@ def test_a_replay_s_seconds_are_the_recorded_trials_own() -> None:
 
 
 def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_its_confirming_steps() -> None:
-    # CUDA's path on the CPU: a caching allocator, no forecast, the confirming trials inside the
-    # search once one has failed. The recording has the longer trials, and the replay of find's
-    # policy on it tries the same sizes, each as long, as the live search on the device.
+    # CUDA's path on the CPU: a caching allocator, no fake-tensor forecast, the confirming trials
+    # past the opening, placed by the opening's allocator requests replayed. The recording has the
+    # longer trials and those requests, and the replay of find's policy on it tries the same
+    # sizes, each as long, as the live search on the device.
     case = Case("cnn", "ref:32")
     curve = find_curves.record(case, find_curves.torch.device("cpu"), CPU_CACHING)
     assert curve.confirm_steps == CONFIRM_STEPS and any(point.long is not None for point in curve.points)
@@ -196,19 +198,28 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
     try:
 
         def runner(steps: int) -> TrialRunner:
-            return TrialRunner(workload, target, "train", steps, curve.budget_bytes, snapshot, None)
+            return TrialRunner(
+                workload, target, "train", steps, curve.budget_bytes, snapshot, None, record=True
+            )
 
+        short = runner(STEPS_PER_TRIAL)
         live = search_and_confirm(
-            runner(STEPS_PER_TRIAL).run,
+            short.run,
             Candidates.between(1, 512),
             curve.budget_bytes,
             longer=runner(CONFIRM_STEPS).run,
+            forecast=ReplayForecast(short.records, curve.budget_bytes, CONFIRM_STEPS),
         )
     finally:
         snapshot.restore(gradients=True)
     recorded = find_replay.Recorded.from_dict(asdict(curve))
     replayed = find_replay.replay_batchfit(recorded)
     assert replayed.sizes == [t.batch_size for t in live.trials] == curve.find_sizes
+    assert sorted(curve.records) == ["1", "2", "3", "4"] and replayed.sizes[:2] == [2, 4]
+    assert replayed.sizes[2:] == [recorded.truth(), (recorded.truth() or 0) + 1]  # placed by the replay
+    # Without the forecast, the search the line places: more trials, the same answer.
+    plain = find_replay.replay_batchfit(recorded, forecast=False)
+    assert plain.answer == replayed.answer and len(plain.sizes) >= len(replayed.sizes)
     # Each trial as long as the live one: 2 steps, or a confirming trial ended where the modelled
     # allocator's state recurred (the same step on every run: the allocator is deterministic).
     assert replayed.steps == [t.steps for t in live.trials] == curve.find_steps

@@ -395,3 +395,54 @@ def test_a_confirming_trial_inside_the_search_saves_trials() -> None:
             fused_total += len(fused.trials)
             separate_total += len(separate.trials)
     assert fused_total < separate_total
+
+
+class Shifted:
+    """A forecast off the longer trial's truth by ``shift`` samples (None: it cannot say); counts
+    what it was asked."""
+
+    def __init__(self, truth: int | None, shift: int) -> None:
+        self.truth, self.shift, self.asked = truth, shift, 0
+
+    def fits(self, batch_size: int) -> bool | None:
+        self.asked += 1
+        return None if self.truth is None else batch_size <= self.truth + self.shift
+
+
+@pytest.mark.parametrize("workload", ["resnet50", "resnet50_amp", "gpt2", "mostly_fixed"])
+@pytest.mark.parametrize("overhead", [0.0, 0.02, 0.05])
+@pytest.mark.parametrize("shift", [0, -1, 1, -7, 9, -400, 400])
+def test_a_forecast_places_the_trials_and_a_wrong_one_costs_trials_not_the_answer(
+    workload: str, overhead: float, shift: int
+) -> None:
+    fixed, per_sample, budget = GPU_LIKE[workload]
+    log: list[tuple[int, int]] = []
+    short, long = stepped_allocator(fixed, per_sample, overhead, budget, 0.002, log)
+    candidates = Candidates.between(1, 512)
+    truth = brute_force(lambda b: long(b) if short(b).fits else short(b), candidates)
+    assert truth is not None
+    log.clear()
+    forecast = Shifted(truth, shift)
+    outcome = search_and_confirm(short, candidates, budget, longer=long, forecast=forecast)
+    assert outcome.batch_size == truth and outcome.confirmed
+    after_opening = [batch for batch, _ in log[2:]]
+    if shift == 0:  # right: the answer and the candidate after it, nothing else
+        assert after_opening == ([truth, truth + 1] if truth < 512 else [truth])
+    else:  # wrong: its answer is refuted by the first or second trial, and the line takes over
+        predicted = min(max(truth + shift, 4), 512)
+        assert after_opening[0] == max(predicted, 5)
+    # The forecast is asked once, after the opening: a gallop and a bisection over the candidates.
+    assert 0 < forecast.asked <= 2 * 9 + 2
+
+
+def test_a_forecast_that_cannot_say_leaves_the_search_as_it_was() -> None:
+    fixed, per_sample, budget = GPU_LIKE["resnet50"]
+    plain_log: list[tuple[int, int]] = []
+    short, long = stepped_allocator(fixed, per_sample, 0.02, budget, 0.0, plain_log)
+    plain = search_and_confirm(short, Candidates.between(1, 512), budget, longer=long)
+    silent_log: list[tuple[int, int]] = []
+    short, long = stepped_allocator(fixed, per_sample, 0.02, budget, 0.0, silent_log)
+    forecast = Shifted(None, 0)
+    silent = search_and_confirm(short, Candidates.between(1, 512), budget, longer=long, forecast=forecast)
+    assert silent_log == plain_log and silent.batch_size == plain.batch_size
+    assert forecast.asked == 1

@@ -29,6 +29,10 @@ LARGE_REQUEST = 10 << 20  # from here a request takes a segment of its own...
 LARGE_ROUNDING = 2 << 20  # ...rounded up to this
 
 
+#: Segments in address order, each its blocks' (size, allocated) in address order.
+Segments = tuple[tuple[tuple[int, bool], ...], ...]
+
+
 class AllocatorOutOfMemory(Exception):
     """A request the modelled allocator cannot place within its limit, even after freeing its cache."""
 
@@ -78,6 +82,30 @@ class CachingAllocator:
         self._free: dict[bool, list[tuple[int, int, Block]]] = {True: [], False: []}  # by size, address
         self._segments: dict[int, Block] = {}  # address -> first block of each segment
         self._addresses = itertools.count(start=1 << 32, step=1 << 40)  # segments never overlap
+
+    @classmethod
+    def starting_from(cls, segments: Segments, limit_bytes: int | None = None) -> CachingAllocator:
+        """An allocator whose segments are ``segments`` (as ``segments()`` lists them): the state a
+        trial starts from, its resident blocks allocated and the rest of their segments free."""
+        allocator = cls(limit_bytes)
+        for blocks in segments:
+            previous: Block | None = None
+            small = sum(size for size, _ in blocks) == SMALL_SEGMENT  # only the small pool's are 2 MiB
+            address = next(allocator._addresses)
+            for size, allocated in blocks:
+                block = Block(address, size, small, allocated, prev=previous)
+                if previous is None:
+                    allocator._segments[address] = block
+                else:
+                    previous.next = block
+                if allocated:
+                    allocator.allocated_bytes += size
+                else:
+                    allocator._insert(block)
+                allocator.reserved_bytes += size
+                previous, address = block, address + size
+        allocator.reset_peaks()
+        return allocator
 
     def malloc(self, nbytes: int) -> Block:
         """Place a request of ``nbytes``: the block it gets, or AllocatorOutOfMemory."""
@@ -152,6 +180,11 @@ class CachingAllocator:
                 block = block.next
             segments.append((address, tuple(blocks)))
         return tuple(segments)
+
+    def segments(self) -> Segments:
+        """Every segment's blocks (sizes and whether allocated), in address order, the addresses
+        left out: equal ``segments()`` place every later request alike."""
+        return tuple(blocks for _, blocks in self.layout())
 
     def _best_fit(self, size: int, small: bool) -> Block | None:
         pool = self._free[small]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from batchfit.checks import check_batch_range, check_positive_int
 from batchfit.errors import ConfigurationError
@@ -59,6 +59,13 @@ class Candidates:
         return math.floor((batch_size - self.first) / self.step)
 
 
+class Forecast(Protocol):
+    """What the real trials run so far say of another batch size, before it runs: fits or not,
+    None where they cannot say (``policy.allocation_replay``: a caching allocator's requests, replayed)."""
+
+    def fits(self, batch_size: int) -> bool | None: ...
+
+
 @dataclass(frozen=True)
 class SearchOutcome:
     batch_size: int | None
@@ -77,6 +84,7 @@ def search(
     seed: int | None = None,
     forecast_only: bool = False,
     longer: Callable[[int], Trial] | None = None,
+    forecast: Forecast | None = None,
 ) -> SearchOutcome:
     """Find the largest candidate batch that ``run`` reports as fitting ``budget_bytes``.
 
@@ -87,7 +95,9 @@ def search(
     opening (or after a failure within it) run it: from then on each trial aims at the answer, so
     its verdict is the confirmation's, and an answer found there needs no trial of its own
     (``confirmed``). A trial that fails does so at the step it runs out of memory, so the longer
-    trial costs more only where it fits.
+    trial costs more only where it fits. A ``forecast``, asked once the opening has run, places
+    the next trials at the boundary it predicts and the candidate after it, until a real trial
+    refutes it (its answer fails, or the one after fits); from then on the line decides.
     """
     trials: list[Trial] = []
     at: dict[int, Trial] = {}
@@ -131,6 +141,9 @@ def search(
     held = known[low].reserved_peak_bytes is not None
     held_failures = 0  # held answers that ran out of memory since the last that fitted
     held_fitted = False  # a held answer has fitted: the margin is measured near the boundary
+    predicted = None
+    if forecast is not None and not forecast_only:
+        predicted = _forecast_boundary(forecast, candidates, low, high)
     while True:
         if high is None and low == candidates.count - 1:
             reason: StopReason = "max_batch_size"
@@ -138,6 +151,15 @@ def search(
         if high is not None and high == low + 1:
             reason = "boundary"
             break
+        if predicted is not None:  # the forecast's answer, then the candidate after it
+            index = max(predicted, low + 1)
+            if probe(index).fits:
+                low = index
+                predicted = None if index > predicted else predicted  # it fitted past the forecast
+            else:
+                high = index
+                predicted = None if index <= predicted else predicted  # the forecast's answer failed
+            continue
         model = _local_model(known, low, high) or model
         stalled = len(widths) >= 3 and widths[-1] > widths[-3] / 2
         margin = _margin(known[low], held_failures, held_fitted) if held else 0.0
@@ -187,6 +209,23 @@ def _opening(candidates: Candidates, probe: Callable[[int], Trial]) -> tuple[int
     if second == first:
         return first, None
     return (second, None) if probe(second).fits else (first, second)
+
+
+def _forecast_boundary(forecast: Forecast, candidates: Candidates, low: int, high: int | None) -> int | None:
+    """The largest index in [low, high) that ``forecast`` fits, galloping up from ``low`` (doubling
+    the batch) and bisecting; None where it cannot say."""
+    top = candidates.count if high is None else high  # the first index not to ask about
+    fitting, failing = low, top
+    while failing - fitting > 1:
+        if failing == top:  # no forecast failure yet: double the batch
+            index = min(max(candidates.index_at_most(2 * candidates.batch(fitting)), fitting + 1), top - 1)
+        else:
+            index = (fitting + failing) // 2
+        fits = forecast.fits(candidates.batch(index))
+        if fits is None:
+            return None
+        fitting, failing = (index, failing) if fits else (fitting, index)
+    return fitting
 
 
 def _local_model(at: dict[int, Trial], low: int, high: int | None) -> MemoryModel | None:
@@ -281,6 +320,7 @@ def search_and_confirm(
     seed: int | None = None,
     longer: Callable[[int], Trial] | None = None,
     exact: bool = True,
+    forecast: Forecast | None = None,
 ) -> SearchOutcome:
     """``find``'s whole policy over oracles: ``search`` with ``run``, then the answer confirmed.
 
@@ -291,7 +331,7 @@ def search_and_confirm(
     grew it to) the answer is looked at again with ``run`` after an allocator failure. The
     benchmark's replay (``bench/find_replay.py``) runs this same function on recorded trials.
     """
-    outcome = search(run, candidates, budget_bytes, prior=prior, seed=seed, longer=longer)
+    outcome = search(run, candidates, budget_bytes, prior=prior, seed=seed, longer=longer, forecast=forecast)
     if longer is not None:
         return outcome if outcome.confirmed else confirm(outcome, longer, candidates, budget_bytes)
     if not exact:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from batchfit.policy.allocation_replay import Recording
 from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator
 from batchfit.runtime.device import GarbageCollector, Measurement, unique_storages
 from batchfit.runtime.tracker import output_storages
@@ -52,6 +54,11 @@ class Allocator(Protocol):
     def layout(self) -> Hashable:
         """Every segment's blocks (their sizes and states) in address order, the addresses left
         out: equal layouts place every later request alike."""
+        ...
+
+    def recording(self) -> AbstractContextManager[Recording | None]:
+        """A block whose requests and frees are taken down from the allocator's state at its start
+        (None where this allocator cannot be recorded)."""
         ...
 
 
@@ -95,6 +102,9 @@ class CachingDevice:
         # ones come back at addresses the layout does not name, so no state across one repeats.
         return self.allocator.retries(), self.allocator.layout()
 
+    def recording(self) -> AbstractContextManager[Recording | None]:
+        return self.allocator.recording()
+
     def release(self) -> None:
         self.garbage.collect()  # the whole heap only when the device still holds what a trial left
         self.allocator.empty_cache()
@@ -107,8 +117,9 @@ class ModelledAllocator:
 
     def __init__(self) -> None:
         self.model = CachingAllocator()
-        self._blocks: dict[int, tuple[Block, int]] = {}  # storage key -> its block and bytes
+        self._blocks: dict[int, _Held] = {}  # storage key -> its block
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._recording: Recording | None = None
 
     @contextmanager
     def capped(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[None]:
@@ -154,27 +165,52 @@ class ModelledAllocator:
         pass
 
     def layout(self) -> Hashable:
-        return tuple(blocks for _, blocks in self.model.layout())
+        return self.model.segments()
+
+    @contextmanager
+    def recording(self) -> Iterator[Recording]:
+        self._recording = Recording(self.model.segments())
+        try:
+            yield self._recording
+        finally:
+            self._recording = None
 
     def _hold(self, storage: torch.UntypedStorage) -> None:
         key, nbytes = storage._cdata, storage.nbytes()
         held = self._blocks.get(key)
-        if nbytes == 0 or (held is not None and held[1] == nbytes):
+        if nbytes == 0 or (held is not None and held.nbytes == nbytes):
             return
-        self._blocks[key] = (self.model.malloc(nbytes), nbytes)  # resized: the new block, then the old freed
+        block = self.model.malloc(nbytes)  # resized: the new block, then the old freed
+        recording = self._recording
+        self._blocks[key] = _Held(block, nbytes, recording, recording.alloc(nbytes) if recording else None)
         if held is not None:
-            self.model.free(held[0])
+            self._free(held)
         if key not in self._refs:
             self._refs[key] = weakref.ref(storage, self._on_free(key))
+
+    def _free(self, held: _Held) -> None:
+        self.model.free(held.block)
+        if self._recording is not None:
+            self._recording.free(held.ordinal if held.recording is self._recording else None)
 
     def _on_free(self, key: int) -> Any:
         def free(_: object) -> None:
             self._refs.pop(key, None)
             held = self._blocks.pop(key, None)
             if held is not None:
-                self.model.free(held[0])
+                self._free(held)
 
         return free
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A storage's block, and its request's ordinal in the recording that saw it requested."""
+
+    block: Block
+    nbytes: int
+    recording: Recording | None
+    ordinal: int | None
 
 
 class _AllocatingMode(TorchDispatchMode):

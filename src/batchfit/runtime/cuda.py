@@ -10,6 +10,8 @@ from typing import Any
 import torch
 
 from batchfit.errors import DeviceUnavailableError
+from batchfit.policy.allocation_replay import Recording
+from batchfit.policy.caching_allocator import Segments
 from batchfit.runtime.caching import CachingDevice
 from batchfit.units import format_bytes
 
@@ -17,6 +19,9 @@ from batchfit.units import format_bytes
 #: so its first step pays the launch ramp and the unhidden batch copy that back-to-back training
 #: steps overlap; one-step windows under-read small batches, where that ramp weighs most.
 WINDOW_STEPS = 3
+#: The most allocator events a recorded trial keeps (torch's history is a ring: past this, the
+#: oldest are dropped, and a recording that lost any is not used).
+MAX_TRACE_ENTRIES = 1_000_000
 
 
 class CudaDevice(CachingDevice):
@@ -96,6 +101,76 @@ class _CudaAllocator:
             (segment["stream"], segment["segment_type"], _blocks(segment))
             for segment in sorted(segments, key=lambda segment: segment["address"])
         )
+
+    @contextmanager
+    def recording(self) -> Iterator[Recording | None]:
+        """The allocator's own history (``torch.cuda.memory._record_memory_history``, no stack
+        traces) over the block, read back into a ``Recording`` at its end; the history is turned
+        off after. None where this torch has no such history."""
+        memory = torch.cuda.memory
+        record_history = getattr(memory, "_record_memory_history", None)
+        if record_history is None or not hasattr(memory, "_snapshot"):
+            yield None
+            return
+        start = _segments(torch.cuda.memory_snapshot(), self.device.index)
+        record_history(enabled="all", context=None, max_entries=MAX_TRACE_ENTRIES, clear_history=True)
+        try:
+            recording = _HistoryRecording(start, self.device.index or 0)
+            yield recording
+            read_trace(_history(recording.index), recording.starts, recording)
+        finally:
+            record_history(enabled=None)
+
+
+class _HistoryRecording(Recording):
+    """A ``Recording`` read from the allocator's history at the end; a step's mark notes where in
+    the history it begins."""
+
+    def __init__(self, start: Segments, index: int) -> None:
+        super().__init__(start)
+        self.index = index
+        self.starts: list[int] = []
+
+    def mark_step(self) -> None:
+        self.starts.append(len(_history(self.index)))
+
+
+def _history(index: int) -> list[Any]:
+    traces = torch.cuda.memory._snapshot().get("device_traces", [])
+    return list(traces[index]) if index < len(traces) else []
+
+
+def read_trace(
+    entries: list[Any], step_starts: list[int], recording: Recording, max_entries: int = MAX_TRACE_ENTRIES
+) -> None:
+    """Feed a CUDA allocator history (``_snapshot()["device_traces"][i]``) to ``recording``: each
+    ``alloc`` a request, each ``free_completed`` (the block back in the pool) its free, a step begun
+    at each of ``step_starts``. A history that reached ``max_entries`` lost its oldest events: the
+    recording is marked incomplete."""
+    if len(entries) >= max_entries:
+        recording.complete = False
+    ordinals: dict[int, int] = {}  # address -> the ordinal of the request that holds it
+    starts = sorted(step_starts)
+    for position, entry in enumerate(entries):
+        while starts and starts[0] <= position:
+            starts.pop(0)
+            recording.next_step()
+        action, address = entry.get("action"), entry.get("addr")
+        if action == "alloc" and address is not None:
+            ordinals[address] = recording.alloc(int(entry.get("size", 0)))
+        elif action == "free_completed" and address is not None:
+            recording.free(ordinals.pop(address, None))
+    for _ in starts:
+        recording.next_step()
+
+
+def _segments(snapshot: Any, index: int | None) -> Segments:
+    """The segments of device ``index`` in a ``memory_snapshot()``, as ``policy.caching_allocator``
+    lists them: in address order, each block's size and whether it is in use."""
+    mine = sorted((s for s in snapshot if s.get("device") == index), key=lambda s: s["address"])
+    return tuple(
+        tuple((int(b["size"]), b["state"] != "inactive") for b in segment["blocks"]) for segment in mine
+    )
 
 
 def _blocks(segment: Any) -> tuple[tuple[int, str], ...]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from batchfit.policy.allocation_replay import Recording
 from batchfit.runtime.host import host_available_bytes, malloc_trim
 from batchfit.runtime.tracker import StorageTracker, resident_oom_message
 from batchfit.units import format_bytes
@@ -49,6 +50,7 @@ class Measurement:
     steps: int = 0  # the steps run (to the one that failed)
     optimizer_steps: int = 0  # the optimizer steps completed, over the whole trial
     steady_from: int | None = None  # the step whose end state the last step's recurred
+    recording: Recording | None = None  # the allocator's requests and frees, where recorded
     _probe: Probe | None = None
 
     def begin_step(self) -> None:
@@ -113,6 +115,12 @@ class Device(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def recording(self) -> AbstractContextManager[Recording | None]:
+        """Inside ``measure``: a block whose requests to the allocator are taken down, step by step
+        (``policy.allocation_replay``); None where no allocator places them (memory counted as
+        live bytes, or an allocator that cannot be recorded)."""
+        ...
+
     def release(self) -> None:
         """Give back what earlier trials left cached (after a failure above all)."""
         ...
@@ -162,6 +170,9 @@ class CpuDevice:
 
     def allocator_state(self) -> Hashable | None:
         return None  # live bytes decide: a trial's second step is every later step (confirm_steps)
+
+    def recording(self) -> AbstractContextManager[Recording | None]:
+        return nullcontext(None)  # live bytes decide: nothing is placed, so nothing to replay
 
     def release(self) -> None:
         # A trial's garbage is young: collecting the two younger generations frees its cycles

@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from batchfit.policy.allocation_replay import AllocationRecord
 from batchfit.policy.cache import verdict
 from batchfit.policy.steady import RecurrenceWatch
 from batchfit.policy.trial import Mode, Trial
@@ -60,20 +61,27 @@ def run_steps(
     cap_bytes: int | None = None,
     started: list[Measurement] | None = None,
     until_steady: bool = False,
+    record: bool = False,
 ) -> tuple[Measurement, float | None]:
     """Run ``steps`` steps of ``mode`` on copies of ``host_batch`` under a hard cap of ``cap_bytes``
     (none when None); the measurement of the last step and its seconds. With ``warm_batch``, an
     eval trial first makes the training state resident (gradients, optimizer state), under the
     same cap. The measurement is also appended to ``started`` as it begins, so a failure can
     read it. With ``until_steady``, the steps end early where the device's allocator state after a
-    step recurs (``policy.steady``): the steps left would repeat steps that ran."""
+    step recurs (``policy.steady``): the steps left would repeat steps that ran. With ``record``,
+    the allocator's requests are taken down step by step (``measurement.recording``)."""
     resident = list(resident_tensors(workload.model, optimizer))
     step_seconds: float | None = None
     # A 2-step trial cannot end before its second step, where a recurrence is first seen.
     watch = RecurrenceWatch(needs_optimizer_step=mode == "train") if until_steady and steps > 2 else None
-    with device.measure(resident, cap_bytes) as measurement, _optimizer_phases(measurement):
+    with (
+        device.measure(resident, cap_bytes) as measurement,
+        _optimizer_phases(measurement),
+        device.recording() if record else nullcontext(None) as recording,
+    ):
         if started is not None:
             started.append(measurement)
+        measurement.recording = recording
         if mode == "eval" and warm_batch is not None and optimizer is not None:
             # Validation inside training runs with gradients and optimizer state resident.
             workload.model.train()
@@ -83,6 +91,8 @@ def run_steps(
         workload.model.train(mode == "train")
         for step in range(1, steps + 1):
             measurement.begin_step()
+            if recording is not None:
+                recording.mark_step()
             measurement.steps = step
             optimizer_steps = measurement.optimizer_steps
             step_seconds = timed_steps(workload, optimizer, device, mode, host_batch, 1)
@@ -119,6 +129,8 @@ class TrialRunner:
     its real allocation, as it would in training on a device of ``budget_bytes``; allocator
     retries on the way are evidence (they cost speed), not a failure. On a caching allocator the
     steps end where its state recurs (``until_steady``): the steps left would repeat earlier ones.
+    With ``record``, each trial that fits leaves its allocator requests in ``records`` (by batch
+    size), for ``policy.allocation_replay`` to forecast other sizes.
     """
 
     def __init__(
@@ -132,10 +144,12 @@ class TrialRunner:
         warm_batch: int | None,
         *,
         until_steady: bool = True,
+        record: bool = False,
     ) -> None:
         self.workload, self.device, self.mode, self.steps = workload, device, mode, steps
         self.budget_bytes, self.snapshot, self.warm_batch = budget_bytes, snapshot, warm_batch
-        self.until_steady = until_steady
+        self.until_steady, self.record = until_steady, record
+        self.records: dict[int, AllocationRecord] = {}
 
     def run(self, batch_size: int) -> Trial:
         workload = self.workload
@@ -155,6 +169,7 @@ class TrialRunner:
                 self.budget_bytes,
                 started,
                 self.until_steady,
+                self.record,
             )
         except BaseException as error:
             if not is_out_of_memory(error):
@@ -178,6 +193,9 @@ class TrialRunner:
                 failed_at_step=measurement.steps,
             )
         trial = judge(batch_size, measurement, step_seconds, self.budget_bytes)
+        record = measurement.recording.record(batch_size) if measurement.recording is not None else None
+        if record is not None and trial.fits:
+            self.records[batch_size] = record
         return replace(trial, steps=measurement.steps, steady_from=measurement.steady_from)
 
 

@@ -1,0 +1,311 @@
+"""A caching allocator's verdict at any batch size, forecast from two recorded trials.
+
+A trial's requests to the allocator are the same at every batch size, in the same order; only
+their sizes change, each along a straight line in the batch (an activation of ``n`` samples is
+``n`` times one sample's, a weight's gradient does not grow). Two trials that recorded their
+requests (``AllocationRecord``) at two batch sizes give each request's line. ``AllocationReplay``
+plays the requests at the sizes of another batch on the modelled allocator
+(``policy.caching_allocator``), from the state the trials started in and under the trial's cap,
+and says whether they are placed: fragmentation and segment sizes included, which a line through
+the allocated peaks cannot see. Its last recorded step is the steady state: it is played again,
+each repetition freeing what the one before handed on, up to the trial's steps or until the
+allocator's state recurs (``policy.steady``).
+
+Torch-free: the devices record (``runtime.caching``), the search consults the forecast to place
+its real trials, and only real trials decide.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator, Segments
+
+ALLOC, FREE = 0, 1
+#: ``(ALLOC, bytes)`` asks for a block; ``(FREE, k)`` gives back the block of the trial's ``k``-th request.
+Event = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class AllocationRecord:
+    """What one trial asked of a caching allocator: the segments it started from, and its requests
+    and frees, step by step (``steps[0]``: what ran before the first step, such as an eval trial's
+    training step; often nothing)."""
+
+    batch_size: int
+    start: Segments
+    steps: tuple[tuple[Event, ...], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AllocationRecord:
+        """The record ``to_dict`` gave (its tuples as JSON's lists)."""
+        start = tuple(tuple((int(size), bool(used)) for size, used in blocks) for blocks in data["start"])
+        steps = tuple(tuple((int(kind), int(value)) for kind, value in events) for events in data["steps"])
+        return cls(int(data["batch_size"]), start, steps)
+
+
+class Recording:
+    """Takes down a trial's requests and frees as an allocator serves them (``mark_step`` between
+    steps); ``record`` makes the ``AllocationRecord``, or None where a free named a block the
+    recording did not see requested (a resident tensor freed: the trials would not align)."""
+
+    def __init__(self, start: Segments) -> None:
+        self.start = start
+        self.steps: list[list[Event]] = [[]]
+        self.requests = 0
+        self.complete = True
+
+    def alloc(self, nbytes: int) -> int:
+        """Take down a request of ``nbytes``; its ordinal, for ``free``."""
+        self.steps[-1].append((ALLOC, nbytes))
+        self.requests += 1
+        return self.requests - 1
+
+    def free(self, ordinal: int | None) -> None:
+        """Take down the free of request ``ordinal`` (None: a block requested before the recording)."""
+        if ordinal is None:
+            self.complete = False
+        else:
+            self.steps[-1].append((FREE, ordinal))
+
+    def mark_step(self) -> None:
+        """A step begins (the device's hook: a recording read back later notes where)."""
+        self.next_step()
+
+    def next_step(self) -> None:
+        self.steps.append([])
+
+    def record(self, batch_size: int) -> AllocationRecord | None:
+        if not self.complete:
+            return None
+        return AllocationRecord(batch_size, self.start, tuple(tuple(events) for events in self.steps))
+
+
+class AllocationReplay:
+    """The requests of two aligned records, played at any batch size (see the module's docstring)."""
+
+    def __init__(
+        self, start: Segments, steps: tuple[tuple[Event, ...], ...], lines: list[tuple[float, float]]
+    ):
+        self.start, self.steps = start, steps
+        self.lines = lines  # each request's bytes: intercept, bytes per sample
+        self.handed_on = _handed_on(steps, lines)
+
+    @classmethod
+    def of(cls, first: AllocationRecord, second: AllocationRecord) -> AllocationReplay | None:
+        """The replay of two records at different batch sizes; None where they do not align.
+
+        The record with fewer requests (the later trial, where they tie) gives the steps and the
+        start. The other may have made requests it never freed beyond those (what a workload makes
+        once, at its first use: a GradScaler's scale, cuBLAS's workspace; later trials start with
+        them in place): those are left out. Any other difference (a request or a free more, a free
+        out of place: a code path that changed with the batch) leaves the records unaligned.
+        """
+        if first.batch_size == second.batch_size or len(first.steps) != len(second.steps):
+            return None
+        by_requests = sorted((first, second), key=lambda r: (_requests(r), -r.batch_size))
+        reference, other = by_requests
+        if not _frees_are_valid(reference.steps) or not _frees_are_valid(other.steps):
+            return None
+        matched = _align(reference.steps, other.steps)
+        if matched is None:
+            return None
+        sizes = [value for events in reference.steps for kind, value in events if kind == ALLOC]
+        other_sizes = [value for events in other.steps for kind, value in events if kind == ALLOC]
+        span = reference.batch_size - other.batch_size
+        lines = []
+        for ordinal, size in enumerate(sizes):
+            other_size = other_sizes[matched[ordinal]]
+            slope = (size - other_size) / span
+            lines.append((size - slope * reference.batch_size, slope))
+        return cls(reference.start, reference.steps, lines)
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether the last step can be played again: what it frees of earlier steps matches, request
+        for request, what it hands on to the next."""
+        return self.handed_on is not None
+
+    def fits(self, batch_size: int, limit_bytes: int, steps: int) -> bool | None:
+        """Whether ``steps`` steps at ``batch_size`` are placed under ``limit_bytes``; None where the
+        records cannot say (more steps than recorded, and the last cannot be played again)."""
+        recorded = len(self.steps) - 1
+        if steps > recorded and not self.repeatable:
+            return None
+        sizes = [max(1, math.ceil(fixed + slope * batch_size)) for fixed, slope in self.lines]
+        allocator = CachingAllocator.starting_from(self.start, limit_bytes)
+        blocks: dict[int, Block] = {}
+        ordinal = 0
+        try:
+            for events in self.steps[: steps + 1]:
+                ordinal = _play(allocator, events, sizes, blocks, ordinal)
+            if steps <= recorded:
+                return True
+            return self._repeat(allocator, sizes, blocks, steps - recorded)
+        except AllocatorOutOfMemory:
+            return False
+
+    def _repeat(
+        self, allocator: CachingAllocator, sizes: list[int], blocks: dict[int, Block], times: int
+    ) -> bool:
+        """Play the last step ``times`` more times, each freeing what the one before handed on; stop
+        early (placed) once the allocator's state after a step recurs: the rest repeat steps played."""
+        assert self.handed_on is not None
+        last = self.steps[-1]
+        first = sum(1 for events in self.steps[:-1] for kind, _ in events if kind == ALLOC)
+        inherited = {freed: index for index, (freed, _) in enumerate(self.handed_on)}
+        seen = {allocator.segments()}
+        current = {ordinal: block for ordinal, block in blocks.items() if ordinal >= first}
+        for _ in range(times):
+            fresh: dict[int, Block] = {}
+            ordinal = first
+            for kind, value in last:
+                if kind == ALLOC:
+                    fresh[ordinal] = allocator.malloc(sizes[ordinal])
+                    ordinal += 1
+                elif value >= first:
+                    allocator.free(fresh[value])
+                else:  # freed of the step before: the block that step handed on in its place
+                    allocator.free(current[self.handed_on[inherited[value]][1]])
+            current = fresh
+            state = allocator.segments()
+            if state in seen:
+                return True
+            seen.add(state)
+        return True
+
+
+def _play(
+    allocator: CachingAllocator,
+    events: tuple[Event, ...],
+    sizes: list[int],
+    blocks: dict[int, Block],
+    ordinal: int,
+) -> int:
+    for kind, value in events:
+        if kind == ALLOC:
+            blocks[ordinal] = allocator.malloc(sizes[ordinal])
+            ordinal += 1
+        else:
+            allocator.free(blocks.pop(value))
+    return ordinal
+
+
+def _requests(record: AllocationRecord) -> int:
+    return sum(1 for events in record.steps for kind, _ in events if kind == ALLOC)
+
+
+def _never_freed(steps: tuple[tuple[Event, ...], ...]) -> set[int]:
+    freed = {value for events in steps for kind, value in events if kind == FREE}
+    return set(range(sum(1 for events in steps for kind, _ in events if kind == ALLOC))) - freed
+
+
+def _align(
+    reference: tuple[tuple[Event, ...], ...], other: tuple[tuple[Event, ...], ...]
+) -> list[int] | None:
+    """For each request of ``reference``, the ordinal of its match in ``other``, step by step:
+    the same events in the same order, except requests of ``other`` that it never frees where
+    ``reference`` has none (a matched pair is freed alike: both, at matching frees, or neither)."""
+    kept_ref, kept_other = _never_freed(reference), _never_freed(other)
+    matched: list[int] = []
+    to_reference: dict[int, int] = {}
+    ref_ordinal = other_ordinal = 0
+    for ref_events, other_events in zip(reference, other, strict=True):
+        at = 0
+        for kind, value in ref_events:
+            while at < len(other_events):
+                other_kind = other_events[at][0]
+                if (
+                    other_kind == ALLOC
+                    and kind == ALLOC
+                    and (other_ordinal in kept_other) == (ref_ordinal in kept_ref)
+                ):
+                    break  # a match
+                if other_kind == FREE and kind == FREE:
+                    break  # a match, if it frees the match of what the reference frees
+                if other_kind != ALLOC or other_ordinal not in kept_other:
+                    return None
+                other_ordinal, at = other_ordinal + 1, at + 1  # made once: left out
+            if at == len(other_events):
+                return None
+            if kind == ALLOC:
+                matched.append(other_ordinal)
+                to_reference[other_ordinal] = ref_ordinal
+                ref_ordinal, other_ordinal = ref_ordinal + 1, other_ordinal + 1
+            elif to_reference.get(other_events[at][1]) != value:
+                return None
+            at += 1
+        for other_kind, _ in other_events[at:]:  # what is left must be made once too
+            if other_kind != ALLOC or other_ordinal not in kept_other:
+                return None
+            other_ordinal += 1
+    return matched
+
+
+def _frees_are_valid(steps: tuple[tuple[Event, ...], ...]) -> bool:
+    """Each free names a request made before it and not yet freed."""
+    live: set[int] = set()
+    ordinal = 0
+    for events in steps:
+        for kind, value in events:
+            if kind == ALLOC:
+                live.add(ordinal)
+                ordinal += 1
+            elif value not in live:
+                return False
+            else:
+                live.remove(value)
+    return True
+
+
+def _handed_on(
+    steps: tuple[tuple[Event, ...], ...], lines: list[tuple[float, float]]
+) -> tuple[tuple[int, int], ...] | None:
+    """Pairs (a request of an earlier step that the last step frees, the request of the last step
+    that takes its place for the next), in request order; None where they do not pair up (another
+    count, or other sizes: the last step is not yet the steady state)."""
+    if len(steps) < 2:
+        return None
+    first = sum(1 for events in steps[:-1] for kind, _ in events if kind == ALLOC)
+    last = steps[-1]
+    count = sum(1 for kind, _ in last if kind == ALLOC)
+    freed_earlier = sorted(value for kind, value in last if kind == FREE and value < first)
+    freed_here = {value for kind, value in last if kind == FREE and value >= first}
+    kept = [ordinal for ordinal in range(first, first + count) if ordinal not in freed_here]
+    if len(freed_earlier) != len(kept):
+        return None
+    if any(lines[a] != lines[b] for a, b in zip(freed_earlier, kept, strict=True)):
+        return None
+    return tuple(zip(freed_earlier, kept, strict=True))
+
+
+class ReplayForecast:
+    """The search's ``Forecast`` on a caching allocator: the replay of the two largest trials that
+    fitted and were recorded (``records``, filled in as they run), at ``steps`` steps under the
+    trial's cap of ``limit_bytes``."""
+
+    def __init__(self, records: dict[int, AllocationRecord], limit_bytes: int, steps: int) -> None:
+        self.records, self.limit_bytes, self.steps = records, limit_bytes, steps
+        self._replays: dict[tuple[int, int], AllocationReplay | None] = {}
+        self.replays_run = 0
+
+    def replay(self) -> AllocationReplay | None:
+        if len(self.records) < 2:
+            return None
+        pair = tuple(sorted(self.records)[-2:])
+        key = (pair[0], pair[1])
+        if key not in self._replays:
+            self._replays[key] = AllocationReplay.of(self.records[key[0]], self.records[key[1]])
+        return self._replays[key]
+
+    def fits(self, batch_size: int) -> bool | None:
+        replay = self.replay()
+        if replay is None:
+            return None
+        self.replays_run += 1
+        return replay.fits(batch_size, self.limit_bytes, self.steps)

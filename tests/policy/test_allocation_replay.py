@@ -1,0 +1,236 @@
+"""The replay of recorded allocator requests at other batch sizes, against brute force: random
+training-like programs run on the modelled allocator at every size, step after step."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+import pytest
+
+from batchfit.policy.allocation_replay import (
+    ALLOC,
+    FREE,
+    AllocationRecord,
+    AllocationReplay,
+    Recording,
+    ReplayForecast,
+)
+from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@dataclass(frozen=True)
+class Program:
+    """A training step's requests: weights resident before, optimizer state made at the first step;
+    the forward's activations, with the last step's gradients freed among them (gradient ``i``
+    before activation ``zero_at[i]``: set to None as each is reached); the backward's gradients,
+    each followed by some activations freed (in ``frees`` order, ``freed_after[i]`` of them after
+    gradient ``i``). Where the old gradients are freed amid the new requests, the layout moves
+    from step to step, as it does on a GPU."""
+
+    weights: tuple[int, ...]
+    state: tuple[int, ...]
+    activations: tuple[tuple[int, int], ...]  # bytes: fixed, per sample
+    zero_at: tuple[int, ...]
+    frees: tuple[int, ...]
+    freed_after: tuple[int, ...]
+    gradients: tuple[int, ...]
+    once: tuple[int, int, bool] | None = None  # at the first step, before activation i: bytes, freed?
+
+    def start(self) -> tuple[CachingAllocator, list[Block]]:
+        allocator = CachingAllocator()
+        return allocator, [allocator.malloc(size) for size in self.weights]
+
+    def run(
+        self, batch_size: int, steps: int, limit: int | None, recording: Recording | None = None
+    ) -> int | None:
+        """Run ``steps`` steps on a fresh allocator capped at ``limit``: the bytes it reserved at
+        most, or None where a request could not be placed."""
+        allocator, _ = self.start()
+        allocator.limit_bytes = limit
+        held: dict[Block, int] = {}
+
+        def malloc(nbytes: int) -> Block:
+            block = allocator.malloc(nbytes)
+            if recording is not None:
+                held[block] = recording.alloc(nbytes)
+            return block
+
+        def free(block: Block) -> None:
+            allocator.free(block)
+            if recording is not None:
+                recording.free(held.pop(block))
+
+        gradients: list[Block] = []
+        try:
+            for step in range(1, steps + 1):
+                if recording is not None:
+                    recording.mark_step()
+                live: list[Block] = []
+                for index, (fixed, per_sample) in enumerate(self.activations):
+                    if step == 1 and self.once is not None and self.once[0] == index:
+                        made = malloc(self.once[1])
+                        if self.once[2]:
+                            free(made)
+                    for block, at in zip(gradients, self.zero_at, strict=False):  # none at the first step
+                        if at == index:
+                            free(block)
+                    live.append(malloc(fixed + per_sample * batch_size))
+                frees = list(self.frees)
+                gradients = []
+                for size, count in zip(self.gradients, self.freed_after, strict=True):
+                    gradients.append(malloc(size))
+                    for _ in range(count):
+                        free(live[frees.pop(0)])
+                for index in frees:
+                    free(live[index])
+                if step == 1:
+                    for size in self.state:
+                        malloc(size)
+        except AllocatorOutOfMemory:
+            return None
+        return allocator.peak_reserved_bytes
+
+    def record(self, batch_size: int, steps: int) -> AllocationRecord:
+        allocator, _ = self.start()
+        recording = Recording(allocator.segments())
+        assert self.run(batch_size, steps, None, recording) is not None
+        record = recording.record(batch_size)
+        assert record is not None
+        return record
+
+
+def random_program(seed: int) -> Program:
+    rng = random.Random(seed)
+
+    def size() -> int:  # small-pool, mid-sized and large requests alike
+        return rng.choice(
+            [rng.randrange(1, 64 * KiB), rng.randrange(MiB, 4 * MiB), rng.randrange(6 * MiB, 12 * MiB)]
+        )
+
+    def per_sample() -> int:
+        return rng.choice([0, rng.randrange(1, 32 * KiB), rng.randrange(64 * KiB, 512 * KiB)])
+
+    activations = tuple((rng.randrange(0, 256 * KiB), per_sample()) for _ in range(rng.randrange(3, 12)))
+    frees = list(range(len(activations)))
+    rng.shuffle(frees)
+    gradients = tuple(size() for _ in range(rng.randrange(1, 5)))
+    freed_after = [0] * len(gradients)
+    for _ in frees:
+        freed_after[rng.randrange(len(gradients))] += 1
+    return Program(
+        gradients,  # the weights, whose gradients have their sizes
+        tuple(rng.choice(gradients) for _ in range(rng.randrange(0, 4))),
+        activations,
+        tuple(rng.randrange(len(activations)) for _ in gradients),
+        tuple(frees),
+        tuple(freed_after),
+        gradients,
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_replay_of_two_records_places_every_size_as_the_program_itself_does(seed: int) -> None:
+    program = random_program(seed)
+    replay = AllocationReplay.of(program.record(2, 2), program.record(4, 2))
+    assert replay is not None and replay.repeatable
+    # Caps at what 8 and 64 samples reserve over 10 steps; sizes from half to twice that.
+    for limit_at in (8, 64):
+        limit = _reserved(program, limit_at)
+        for batch_size in range(limit_at // 2, 2 * limit_at + 1, max(1, limit_at // 16)):
+            for steps in (1, 2, 10):
+                expected = program.run(batch_size, steps, limit) is not None
+                assert replay.fits(batch_size, limit, steps) == expected, (batch_size, steps)
+
+
+def test_some_programs_fit_two_steps_and_not_ten() -> None:
+    # What makes the replay play the last step again: the layout moves over the steps.
+    moved = [
+        (seed, batch_size)
+        for seed in range(40)
+        for limit_at in (8, 64)
+        for batch_size in range(limit_at // 2, 2 * limit_at + 1, max(1, limit_at // 16))
+        if (program := random_program(seed)).run(batch_size, 2, limit := _reserved(program, limit_at))
+        is not None
+        and program.run(batch_size, 10, limit) is None
+    ]
+    assert len(moved) >= 2
+
+
+def _reserved(program: Program, batch_size: int) -> int:
+    """What ``batch_size`` reserves at its peak over 10 steps, uncapped: a cap it just fits."""
+    peak = program.run(batch_size, 10, None)
+    assert peak is not None
+    return peak
+
+
+def test_the_forecast_finds_the_boundary_a_real_search_would() -> None:
+    program = random_program(3)
+    limit = _reserved(program, 50)
+    records = {2: program.record(2, 2), 4: program.record(4, 2)}
+    forecast = ReplayForecast(records, limit, 10)
+    truth = max(n for n in range(1, 200) if program.run(n, 10, limit) is not None)
+    assert forecast.fits(truth) is True and forecast.fits(truth + 1) is False
+    assert ReplayForecast({2: records[2]}, limit, 10).fits(truth) is None  # one record: no line
+
+
+def test_records_that_do_not_align_give_no_replay() -> None:
+    program = random_program(5)
+    two, four = program.record(2, 2), program.record(4, 2)
+    assert AllocationReplay.of(two, two) is None  # one batch size: no line
+    other_steps = AllocationRecord(4, four.start, (*four.steps[:-1], four.steps[-1][:-1]))
+    assert AllocationReplay.of(two, other_steps) is None  # a request fewer
+    assert AllocationReplay.of(two, program.record(4, 3)) is None  # another number of steps
+    # A request more, freed within the step: another code path, not something made once.
+    assert AllocationReplay.of(replace(program, once=(0, 64, True)).record(2, 2), four) is None
+
+
+def test_requests_made_once_by_the_first_trial_are_left_out() -> None:
+    # The first trial makes what a workload makes at its first use and keeps (a GradScaler's scale,
+    # cuBLAS's workspace) amid its first step: the replay is the later trial's, every other
+    # request on the line it has without them.
+    program = random_program(11)
+    four = program.record(4, 2)
+    plain = AllocationReplay.of(program.record(2, 2), four)
+    for at in range(len(program.activations)):
+        made_once = AllocationReplay.of(replace(program, once=(at, 4, False)).record(2, 2), four)
+        assert plain is not None and made_once is not None
+        assert (made_once.lines, made_once.steps, made_once.start) == (plain.lines, four.steps, four.start)
+
+
+def test_a_last_step_that_hands_on_other_blocks_than_it_freed_is_not_repeated() -> None:
+    # One step: it frees nothing of an earlier step, yet keeps its gradients; past it, no forecast.
+    program = random_program(7)
+    replay = AllocationReplay.of(program.record(2, 1), program.record(4, 1))
+    assert replay is not None and not replay.repeatable
+    assert replay.fits(8, 1 << 40, 1) is True
+    assert replay.fits(8, 1 << 40, 2) is None
+
+
+def test_a_free_of_a_block_requested_before_the_recording_spoils_it() -> None:
+    recording = Recording(())
+    first = recording.alloc(100)
+    recording.free(first)
+    assert recording.record(2) == AllocationRecord(2, (), (((ALLOC, 100), (FREE, 0)),))
+    recording.free(None)
+    assert recording.record(2) is None
+
+
+def test_an_allocator_started_from_segments_places_requests_as_the_original() -> None:
+    rng = random.Random(0)
+    original = CachingAllocator()
+    blocks = [
+        original.malloc(rng.choice([rng.randrange(1, MiB), rng.randrange(MiB, 30 * MiB)])) for _ in range(40)
+    ]
+    for block in rng.sample(blocks, 25):
+        original.free(block)
+    copy = CachingAllocator.starting_from(original.segments())
+    assert copy.segments() == original.segments()
+    assert (copy.allocated_bytes, copy.reserved_bytes) == (original.allocated_bytes, original.reserved_bytes)
+    for _ in range(60):
+        nbytes = rng.choice([rng.randrange(1, MiB), rng.randrange(MiB, 30 * MiB)])
+        original.malloc(nbytes)
+        copy.malloc(nbytes)
+        assert copy.segments() == original.segments()
