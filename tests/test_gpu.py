@@ -26,6 +26,7 @@ import batchfit
 from batchfit import SearchResult, Workload, find_batch_size
 from batchfit.find import find_on
 from batchfit.policy.allocation_replay import AllocationReplay
+from batchfit.policy.cache import TrialCache
 from batchfit.policy.trial import Trial
 from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.cuda import CudaDevice, user_memory_fraction
@@ -195,6 +196,7 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
     assert result.answer.fits and result.answer.allocator_retries >= 0
     if device == "cpu-caching":  # the opening's requests, replayed, place the answer and the next
         assert [t.batch_size for t in result.trials] == [2, 4, truth, truth + 1]
+        assert 0 < result.replays <= 20 and "placed by replaying the allocator's requests" in result.summary()
 
 
 @pytest.mark.parametrize("device", CACHING_DEVICES[1:])
@@ -588,3 +590,37 @@ def test_release_walks_the_whole_heap_only_for_garbage_a_young_collection_missed
     finally:
         gc.callbacks.remove(seen)
         gc.enable()
+
+
+@pytest.mark.gpu
+def test_the_opening_s_recording_leaves_the_user_s_own_allocator_history_alone() -> None:
+    # find records the opening's requests through torch's allocator history, and turns it off
+    # after (which clears it); a user who records their own keeps it, and find does not replay.
+    workload = cnn_workload("cuda")
+    cap = reference_cap(workload, "cuda", 48)
+    result = find_batch_size(workload, device="cuda", memory_limit=cap, memory_fraction=1.0)
+    assert result.replays > 0 and not torch._C._cuda_isHistoryEnabled()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        torch.ones(1024, device="cuda")
+        before = len(torch.cuda.memory._snapshot()["device_traces"][0])
+        again = find_batch_size(workload, device="cuda", memory_limit=cap, memory_fraction=1.0)
+        assert torch._C._cuda_isHistoryEnabled()
+        assert len(torch.cuda.memory._snapshot()["device_traces"][0]) > before
+        assert again.replays == 0 and again.answer.fits
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def test_a_search_at_another_fraction_replays_the_requests_its_cached_opening_recorded() -> None:
+    # analyze's fractions share one TrialCache: the second search's opening comes from it (no
+    # trial runs, so nothing is recorded), and the records the first search left place its trials.
+    workload = cnn_workload("cpu-caching")
+    cap = reference_cap(workload, "cpu-caching", 48)
+    cache = TrialCache()
+    first = find_on(CachingCpuDevice(cap), workload, "train", memory_fraction=1.0, cache=cache)
+    second = find_on(CachingCpuDevice(cap), workload, "train", memory_fraction=0.8, cache=cache)
+    assert sorted(cache.records) == [2, 4] and first.replays > 0 and second.replays > 0
+    assert [t.reused for t in second.trials[:2]] == [True, True]
+    truth = truth_near(workload, "train", "cpu-caching", second.budget_bytes, second.batch_size, 512)
+    assert [t.batch_size for t in second.trials] == [2, 4, truth, truth + 1]

@@ -52,6 +52,7 @@ class SearchResult:
     steps_per_trial: int
     confirm_steps: int | None  # the answer trained this many steps before it was final (CUDA)
     world_size: int = 1  # ranks that searched in lockstep; the capacity is the smallest one's
+    replays: int = 0  # sizes the opening's allocator requests were replayed at, to place the trials
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +68,8 @@ class SearchResult:
         traced = (
             f" (placed by {format_count(len(self.predicted_trials), 'fake-tensor trace')})"
             if self.predicted_trials
+            else f" (placed by replaying the allocator's requests at {format_count(self.replays, 'size')})"
+            if self.replays
             else ""
         )
         ranks = f", the smallest of {self.world_size} ranks" if self.world_size > 1 else ""
@@ -201,6 +204,8 @@ def find_on(
         runner = TrialRunner(
             workload, target, mode, steps_per_trial, budget, snapshot, warm_batch, record=record
         )
+        if cache is not None:  # another fraction's search recorded them: a cached trial runs nothing
+            runner.records = cache.records
 
         def forecast_here() -> SearchOutcome | None:
             return forecast_search(
@@ -208,6 +213,7 @@ def find_on(
             )
 
         forecast = forecast_here() if lockstep is None else lockstep.shared(forecast_here)
+        replay = ReplayForecast(runner.records, budget, confirming) if record and confirming else None
         run = _Oracle(runner, budget, cache, on_trial, on_trial_start, lockstep)
         longer = None
         if confirming is not None:
@@ -221,7 +227,7 @@ def find_on(
             seed=forecast.batch_size if forecast else None,
             longer=longer,
             exact=target.exact,
-            forecast=ReplayForecast(runner.records, budget, confirming) if record and confirming else None,
+            forecast=replay,
         )
     finally:
         snapshot.restore(gradients=True)
@@ -250,6 +256,7 @@ def find_on(
         steps_per_trial=steps_per_trial,
         confirm_steps=confirming,
         world_size=1 if lockstep is None else lockstep.world_size,
+        replays=replay.replays_run if replay is not None else 0,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from batchfit.policy.allocation_replay import AllocationRecord
 from batchfit.policy.trial import Outcome, Trial
 from batchfit.units import format_bytes
 
@@ -27,6 +28,8 @@ class TrialCache:
 
     real: dict[int, tuple[Trial, int]] = field(default_factory=dict)  # batch -> (trial, its cap)
     predicted: dict[int, Trial] = field(default_factory=dict)
+    # A fitting trial's allocator requests (a caching allocator's): the same under any cap.
+    records: dict[int, AllocationRecord] = field(default_factory=dict)
     runs: int = 0  # real trials actually run
     traces: int = 0  # fake-tensor traces actually run
 

@@ -106,10 +106,15 @@ class _CudaAllocator:
     def recording(self) -> Iterator[Recording | None]:
         """The allocator's own history (``torch.cuda.memory._record_memory_history``, no stack
         traces) over the block, read back into a ``Recording`` at its end; the history is turned
-        off after. None where this torch has no such history."""
+        off after (which clears it). None where this torch has no such history, or where the user
+        records one already: theirs is left as it is."""
         memory = torch.cuda.memory
         record_history = getattr(memory, "_record_memory_history", None)
-        if record_history is None or not hasattr(memory, "_snapshot"):
+        recording_already = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+        if record_history is None or recording_already is None or not hasattr(memory, "_snapshot"):
+            yield None
+            return
+        if recording_already():
             yield None
             return
         start = _segments(torch.cuda.memory_snapshot(), self.device.index)
