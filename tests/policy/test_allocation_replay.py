@@ -37,7 +37,10 @@ class Program:
     frees: tuple[int, ...]
     freed_after: tuple[int, ...]
     gradients: tuple[int, ...]
-    once: tuple[int, int, bool] | None = None  # at the first step, before activation i: bytes, freed?
+    once: tuple[int, int, bool] | None = None  # at step 1, before activation i: bytes, freed at its end?
+    # Before activation i, at every step: a workspace of ``per_sample x (batch - from)`` bytes, made
+    # and freed at once, and not requested at all where that is not positive.
+    workspace: tuple[int, int, int] | None = None  # i, per_sample, from
 
     def start(self) -> tuple[CachingAllocator, list[Block]]:
         allocator = CachingAllocator()
@@ -69,11 +72,14 @@ class Program:
                 if recording is not None:
                     recording.mark_step()
                 live: list[Block] = []
+                made: list[Block] = []
                 for index, (fixed, per_sample) in enumerate(self.activations):
+                    if self.workspace is not None and self.workspace[0] == index:
+                        needed = self.workspace[1] * (batch_size - self.workspace[2])
+                        if needed > 0:
+                            free(malloc(needed))
                     if step == 1 and self.once is not None and self.once[0] == index:
-                        made = malloc(self.once[1])
-                        if self.once[2]:
-                            free(made)
+                        made.append(malloc(self.once[1]))
                     for block, at in zip(gradients, self.zero_at, strict=False):  # none at the first step
                         if at == index:
                             free(block)
@@ -86,6 +92,9 @@ class Program:
                         free(live[frees.pop(0)])
                 for index in frees:
                     free(live[index])
+                if self.once is not None and self.once[2]:  # freed at the step's end
+                    for block in made:
+                        free(block)
                 if step == 1:
                     for size in self.state:
                         malloc(size)
@@ -183,7 +192,7 @@ def test_records_that_do_not_align_give_no_replay() -> None:
     other_steps = AllocationRecord(4, four.start, (*four.steps[:-1], four.steps[-1][:-1]))
     assert AllocationReplay.of(two, other_steps) is None  # a request fewer
     assert AllocationReplay.of(two, program.record(4, 3)) is None  # another number of steps
-    # A request more, freed within the step: another code path, not something made once.
+    # A request more, freed at the step's end: another code path, not something made once.
     assert AllocationReplay.of(replace(program, once=(0, 64, True)).record(2, 2), four) is None
 
 
@@ -198,6 +207,25 @@ def test_requests_made_once_by_the_first_trial_are_left_out() -> None:
         made_once = AllocationReplay.of(replace(program, once=(at, 4, False)).record(2, 2), four)
         assert plain is not None and made_once is not None
         assert (made_once.lines, made_once.steps, made_once.start) == (plain.lines, four.steps, four.start)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("per_sample", "start"), [(3 * MiB, 2), (-5 * MiB, 3)], ids=["from-4", "up-to-2"])
+def test_a_workspace_requested_at_one_size_only_still_aligns(seed: int, per_sample: int, start: int) -> None:
+    # A kernel's workspace, made and freed at once, that one record has and the other lacks (an
+    # algorithm that needs none at 2 samples, or at 4): its line goes through nothing where it was
+    # not requested, and the replay places every size as the program does.
+    plain = random_program(seed)
+    program = replace(plain, workspace=(seed % len(plain.activations), per_sample, start))
+    two, four = program.record(2, 2), program.record(4, 2)
+    assert two.steps != four.steps  # one has the workspace, the other not
+    replay = AllocationReplay.of(two, four)
+    assert replay is not None and replay.repeatable and replay.steps == four.steps  # the larger's
+    limit = _reserved(program, 32)
+    for batch_size in range(4, 65, 4):
+        for steps in (2, 10):
+            expected = program.run(batch_size, steps, limit) is not None
+            assert replay.fits(batch_size, limit, steps) == expected
 
 
 def test_a_last_step_that_hands_on_other_blocks_than_it_freed_is_not_repeated() -> None:

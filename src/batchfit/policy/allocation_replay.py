@@ -100,28 +100,33 @@ class AllocationReplay:
     def of(cls, first: AllocationRecord, second: AllocationRecord) -> AllocationReplay | None:
         """The replay of two records at different batch sizes; None where they do not align.
 
-        The record with fewer requests (the later trial, where they tie) gives the steps and the
-        start. The other may have made requests it never freed beyond those (what a workload makes
-        once, at its first use: a GradScaler's scale, cuBLAS's workspace; later trials start with
-        them in place): those are left out. Any other difference (a request or a free more, a free
-        out of place: a code path that changed with the batch) leaves the records unaligned.
+        The record at the larger batch (else the other, if only that aligns) gives the steps and
+        the start. Two differences are allowed. The other record may have made requests it never
+        freed beyond the reference's: what a workload makes once, at its first use (a GradScaler's
+        scale, cuBLAS's workspace), which later trials start with in place; those are left out. And
+        either may have a request freed right after it is made that the other lacks (a kernel's
+        workspace, which is not requested at all where the chosen algorithm needs none): the
+        reference's takes the line through nothing at the other's batch, the other's is left out.
+        Any other difference (a request or a free more, a free out of place) leaves them unaligned.
         """
         if first.batch_size == second.batch_size or len(first.steps) != len(second.steps):
             return None
-        by_requests = sorted((first, second), key=lambda r: (_requests(r), -r.batch_size))
-        reference, other = by_requests
-        if not _frees_are_valid(reference.steps) or not _frees_are_valid(other.steps):
+        if not _frees_are_valid(first.steps) or not _frees_are_valid(second.steps):
             return None
-        matched = _align(reference.steps, other.steps)
-        if matched is None:
+        larger, smaller = sorted((first, second), key=lambda record: -record.batch_size)
+        for reference, other in ((larger, smaller), (smaller, larger)):
+            matched = _align(reference.steps, other.steps)
+            if matched is not None:
+                break
+        else:
             return None
         sizes = [value for events in reference.steps for kind, value in events if kind == ALLOC]
         other_sizes = [value for events in other.steps for kind, value in events if kind == ALLOC]
         span = reference.batch_size - other.batch_size
         lines = []
         for ordinal, size in enumerate(sizes):
-            other_size = other_sizes[matched[ordinal]]
-            slope = (size - other_size) / span
+            match = matched[ordinal]
+            slope = (size - (0 if match is None else other_sizes[match])) / span
             lines.append((size - slope * reference.batch_size, slope))
         return cls(reference.start, reference.steps, lines)
 
@@ -196,54 +201,56 @@ def _play(
     return ordinal
 
 
-def _requests(record: AllocationRecord) -> int:
-    return sum(1 for events in record.steps for kind, _ in events if kind == ALLOC)
-
-
-def _never_freed(steps: tuple[tuple[Event, ...], ...]) -> set[int]:
-    freed = {value for events in steps for kind, value in events if kind == FREE}
-    return set(range(sum(1 for events in steps for kind, _ in events if kind == ALLOC))) - freed
+def _kinds(steps: tuple[tuple[Event, ...], ...]) -> tuple[set[int], set[int]]:
+    """The requests never freed, and those freed right after they are made (transient)."""
+    freed: set[int] = set()
+    transient: set[int] = set()
+    ordinal = 0
+    for events in steps:
+        for position, (kind, value) in enumerate(events):
+            if kind == FREE:
+                freed.add(value)
+                continue
+            if position + 1 < len(events) and events[position + 1] == (FREE, ordinal):
+                transient.add(ordinal)
+            ordinal += 1
+    return set(range(ordinal)) - freed, transient
 
 
 def _align(
     reference: tuple[tuple[Event, ...], ...], other: tuple[tuple[Event, ...], ...]
-) -> list[int] | None:
-    """For each request of ``reference``, the ordinal of its match in ``other``, step by step:
-    the same events in the same order, except requests of ``other`` that it never frees where
-    ``reference`` has none (a matched pair is freed alike: both, at matching frees, or neither)."""
-    kept_ref, kept_other = _never_freed(reference), _never_freed(other)
-    matched: list[int] = []
+) -> list[int | None] | None:
+    """For each request of ``reference``, the ordinal of its match in ``other`` (None: a transient
+    request ``other`` lacks), step by step; None where they do not align (see ``AllocationReplay.of``).
+    A matched pair is alike in how it is freed: at matching frees, right after, or never."""
+    kept_ref, transient_ref = _kinds(reference)
+    kept_other, transient_other = _kinds(other)
+    matched: list[int | None] = []
     to_reference: dict[int, int] = {}
     ref_ordinal = other_ordinal = 0
     for ref_events, other_events in zip(reference, other, strict=True):
-        at = 0
-        for kind, value in ref_events:
-            while at < len(other_events):
-                other_kind = other_events[at][0]
-                if (
-                    other_kind == ALLOC
-                    and kind == ALLOC
-                    and (other_ordinal in kept_other) == (ref_ordinal in kept_ref)
-                ):
-                    break  # a match
-                if other_kind == FREE and kind == FREE:
-                    break  # a match, if it frees the match of what the reference frees
-                if other_kind != ALLOC or other_ordinal not in kept_other:
-                    return None
-                other_ordinal, at = other_ordinal + 1, at + 1  # made once: left out
-            if at == len(other_events):
-                return None
-            if kind == ALLOC:
+        j = i = 0
+        while j < len(ref_events) or i < len(other_events):
+            ref_kind, ref_value = ref_events[j] if j < len(ref_events) else (None, None)
+            kind, value = other_events[i] if i < len(other_events) else (None, None)
+            if ref_kind == kind == ALLOC and (ref_ordinal in kept_ref, ref_ordinal in transient_ref) == (
+                other_ordinal in kept_other,
+                other_ordinal in transient_other,
+            ):
                 matched.append(other_ordinal)
                 to_reference[other_ordinal] = ref_ordinal
-                ref_ordinal, other_ordinal = ref_ordinal + 1, other_ordinal + 1
-            elif to_reference.get(other_events[at][1]) != value:
+                ref_ordinal, other_ordinal, j, i = ref_ordinal + 1, other_ordinal + 1, j + 1, i + 1
+            elif ref_kind == kind == FREE and value is not None and to_reference.get(value) == ref_value:
+                j, i = j + 1, i + 1
+            elif kind == ALLOC and other_ordinal in transient_other:  # a workspace only ``other`` has
+                other_ordinal, i = other_ordinal + 1, i + 2
+            elif ref_kind == ALLOC and ref_ordinal in transient_ref:  # one only ``reference`` has
+                matched.append(None)
+                ref_ordinal, j = ref_ordinal + 1, j + 2
+            elif kind == ALLOC and other_ordinal in kept_other:  # made once, by the first trial
+                other_ordinal, i = other_ordinal + 1, i + 1
+            else:
                 return None
-            at += 1
-        for other_kind, _ in other_events[at:]:  # what is left must be made once too
-            if other_kind != ALLOC or other_ordinal not in kept_other:
-                return None
-            other_ordinal += 1
     return matched
 
 
