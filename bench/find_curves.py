@@ -86,6 +86,7 @@ class Curve:
     seconds: float = 0.0
     # On a caching allocator, the allocator requests of the opening's sizes (policy.allocation_replay).
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    soft_workspaces: bool = False  # the device's kernels do without a workspace that does not fit
 
 
 def grid(upper: int) -> list[int]:
@@ -153,6 +154,7 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
             curve.points.append(point)
         opening = {size: record for size, record in short.records.items() if size <= OPENING}
         curve.records = {str(size): record.to_dict() for size, record in sorted(opening.items())}
+        curve.soft_workspaces = target.soft_workspaces
     finally:
         snapshot.restore(gradients=True)
         target.release()

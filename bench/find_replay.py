@@ -69,6 +69,7 @@ class Recorded:
     seconds: dict[tuple[int, bool], float] = field(default_factory=dict)  # (size, longer?): a trial's time
     modelled: set[int] = field(default_factory=set)  # sizes answered without a recorded trial
     records: dict[int, AllocationRecord] = field(default_factory=dict)  # the opening's requests
+    soft_workspaces: bool = False  # as the recording device's kernels are (CUDA's cuDNN)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recorded:
@@ -93,6 +94,7 @@ class Recorded:
                 int(size): AllocationRecord.from_dict(record)
                 for size, record in data.get("records", {}).items()
             },
+            soft_workspaces=data.get("soft_workspaces", False),
         )
 
     def trial_seconds(self, trials: list[Trial], longer: list[Trial] | None = None) -> float:
@@ -191,7 +193,7 @@ def replay_batchfit(recorded: Recorded, forecast: bool = True) -> Replay:
         recorded.budget_bytes,
         longer=longer if confirm_steps else None,
         forecast=(
-            ReplayForecast(records, recorded.budget_bytes, confirm_steps)
+            ReplayForecast(records, recorded.budget_bytes, confirm_steps, recorded.soft_workspaces)
             if forecast and confirm_steps
             else None
         ),

@@ -213,7 +213,11 @@ def find_on(
             )
 
         forecast = forecast_here() if lockstep is None else lockstep.shared(forecast_here)
-        replay = ReplayForecast(runner.records, budget, confirming) if record and confirming else None
+        replay = (
+            ReplayForecast(runner.records, budget, confirming, target.soft_workspaces)
+            if record and confirming
+            else None
+        )
         run = _Oracle(runner, budget, cache, on_trial, on_trial_start, lockstep)
         longer = None
         if confirming is not None:

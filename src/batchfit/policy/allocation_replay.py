@@ -136,69 +136,83 @@ class AllocationReplay:
         for request, what it hands on to the next."""
         return self.handed_on is not None
 
-    def fits(self, batch_size: int, limit_bytes: int, steps: int) -> bool | None:
+    def fits(
+        self, batch_size: int, limit_bytes: int, steps: int, soft_workspaces: bool = False
+    ) -> bool | None:
         """Whether ``steps`` steps at ``batch_size`` are placed under ``limit_bytes``; None where the
-        records cannot say (more steps than recorded, and the last cannot be played again)."""
+        records cannot say (more steps than recorded, and the last cannot be played again). With
+        ``soft_workspaces``, a request freed right after it is made (a workspace) that cannot be
+        placed is done without, as cuDNN does: it catches the allocator's failure (after the
+        allocator has emptied its cache) and runs an algorithm that needs less."""
         recorded = len(self.steps) - 1
         if steps > recorded and not self.repeatable:
             return None
         sizes = [max(1, math.ceil(fixed + slope * batch_size)) for fixed, slope in self.lines]
-        allocator = CachingAllocator.starting_from(self.start, limit_bytes)
-        blocks: dict[int, Block] = {}
+        player = _Player(CachingAllocator.starting_from(self.start, limit_bytes), sizes)
+        if soft_workspaces:
+            player.soft = _kinds(self.steps)[1]
+        blocks: dict[int, Block | None] = {}
         ordinal = 0
         try:
             for events in self.steps[: steps + 1]:
-                ordinal = _play(allocator, events, sizes, blocks, ordinal)
+                for kind, value in events:
+                    if kind == ALLOC:
+                        blocks[ordinal] = player.request(ordinal)
+                        ordinal += 1
+                    else:
+                        player.release(blocks.pop(value))
             if steps <= recorded:
                 return True
-            return self._repeat(allocator, sizes, blocks, steps - recorded)
+            return self._repeat(player, blocks, steps - recorded)
         except AllocatorOutOfMemory:
             return False
 
-    def _repeat(
-        self, allocator: CachingAllocator, sizes: list[int], blocks: dict[int, Block], times: int
-    ) -> bool:
+    def _repeat(self, player: _Player, blocks: dict[int, Block | None], times: int) -> bool:
         """Play the last step ``times`` more times, each freeing what the one before handed on; stop
         early (placed) once the allocator's state after a step recurs: the rest repeat steps played."""
         assert self.handed_on is not None
         last = self.steps[-1]
         first = sum(1 for events in self.steps[:-1] for kind, _ in events if kind == ALLOC)
         inherited = {freed: index for index, (freed, _) in enumerate(self.handed_on)}
-        seen = {allocator.segments()}
+        seen = {player.allocator.segments()}
         current = {ordinal: block for ordinal, block in blocks.items() if ordinal >= first}
         for _ in range(times):
-            fresh: dict[int, Block] = {}
+            fresh: dict[int, Block | None] = {}
             ordinal = first
             for kind, value in last:
                 if kind == ALLOC:
-                    fresh[ordinal] = allocator.malloc(sizes[ordinal])
+                    fresh[ordinal] = player.request(ordinal)
                     ordinal += 1
                 elif value >= first:
-                    allocator.free(fresh[value])
+                    player.release(fresh[value])
                 else:  # freed of the step before: the block that step handed on in its place
-                    allocator.free(current[self.handed_on[inherited[value]][1]])
+                    player.release(current[self.handed_on[inherited[value]][1]])
             current = fresh
-            state = allocator.segments()
+            state = player.allocator.segments()
             if state in seen:
                 return True
             seen.add(state)
         return True
 
 
-def _play(
-    allocator: CachingAllocator,
-    events: tuple[Event, ...],
-    sizes: list[int],
-    blocks: dict[int, Block],
-    ordinal: int,
-) -> int:
-    for kind, value in events:
-        if kind == ALLOC:
-            blocks[ordinal] = allocator.malloc(sizes[ordinal])
-            ordinal += 1
-        else:
-            allocator.free(blocks.pop(value))
-    return ordinal
+class _Player:
+    """Places a replay's requests at their sizes; a soft one that does not fit is done without."""
+
+    def __init__(self, allocator: CachingAllocator, sizes: list[int]) -> None:
+        self.allocator, self.sizes = allocator, sizes
+        self.soft: set[int] = set()  # the requests that may fail without failing the step
+
+    def request(self, ordinal: int) -> Block | None:
+        try:
+            return self.allocator.malloc(self.sizes[ordinal])
+        except AllocatorOutOfMemory:
+            if ordinal in self.soft:
+                return None
+            raise
+
+    def release(self, block: Block | None) -> None:
+        if block is not None:
+            self.allocator.free(block)
 
 
 def _kinds(steps: tuple[tuple[Event, ...], ...]) -> tuple[set[int], set[int]]:
@@ -294,10 +308,18 @@ def _handed_on(
 class ReplayForecast:
     """The search's ``Forecast`` on a caching allocator: the replay of the two largest trials that
     fitted and were recorded (``records``, filled in as they run), at ``steps`` steps under the
-    trial's cap of ``limit_bytes``."""
+    trial's cap of ``limit_bytes`` (``soft_workspaces``: the device's kernels do without a workspace
+    the allocator cannot place, as cuDNN's do)."""
 
-    def __init__(self, records: dict[int, AllocationRecord], limit_bytes: int, steps: int) -> None:
+    def __init__(
+        self,
+        records: dict[int, AllocationRecord],
+        limit_bytes: int,
+        steps: int,
+        soft_workspaces: bool = False,
+    ) -> None:
         self.records, self.limit_bytes, self.steps = records, limit_bytes, steps
+        self.soft_workspaces = soft_workspaces
         self._replays: dict[tuple[int, int], AllocationReplay | None] = {}
         self.replays_run = 0
 
@@ -315,4 +337,4 @@ class ReplayForecast:
         if replay is None:
             return None
         self.replays_run += 1
-        return replay.fits(batch_size, self.limit_bytes, self.steps)
+        return replay.fits(batch_size, self.limit_bytes, self.steps, self.soft_workspaces)

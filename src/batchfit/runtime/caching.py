@@ -69,6 +69,7 @@ class CachingDevice:
 
     exact = True  # release() empties the cache: a failed trial leaves nothing behind
     confirm_steps: int | None = CONFIRM_STEPS
+    soft_workspaces = False  # the CPU's kernels take no workspace from the allocator
     name: str
     torch_device: torch.device
 

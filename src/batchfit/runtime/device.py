@@ -99,6 +99,9 @@ class Device(Protocol):
     #: Steps the answer is run again for before it is final, where the allocator's state builds
     #: over the first steps (a caching allocator fragments); None where the trial's steps decide.
     confirm_steps: int | None
+    #: A workspace the allocator cannot place is done without (the kernel runs an algorithm that
+    #: needs less, as cuDNN's do), not an out-of-memory of the step: the allocation replay's rule.
+    soft_workspaces: bool
     #: The fewest steps in one of explore's timing windows: where a window starts from an idle,
     #: synchronised device, its first step pays a ramp that back-to-back training steps hide.
     min_window_steps: int
@@ -141,6 +144,7 @@ class CpuDevice:
     torch_device = torch.device("cpu")
     exact = False  # a real allocator failure (RLIMIT_AS) can leave the heap larger than it was
     confirm_steps: int | None = None  # the tracker counts live bytes: step 2 is every later step
+    soft_workspaces = False  # nothing is replayed: live bytes decide
     min_window_steps = 1  # nothing runs ahead of the host: a step is a step
 
     def __init__(self, *, fake: bool = False) -> None:
