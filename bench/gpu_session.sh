@@ -4,7 +4,8 @@
 #   gpu-tests  the tests marked gpu (pytest -m gpu)
 #   tests      the whole suite, with CUDA present (tests that mean the CPU say so)
 #   find       bench/find.py --device cuda: the truth, Lightning and accelerate
-#   curves     bench/find_curves.py --device cuda: every trial near each boundary, then find_replay.py on them
+#   curves     bench/find_curves.py --device cuda: every trial near each boundary, then find_replay.py on
+#              them, with the opening's allocator requests replayed and without (--no-forecast)
 #   explore    bench/explore.py --device cuda
 #   compare    bench/compare.py --device cuda
 # Usage: bash bench/gpu_session.sh STAGE [STAGE ...]   (e.g. gpu-tests find curves)
@@ -67,10 +68,12 @@ for stage in "$@"; do
     tests) "$py" -m pytest -p no:cacheprovider -q 2>&1 | tee "$out/tests.log" | tail -n 60 ;;
     find) "$py" bench/find.py --device cuda "${only[@]}" --json "$out/find-cuda$suffix.json" 2>&1 |
         tee "$out/find$suffix.log" ;;
-    curves) # recorded, then replayed at once: find's search on those trials, beside Lightning's
+    curves) # recorded, then replayed at once: find's search on those trials, beside Lightning's,
+        # with the opening's allocator requests replayed and without (how well the model forecasts CUDA)
         recorded="$out/find-curves-cuda$suffix.json"
         { "$py" bench/find_curves.py --device cuda "${only[@]}" --json "$recorded" &&
-            "$py" bench/find_replay.py "$recorded"; } 2>&1 | tee "$out/curves$suffix.log" ;;
+            "$py" bench/find_replay.py "$recorded" &&
+            "$py" bench/find_replay.py "$recorded" --no-forecast; } 2>&1 | tee "$out/curves$suffix.log" ;;
     explore) "$py" bench/explore.py --device cuda "${only[@]}" --json "$out/explore-cuda$suffix.json" 2>&1 |
         tee "$out/explore$suffix.log" ;;
     compare) "$py" bench/compare.py --device cuda "${only[@]}" --json "$out/compare-cuda$suffix.json" 2>&1 |

@@ -145,6 +145,13 @@ def test_the_cli_prints_the_table_and_refuses_what_it_cannot_use(curve_file: Pat
         check=True,
     )
     assert "mlp" in done.stdout and "exact, with at most 1/2 of binsearch's trials" in done.stdout
+    plain = subprocess.run(
+        [sys.executable, str(script), str(curve_file), "--no-forecast"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "mlp" in plain.stdout
     bad = subprocess.run(
         [sys.executable, str(script), str(curve_file), "--set", "SPEED=3"], capture_output=True, text=True
     )
