@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+import torch
+
 from batchfit.policy.allocation_replay import ALLOC, FREE, AllocationRecord, Recording
-from batchfit.runtime.cuda import read_trace
+from batchfit.runtime.cuda import _CudaAllocator, read_trace
 
 
 def entry(action: str, addr: int | None = None, size: int = 0) -> dict[str, Any]:
@@ -55,3 +58,12 @@ def test_steps_marked_after_the_last_entry_are_empty_steps() -> None:
     read_trace(HISTORY[1:3], [0, 2, 2], recording)
     record = recording.record(2)
     assert record is not None and record.steps == ((), ((ALLOC, 1024), (ALLOC, 512)), (), ())
+
+
+def test_a_torch_without_the_allocator_history_records_nothing_and_raises_nothing() -> None:
+    # This CPU-only build has torch.cuda.memory._record_memory_history but not its C++ half: the
+    # CUDA device's recording is then None, and find runs without the forecast.
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build: tests/test_gpu.py checks the recording there")
+    with _CudaAllocator(torch.device("cuda", 0)).recording() as recording:
+        assert recording is None

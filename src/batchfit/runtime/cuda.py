@@ -3,6 +3,7 @@ capped by the per-process memory fraction, the user's own fraction put back."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,6 +15,8 @@ from batchfit.policy.allocation_replay import Recording
 from batchfit.policy.caching_allocator import Segments
 from batchfit.runtime.caching import CachingDevice
 from batchfit.units import format_bytes
+
+logger = logging.getLogger(__name__)
 
 #: The fewest steps in an explore window on CUDA. Each window starts on an idle, synchronised GPU,
 #: so its first step pays the launch ramp and the unhidden batch copy that back-to-back training
@@ -109,34 +112,51 @@ class _CudaAllocator:
     def recording(self) -> Iterator[Recording | None]:
         """The allocator's own history (``torch.cuda.memory._record_memory_history``, no stack
         traces) over the block, read back into a ``Recording`` at its end; the history is turned
-        off after (which clears it). None where this torch has no such history, or where the user
-        records one already: theirs is left as it is."""
-        memory = torch.cuda.memory
-        record_history = getattr(memory, "_record_memory_history", None)
-        recording_already = getattr(torch._C, "_cuda_isHistoryEnabled", None)
-        if record_history is None or recording_already is None or not hasattr(memory, "_snapshot"):
-            yield None
-            return
-        if recording_already():
+        off after (which clears it). None where there is no such history to read: a torch without
+        it, an allocator that keeps none (``cudaMallocAsync``), or a user who records one already
+        (theirs is left as it is)."""
+        index = self.device.index or 0
+        if not _history_free():
             yield None
             return
         start = _segments(torch.cuda.memory_snapshot(), self.device.index)
-        record_history(enabled="all", context=None, max_entries=MAX_TRACE_ENTRIES, clear_history=True)
         try:
-            recording = _HistoryRecording(start, self.device.index or 0)
+            torch.cuda.memory._record_memory_history(
+                enabled="all", context=None, max_entries=MAX_TRACE_ENTRIES
+            )
+        except (TypeError, RuntimeError) as error:  # another signature, or a backend without history
+            logger.debug("no allocator history to record the trial's requests: %s", error)
+            yield None
+            return
+        try:
+            recording = _HistoryRecording(start, index)
             yield recording
-            read_trace(_history(recording.index), recording.starts, recording)
+            entries = _history(index)[recording.begin :]
+            starts = [position - recording.begin for position in recording.starts]
+            read_trace(entries, starts, recording, MAX_TRACE_ENTRIES - recording.begin)
         finally:
-            record_history(enabled=None)
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _history_free() -> bool:
+    """Whether this torch keeps an allocator history that batchfit can turn on and read, and nobody
+    records one now."""
+    memory = torch.cuda.memory
+    enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)  # absent from CPU-only builds too
+    if enabled is None or not (hasattr(memory, "_record_memory_history") and hasattr(memory, "_snapshot")):
+        return False
+    backend = getattr(memory, "get_allocator_backend", lambda: "native")()
+    return backend == "native" and not enabled()
 
 
 class _HistoryRecording(Recording):
     """A ``Recording`` read from the allocator's history at the end; a step's mark notes where in
-    the history it begins."""
+    the history it begins (``begin``: where the history stood when it was turned on)."""
 
     def __init__(self, start: Segments, index: int) -> None:
         super().__init__(start)
         self.index = index
+        self.begin = len(_history(index))
         self.starts: list[int] = []
 
     def mark_step(self) -> None:
