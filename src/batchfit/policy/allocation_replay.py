@@ -9,7 +9,7 @@ plays the requests at the sizes of another batch on the modelled allocator
 and says whether they are placed: fragmentation and segment sizes included, which a line through
 the allocated peaks cannot see. Its last recorded step is the steady state: it is played again,
 each repetition freeing what the one before handed on, up to the trial's steps or until the
-allocator's state recurs (``policy.steady``).
+allocator's state recurs (after which the steps repeat steps played, as ``policy.steady`` argues).
 
 Torch-free: the devices record (``runtime.caching``), the search consults the forecast to place
 its real trials, and only real trials decide.
@@ -95,6 +95,7 @@ class AllocationReplay:
         self.start, self.steps = start, steps
         self.lines = lines  # each request's bytes: intercept, bytes per sample
         self.handed_on = _handed_on(steps, lines)
+        self.transient = _kinds(steps)[1]  # the workspaces: freed right after they are made
 
     @classmethod
     def of(cls, first: AllocationRecord, second: AllocationRecord) -> AllocationReplay | None:
@@ -150,7 +151,7 @@ class AllocationReplay:
         sizes = [max(1, math.ceil(fixed + slope * batch_size)) for fixed, slope in self.lines]
         player = _Player(CachingAllocator.starting_from(self.start, limit_bytes), sizes)
         if soft_workspaces:
-            player.soft = _kinds(self.steps)[1]
+            player.soft = self.transient
         blocks: dict[int, Block | None] = {}
         ordinal = 0
         try:
@@ -172,7 +173,7 @@ class AllocationReplay:
         early (placed) once the allocator's state after a step recurs: the rest repeat steps played."""
         assert self.handed_on is not None
         last = self.steps[-1]
-        first = sum(1 for events in self.steps[:-1] for kind, _ in events if kind == ALLOC)
+        first = _requests(self.steps[:-1])  # the last step's first request
         inherited = {freed: index for index, (freed, _) in enumerate(self.handed_on)}
         seen = {player.allocator.segments()}
         current = {ordinal: block for ordinal, block in blocks.items() if ordinal >= first}
@@ -213,6 +214,10 @@ class _Player:
     def release(self, block: Block | None) -> None:
         if block is not None:
             self.allocator.free(block)
+
+
+def _requests(steps: tuple[tuple[Event, ...], ...]) -> int:
+    return sum(1 for events in steps for kind, _ in events if kind == ALLOC)
 
 
 def _kinds(steps: tuple[tuple[Event, ...], ...]) -> tuple[set[int], set[int]]:
@@ -292,7 +297,7 @@ def _handed_on(
     count, or other sizes: the last step is not yet the steady state)."""
     if len(steps) < 2:
         return None
-    first = sum(1 for events in steps[:-1] for kind, _ in events if kind == ALLOC)
+    first = _requests(steps[:-1])
     last = steps[-1]
     count = sum(1 for kind, _ in last if kind == ALLOC)
     freed_earlier = sorted(value for kind, value in last if kind == FREE and value < first)
