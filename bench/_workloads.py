@@ -1,6 +1,7 @@
 """Workloads the benchmarks run: batchfit's built-in examples, and on a GPU real models built from
 their packages' code (no download): torchvision's ResNet-50 in fp32 and with AMP, and a GPT-2
-small from its Hugging Face config. A model whose package is missing is skipped, with the reason.
+small from its Hugging Face config (and a tiny one, for the CPU with CUDA's allocator modelled). A
+model whose package is missing is skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from batchfit.runtime.examples import EXAMPLES, build_example
 
 IMAGE_SIZE = 224
 GPT2_TOKENS = 1024
+GPT2_TINY_TOKENS = 128
 
 
 def _images(classes: int) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
@@ -71,7 +73,8 @@ def gpt2(device: torch.device) -> batchfit.Workload:
     # Training keeps no key-value cache (the default keeps one, which activation checkpointing
     # would hold twice over during recomputation).
     config = transformers.GPT2Config(n_positions=GPT2_TOKENS, use_cache=False)
-    model = transformers.GPT2LMHeadModel(config).to(device)
+    model: nn.Module = transformers.GPT2LMHeadModel(config)  # typed as a module: its own .to is wrapped
+    model = model.to(device)
 
     def make_batch(n: int) -> dict[str, torch.Tensor]:
         tokens = torch.randint(
@@ -88,13 +91,51 @@ def gpt2(device: torch.device) -> batchfit.Workload:
     )
 
 
+def gpt2_tiny(device: torch.device) -> batchfit.Workload:
+    """The same Hugging Face GPT-2 code at a size the CPU trains in seconds (2 layers of 128, a
+    vocabulary of 1000, 128-token sequences): a real model's requests on the modelled allocator."""
+    import transformers  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=128,
+        n_head=4,
+        n_positions=GPT2_TINY_TOKENS,
+        vocab_size=1000,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
+    model: nn.Module = transformers.GPT2LMHeadModel(config)  # typed as a module: its own .to is wrapped
+    model = model.to(device)
+
+    def make_batch(n: int) -> dict[str, torch.Tensor]:
+        tokens = torch.randint(0, 1000, (n, GPT2_TINY_TOKENS), generator=torch.Generator().manual_seed(n))
+        return {"input_ids": tokens, "labels": tokens}
+
+    return batchfit.Workload(
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=3e-4),
+        make_batch=make_batch,
+        tokens_per_sample=GPT2_TINY_TOKENS,
+        name="gpt2-tiny",
+    )
+
+
 REAL: dict[str, Callable[[torch.device], batchfit.Workload]] = {
     "resnet50": resnet50,
     "resnet50-amp": lambda device: resnet50(device, amp=True),
     "gpt2": gpt2,
+    "gpt2-tiny": gpt2_tiny,
 }
 #: The package each real model needs.
-PACKAGES = {"resnet50": "torchvision", "resnet50-amp": "torchvision", "gpt2": "transformers"}
+PACKAGES = {
+    "resnet50": "torchvision",
+    "resnet50-amp": "torchvision",
+    "gpt2": "transformers",
+    "gpt2-tiny": "transformers",
+}
 
 
 def build(name: str, device: torch.device) -> batchfit.Workload:

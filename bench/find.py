@@ -58,6 +58,7 @@ CASES: dict[str, list[Case]] = {
         Case("mlp", "ref:256"),
         *(Case("cnn", f"ref:{size}") for size in (32, 64, 128)),
         *(Case("transformer", f"ref:{size}") for size in (32, 64, 128)),
+        Case("gpt2-tiny", "ref:24"),  # a Hugging Face model's requests (where transformers is installed)
     ],
 }
 QUICK: dict[str, list[Case]] = {
