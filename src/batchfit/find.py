@@ -18,7 +18,7 @@ from batchfit.policy.cache import TrialCache
 from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.runtime.device import Device
-from batchfit.runtime.lockstep import Lockstep
+from batchfit.runtime.lockstep import Lockstep, LockstepForecast
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
@@ -199,8 +199,8 @@ def find_on(
         budget = int(memory_fraction * capacity)
         warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
         # Behind a caching allocator the opening trials record their requests: replayed at other
-        # sizes (policy.allocation_replay), they place the confirming trials.
-        record = confirming is not None and lockstep is None
+        # sizes (policy.allocation_replay), they place the confirming trials (on every rank alike).
+        record = confirming is not None
         runner = TrialRunner(
             workload, target, mode, steps_per_trial, budget, snapshot, warm_batch, record=record
         )
@@ -213,11 +213,10 @@ def find_on(
             )
 
         forecast = forecast_here() if lockstep is None else lockstep.shared(forecast_here)
-        replay = (
-            ReplayForecast(runner.records, budget, confirming, target.soft_workspaces)
-            if record and confirming
-            else None
-        )
+        replay: ReplayForecast | LockstepForecast | None = None
+        if confirming is not None:
+            replay = ReplayForecast(runner.records, budget, confirming, target.soft_workspaces)
+            replay = replay if lockstep is None else LockstepForecast(replay, lockstep)
         run = _Oracle(runner, budget, cache, on_trial, on_trial_start, lockstep)
         longer = None
         if confirming is not None:

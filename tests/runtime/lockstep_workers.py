@@ -12,11 +12,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tiny_workloads import build
+from tiny_workloads import build, classification_batch
 from torch import nn
 from two_ranks import leave_group
 
 from batchfit import Workload, analyze, compare, explore, find_batch_size
+from batchfit.find import find_on
+from batchfit.runtime.caching import CachingCpuDevice
+from batchfit.units import parse_bytes
 
 
 def _failing(rank: int, error_rank: int, error: BaseException, after_steps: int) -> Workload:
@@ -51,6 +54,8 @@ def run(rank: int, scenario: str, limits: list[str]) -> dict[str, Any]:
         return analyze_report(build("mlp", "sgd"), limits[rank])
     elif scenario == "compare":
         return compare_report(build("mlp", "sgd"), limits[rank])
+    elif scenario == "caching":
+        return caching_report(limits[rank], (3, 24, 24) if rank == 1 else (3, 16, 16))
     else:
         raise ValueError(scenario)
     result = find_batch_size(workload, device="cpu", memory_limit=limits[rank], max_batch_size=4096)
@@ -60,6 +65,20 @@ def run(rank: int, scenario: str, limits: list[str]) -> dict[str, Any]:
         "trials": [trial.batch_size for trial in result.trials],
         "outcomes": [trial.outcome for trial in result.trials],
         "details": [trial.detail for trial in result.trials],
+    }
+
+
+def caching_report(limit: str, image: tuple[int, ...]) -> dict[str, Any]:
+    """find on the CPU with CUDA's caching allocator modelled, capped at ``limit`` on this rank,
+    the CNN on this rank's ``image`` shape (ranks whose steps make other requests)."""
+    workload = build("cnn", "sgd")
+    workload.make_batch = classification_batch(image)
+    result = find_on(CachingCpuDevice(parse_bytes(limit)), workload, "train", max_batch_size=4096)
+    return {
+        "batch_size": result.batch_size,
+        "trials": [trial.batch_size for trial in result.trials],
+        "outcomes": [trial.outcome for trial in result.trials],
+        "replays": result.replays,
     }
 
 

@@ -9,10 +9,12 @@ from typing import Any
 
 import lockstep_workers
 import pytest
-from tiny_workloads import build
+from tiny_workloads import build, classification_batch
 from two_ranks import run_ranks
 
 from batchfit import find_batch_size
+from batchfit.find import find_on
+from batchfit.runtime.caching import CachingCpuDevice
 
 pytestmark = pytest.mark.distributed
 
@@ -40,6 +42,26 @@ def test_ranks_with_different_capacities_agree_on_the_smaller_one(tmp_path: Path
     pairs = zip(reports[0]["outcomes"], reports[0]["details"], strict=True)
     failed = [detail for outcome, detail in pairs if outcome != "ok"]
     assert failed and all(detail.startswith("rank 0: ") for detail in failed)
+
+
+def test_behind_caching_allocators_every_rank_places_its_trials_by_the_replay_of_all(tmp_path: Path) -> None:
+    # Each rank replays its own opening's allocator requests: rank 1's step makes other requests
+    # (larger images; alone, under the same budget, the two answer 85 and 113: segment sizes, not
+    # bytes, decide there). A size fits where it fits both, so both place the same trials: 2, 4,
+    # the smaller answer, and the next.
+    reports = spawn("caching", ["32MiB", "48MiB"], tmp_path)
+    assert all("error" not in report for report in reports), reports
+    alone = []
+    for image in ((3, 16, 16), (3, 24, 24)):
+        workload = build("cnn", "sgd")
+        workload.make_batch = classification_batch(image)
+        # Every rank's trials run under the smallest rank's budget (0.8 of 32 MiB).
+        alone.append(find_on(CachingCpuDevice(32 * 2**20), workload, "train", max_batch_size=4096))
+    answer = min(result.batch_size for result in alone)
+    assert alone[0].batch_size != alone[1].batch_size  # the ranks' own replays disagree
+    assert reports[0]["trials"] == reports[1]["trials"] == [2, 4, answer, answer + 1]
+    assert reports[0]["batch_size"] == reports[1]["batch_size"] == answer
+    assert reports[0]["replays"] == reports[1]["replays"] > 0
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from batchfit.errors import RankFailedError
+from batchfit.policy.allocation_replay import ReplayForecast
 from batchfit.policy.ranks import merge_trials
 from batchfit.policy.trial import Trial
 from batchfit.runtime.steps import StepTimer
@@ -72,6 +73,23 @@ class Lockstep:
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, payload, group=self.group)
         return gathered
+
+
+class LockstepForecast:
+    """The replay forecast every rank agrees on: each rank replays its own records on its own
+    device's cap, one collective per size, and a size fits where it fits every rank (None where any
+    rank cannot say), so every rank places the same trials."""
+
+    def __init__(self, local: ReplayForecast, lockstep: Lockstep) -> None:
+        self.local, self.lockstep = local, lockstep
+
+    @property
+    def replays_run(self) -> int:
+        return self.local.replays_run
+
+    def fits(self, batch_size: int) -> bool | None:
+        answers = self.lockstep.run(lambda: self.local.fits(batch_size))
+        return None if any(answer is None for answer in answers) else all(answers)
 
 
 class LockstepMeter:
