@@ -63,63 +63,40 @@ def resnet50(device: torch.device, amp: bool = False) -> batchfit.Workload:
     return workload
 
 
-def gpt2(device: torch.device) -> batchfit.Workload:
+def gpt2(device: torch.device, tiny: bool = False) -> batchfit.Workload:
     """A GPT-2 small (124M parameters) built from its Hugging Face config, on 1024-token sequences
     with AdamW and no key-value cache, as training runs it; the model computes its own loss from
-    ``labels``."""
+    ``labels``. ``tiny``: the same code at a size the CPU trains in seconds (2 layers of 128, a
+    vocabulary of 1000, 128-token sequences), for a real model's requests on the modelled allocator."""
     import transformers  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
     torch.manual_seed(0)
+    tokens_per_sample = GPT2_TINY_TOKENS if tiny else GPT2_TOKENS
     # Training keeps no key-value cache (the default keeps one, which activation checkpointing
     # would hold twice over during recomputation).
-    config = transformers.GPT2Config(n_positions=GPT2_TOKENS, use_cache=False)
+    size: dict[str, Any] = {
+        "n_layer": 2,
+        "n_embd": 128,
+        "n_head": 4,
+        "vocab_size": 1000,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    }
+    config = transformers.GPT2Config(n_positions=tokens_per_sample, use_cache=False, **(size if tiny else {}))
     model: nn.Module = transformers.GPT2LMHeadModel(config)  # typed as a module: its own .to is wrapped
     model = model.to(device)
 
     def make_batch(n: int) -> dict[str, torch.Tensor]:
-        tokens = torch.randint(
-            0, config.vocab_size, (n, GPT2_TOKENS), generator=torch.Generator().manual_seed(n)
-        )
+        shape = (n, tokens_per_sample)
+        tokens = torch.randint(0, config.vocab_size, shape, generator=torch.Generator().manual_seed(n))
         return {"input_ids": tokens, "labels": tokens}
 
     return batchfit.Workload(
         model=model,
         optimizer=torch.optim.AdamW(model.parameters(), lr=3e-4),
         make_batch=make_batch,
-        tokens_per_sample=GPT2_TOKENS,
-        name="gpt2",
-    )
-
-
-def gpt2_tiny(device: torch.device) -> batchfit.Workload:
-    """The same Hugging Face GPT-2 code at a size the CPU trains in seconds (2 layers of 128, a
-    vocabulary of 1000, 128-token sequences): a real model's requests on the modelled allocator."""
-    import transformers  # type: ignore[import-not-found,import-untyped,unused-ignore]
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=128,
-        n_head=4,
-        n_positions=GPT2_TINY_TOKENS,
-        vocab_size=1000,
-        bos_token_id=0,
-        eos_token_id=0,
-        use_cache=False,
-    )
-    model: nn.Module = transformers.GPT2LMHeadModel(config)  # typed as a module: its own .to is wrapped
-    model = model.to(device)
-
-    def make_batch(n: int) -> dict[str, torch.Tensor]:
-        tokens = torch.randint(0, 1000, (n, GPT2_TINY_TOKENS), generator=torch.Generator().manual_seed(n))
-        return {"input_ids": tokens, "labels": tokens}
-
-    return batchfit.Workload(
-        model=model,
-        optimizer=torch.optim.AdamW(model.parameters(), lr=3e-4),
-        make_batch=make_batch,
-        tokens_per_sample=GPT2_TINY_TOKENS,
-        name="gpt2-tiny",
+        tokens_per_sample=tokens_per_sample,
+        name="gpt2-tiny" if tiny else "gpt2",
     )
 
 
@@ -127,7 +104,7 @@ REAL: dict[str, Callable[[torch.device], batchfit.Workload]] = {
     "resnet50": resnet50,
     "resnet50-amp": lambda device: resnet50(device, amp=True),
     "gpt2": gpt2,
-    "gpt2-tiny": gpt2_tiny,
+    "gpt2-tiny": lambda device: gpt2(device, tiny=True),
 }
 #: The package each real model needs.
 PACKAGES = {
