@@ -127,7 +127,8 @@ def find_batch_size(
     The opening trials run ``steps_per_trial`` steps; every later one, which may be the answer,
     runs ``confirm_steps`` (default: 10 on CUDA, whose caching allocator fragments over the first
     steps; none on the CPU); an answer not found by such a trial runs them once more and, if they
-    no longer fit, the search goes on below it.
+    no longer fit, the search goes on below it. On CUDA the opening trials record their allocator
+    requests, whose replay at other sizes places the later trials (``SearchResult.replays``).
     For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
     gradients and optimizer state resident, as when validation runs inside a training loop.
     ``on_trial_start(batch_size)`` and ``on_trial(trial)`` report progress. A ``cache`` shared by
