@@ -102,10 +102,9 @@ class _CudaAllocator:
 
     def layout(self) -> Hashable:
         # The allocator's own account of its segments and blocks, read on the host (no sync).
-        segments = [s for s in torch.cuda.memory_snapshot() if s.get("device") == self.device.index]
         return tuple(
             (segment["stream"], segment["segment_type"], _blocks(segment))
-            for segment in sorted(segments, key=lambda segment: segment["address"])
+            for segment in _device_segments(torch.cuda.memory_snapshot(), self.device.index)
         )
 
     @contextmanager
@@ -195,10 +194,15 @@ def read_trace(
 def _segments(snapshot: Any, index: int | None) -> Segments:
     """The segments of device ``index`` in a ``memory_snapshot()``, as ``policy.caching_allocator``
     lists them: in address order, each block's size and whether it is in use."""
-    mine = sorted((s for s in snapshot if s.get("device") == index), key=lambda s: s["address"])
     return tuple(
-        tuple((int(b["size"]), b["state"] != "inactive") for b in segment["blocks"]) for segment in mine
+        tuple((int(b["size"]), b["state"] != "inactive") for b in segment["blocks"])
+        for segment in _device_segments(snapshot, index)
     )
+
+
+def _device_segments(snapshot: Any, index: int | None) -> list[Any]:
+    """The segments of device ``index`` in a ``memory_snapshot()``, in address order."""
+    return sorted((s for s in snapshot if s.get("device") == index), key=lambda s: s["address"])
 
 
 def _blocks(segment: Any) -> tuple[tuple[int, str], ...]:
