@@ -444,6 +444,9 @@ MICRO_BATCH_SIZES = {"cpu": (256, 2048), "cuda": (1024, 32768)}
 def test_micro_batch_step_survives_an_out_of_memory_under_the_cap(device: str) -> None:
     # The cap lies halfway between the peaks of the whole batch in one micro-batch and in two, both
     # measured: the first call runs out of memory, halves, and steps as one unbroken step would.
+    # The allocated peaks: on CUDA what a step reserves with no cap holds cached blocks that a
+    # capped allocator frees and retries without (on the H100 the whole batch fitted halfway
+    # between the two reserved peaks).
     width, samples = MICRO_BATCH_SIZES[device]
     target = parse_device(device)
 
@@ -476,7 +479,7 @@ def test_micro_batch_step_survives_an_out_of_memory_under_the_cap(device: str) -
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
-        return max(measured.peak_bytes, measured.reserved_peak_bytes or 0)
+        return measured.peak_bytes
 
     whole, halves = peak(samples), peak(samples // 2)
     assert whole > halves * 1.2, (whole, halves)  # the activations make the difference

@@ -69,6 +69,14 @@ def main() -> None:
     )
     initial = [parameter.detach().clone() for parameter in model.parameters()]
 
+    # What a CUDA build of torch starts lazily (the driver's device count, autograd's worker
+    # threads) starts here, before the cap: the cap is for the search's tensors. On an H100 machine
+    # both failed inside it ("out of memory" from cudaGetDeviceCount, "Resource temporarily
+    # unavailable" at the first backward). A CPU-only build starts none of it.
+    torch.cuda.is_available()
+    warm = torch.ones(2, requires_grad=True)
+    (warm * 2).sum().backward()
+    del warm
     vm_before = vm_size_bytes()
     limit = vm_before + headroom
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

@@ -7,6 +7,7 @@ import torch
 
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
 from batchfit.runtime.cuda import CudaDevice, cuda_call
+from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.device import CappedCpuDevice, CpuDevice
 from batchfit.runtime.resolve import resolve_device
 
@@ -101,3 +102,18 @@ def test_a_measurement_keeps_the_last_step_and_its_phases() -> None:
         del outside
     assert (measurement.activation_peak_bytes, measurement.optimizer_peak_bytes) == (1_000_000, 3_000_000)
     assert measurement.peak_bytes == 3_000_000 and measurement.reserved_peak_bytes is None
+
+
+def test_a_cap_below_what_the_allocator_caches_is_a_real_cap() -> None:
+    # Behind a caching allocator the cap is checked when a new segment is asked for: a block capped
+    # after an uncapped one that left 64 MiB cached must not place 64 MiB on that cache.
+    device = CachingCpuDevice(2**40)
+    big = 2**24  # float32 elements: 64 MiB
+    with device.measure([], None):
+        torch.ones(big)
+    assert device.allocator.model.reserved_bytes >= 4 * big  # cached, not given back
+    with pytest.raises(torch.OutOfMemoryError), device.measure([], 32 * 2**20):
+        torch.ones(big)
+    with device.measure([], 32 * 2**20) as measured:  # what fits the cap still runs under it
+        torch.ones(big // 4)
+    assert measured.peak_bytes >= big

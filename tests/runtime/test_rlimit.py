@@ -31,7 +31,9 @@ def run_child(headroom_mib: int, steps: int, fraction: float, extra_env: dict[st
     env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
     env.pop("GLIBC_TUNABLES", None)
     # One thread: no OpenMP/MKL worker stacks in the address space, and stable timings.
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra_env})
+    # One malloc arena: each other thread that mallocs reserves a 64 MiB arena of address space
+    # (a CUDA build's did: the capacity read 64 MiB short of the headroom on an H100 machine).
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1", **extra_env})
     # The CPU under RLIMIT_AS: no GPU. (A CUDA build's driver and autograd's per-device threads
     # cannot start inside the limit: "Resource temporarily unavailable" on an H100 machine.)
     env["CUDA_VISIBLE_DEVICES"] = ""

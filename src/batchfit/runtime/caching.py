@@ -82,6 +82,11 @@ class CachingDevice:
         self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None
     ) -> Iterator[Measurement]:
         self.synchronize()
+        if cap_bytes is not None:
+            # The cap is checked only when the allocator asks for a new segment: blocks it already
+            # caches would let the block use more than the cap (on the H100 a batch that needs more
+            # than the cap ran under it on segments an uncapped step before had left cached).
+            self.allocator.empty_cache()
         with self.allocator.capped(resident, cap_bytes):
             retries_before = self.allocator.retries()
             measurement = Measurement(_probe=self.allocator)
