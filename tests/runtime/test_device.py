@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
-from batchfit.runtime.cuda import CudaDevice, cuda_call
 from batchfit.runtime.caching import CachingCpuDevice
+from batchfit.runtime.cuda import CudaDevice, cuda_call
 from batchfit.runtime.device import CappedCpuDevice, CpuDevice
 from batchfit.runtime.resolve import resolve_device
 
