@@ -435,6 +435,50 @@ def test_a_forecast_places_the_trials_and_a_wrong_one_costs_trials_not_the_answe
     assert 0 < forecast.asked <= 2 * 9 + 2
 
 
+@pytest.mark.parametrize("workload", ["resnet50", "resnet50_amp", "gpt2"])  # their truths are below 512
+@pytest.mark.parametrize("overhead", [0.0, 0.02, 0.05])
+@pytest.mark.parametrize("shift", [1, 2, 3, 6])
+def test_a_forecast_that_overshoots_a_little_is_followed_down_from_its_failure(
+    workload: str, overhead: float, shift: int
+) -> None:
+    # On the H100 the forecasts that failed overshot by 0 to 5%: the search gallops down from the
+    # failure (1, 2, 4, ... below it) and bisects once a size fits, so a forecast off by one costs
+    # one trial, and one off by a few costs a few: never the line's restart far below.
+    fixed, per_sample, budget = GPU_LIKE[workload]
+    log: list[tuple[int, int]] = []
+    short, long = stepped_allocator(fixed, per_sample, overhead, budget, 0.002, log)
+    candidates = Candidates.between(1, 512)
+    truth = brute_force(lambda b: long(b) if short(b).fits else short(b), candidates)
+    assert truth is not None and truth + shift <= 512
+    log.clear()
+    outcome = search_and_confirm(short, candidates, budget, longer=long, forecast=Shifted(truth, shift))
+    assert outcome.batch_size == truth and outcome.confirmed
+    after_opening = [batch for batch, _ in log[2:]]
+    assert after_opening[:2] == [truth + shift, truth + shift - 1]
+    assert all(truth - shift <= batch <= truth + shift for batch in after_opening)
+    assert len(after_opening) <= 2 * math.ceil(math.log2(shift + 1)) + 1, after_opening
+
+
+@pytest.mark.parametrize("workload", ["resnet50", "resnet50_amp", "gpt2"])
+def test_a_forecast_far_above_is_followed_down_only_an_eighth_before_the_line_decides(workload: str) -> None:
+    # A forecast 400 samples over: the gallop down stops an eighth below its answer (six trials),
+    # and the line finds the boundary; galloping on would take 16-17 trials in all.
+    fixed, per_sample, budget = GPU_LIKE[workload]
+    log: list[tuple[int, int]] = []
+    short, long = stepped_allocator(fixed, per_sample, 0.02, budget, 0.002, log)
+    candidates = Candidates.between(1, 512)
+    truth = brute_force(lambda b: long(b) if short(b).fits else short(b), candidates)
+    assert truth is not None
+    log.clear()
+    outcome = search_and_confirm(short, candidates, budget, longer=long, forecast=Shifted(truth, 400))
+    assert outcome.batch_size == truth
+    after_opening = [batch for batch, _ in log[2:]]
+    answer = after_opening[0]
+    descent = [batch for batch in after_opening if batch > truth + 1]
+    assert all(batch >= answer * 7 / 8 for batch in descent), after_opening
+    assert len(after_opening) <= 10, after_opening
+
+
 def test_a_forecast_that_cannot_say_leaves_the_search_as_it_was() -> None:
     fixed, per_sample, budget = GPU_LIKE["resnet50"]
     plain_log: list[tuple[int, int]] = []
