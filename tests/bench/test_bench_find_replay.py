@@ -236,3 +236,68 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
     # Only a longer trial above the boundary is not recorded: it fails as its short trial did.
     assert all(points[size].short["outcome"] != "ok" for size in recorded.modelled)
     assert replayed.answer == live.batch_size == curve.find_answer == recorded.truth()
+
+
+H100 = BENCH / "data" / "h100-2026-11-25"
+
+
+class _Forecast:
+    """A forecast whose boundary is set by hand."""
+
+    def __init__(self, boundary: int) -> None:
+        self.boundary = boundary
+
+    def fits(self, batch_size: int) -> bool:
+        return batch_size <= self.boundary
+
+
+def _h100(name: str) -> find_replay.Recorded:
+    files = {
+        "resnet50-amp": "find-curves-cuda-resnet50-amp.json",
+        "transformer": "find-curves-cuda-cnn-transformer.json",
+    }
+    (recorded,) = [r for r in find_replay.load([H100 / files[name]]) if r.name == name]
+    return recorded
+
+
+def test_on_the_h100_s_amp_trials_the_opening_s_requests_forecast_every_verdict() -> None:
+    # ResNet-50 AMP under 10.5 GiB on an H100: the requests of the trials at 2 and 4, replayed on
+    # the modelled allocator, give the GPU's own 10-step verdict at every recorded size near the
+    # boundary, and the search on those trials is 2, 4, the answer, the next.
+    recorded = _h100("resnet50-amp")
+    forecast = ReplayForecast(
+        {size: recorded.records[size] for size in (2, 4)},
+        recorded.budget_bytes,
+        recorded.confirm_steps,
+        recorded.soft_workspaces,
+    )
+    near = list(range(218, 274))
+    real = {size: recorded.long(size).fits if recorded.short(size).fits else False for size in near}
+    assert [size for size in near if real[size]] == list(range(218, 242))
+    assert {size: forecast.fits(size) for size in near} == real
+    assert find_replay.replay_batchfit(recorded).sizes == [2, 4, 241, 242]
+
+
+@pytest.mark.parametrize(
+    ("name", "boundary", "expected", "answer"),
+    [
+        ("resnet50-amp", 242, [2, 4, 242, 241], 241),
+        ("resnet50-amp", 243, [2, 4, 243, 242, 240, 241], 241),  # find.py's forecast on the H100
+        ("transformer", 160, [2, 4, 160, 159, 157, 153, 155, 156], 156),  # the recording's own
+    ],
+)
+def test_on_the_h100_s_trials_a_forecast_that_overshoots_is_followed_down(
+    name: str, boundary: int, expected: list[int], answer: int
+) -> None:
+    # With the line alone after the failure these took 12 and 10 trials (AMP: 243, 219, 222, 223,
+    # 233, 234, 238, 240, 241, 242), and the transformer answered 148 where 156 fits.
+    recorded = _h100(name)
+    outcome = search_and_confirm(
+        recorded.short,
+        Candidates.between(1, recorded.max_batch_size),
+        recorded.budget_bytes,
+        longer=recorded.long,
+        forecast=_Forecast(boundary),
+    )
+    assert [trial.batch_size for trial in outcome.trials] == expected
+    assert outcome.batch_size == answer
