@@ -11,7 +11,7 @@ import pytest
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy import search as search_policy
-from batchfit.policy.search import Candidates, confirm, search, search_and_confirm
+from batchfit.policy.search import Candidates, SearchOutcome, confirm, search, search_and_confirm
 from batchfit.policy.trial import Trial
 
 PeakFn = Callable[[int], float]
@@ -409,12 +409,11 @@ class Shifted:
         return None if self.truth is None else batch_size <= self.truth + self.shift
 
 
-@pytest.mark.parametrize("workload", ["resnet50", "resnet50_amp", "gpt2", "mostly_fixed"])
-@pytest.mark.parametrize("overhead", [0.0, 0.02, 0.05])
-@pytest.mark.parametrize("shift", [0, -1, 1, -7, 9, -400, 400])
-def test_a_forecast_places_the_trials_and_a_wrong_one_costs_trials_not_the_answer(
+def search_with_forecast(
     workload: str, overhead: float, shift: int
-) -> None:
+) -> tuple[int, SearchOutcome, list[int], Shifted]:
+    """find's search on a GPU-like curve with a forecast ``shift`` samples off the truth: the truth,
+    the outcome, the sizes tried after the opening, and the forecast."""
     fixed, per_sample, budget = GPU_LIKE[workload]
     log: list[tuple[int, int]] = []
     short, long = stepped_allocator(fixed, per_sample, overhead, budget, 0.002, log)
@@ -424,8 +423,17 @@ def test_a_forecast_places_the_trials_and_a_wrong_one_costs_trials_not_the_answe
     log.clear()
     forecast = Shifted(truth, shift)
     outcome = search_and_confirm(short, candidates, budget, longer=long, forecast=forecast)
+    return truth, outcome, [batch for batch, _ in log[2:]], forecast
+
+
+@pytest.mark.parametrize("workload", ["resnet50", "resnet50_amp", "gpt2", "mostly_fixed"])
+@pytest.mark.parametrize("overhead", [0.0, 0.02, 0.05])
+@pytest.mark.parametrize("shift", [0, -1, 1, -7, 9, -400, 400])
+def test_a_forecast_places_the_trials_and_a_wrong_one_costs_trials_not_the_answer(
+    workload: str, overhead: float, shift: int
+) -> None:
+    truth, outcome, after_opening, forecast = search_with_forecast(workload, overhead, shift)
     assert outcome.batch_size == truth and outcome.confirmed
-    after_opening = [batch for batch, _ in log[2:]]
     if shift == 0:  # right: the answer and the candidate after it, nothing else
         assert after_opening == ([truth, truth + 1] if truth < 512 else [truth])
     else:  # wrong: its answer is refuted by the first or second trial, and the line takes over
@@ -444,16 +452,9 @@ def test_a_forecast_that_overshoots_a_little_is_followed_down_from_its_failure(
     # On the H100 the forecasts that failed overshot by 0 to 5%: the search gallops down from the
     # failure (1, 2, 4, ... below it) and bisects once a size fits, so a forecast off by one costs
     # one trial, and one off by a few costs a few: never the line's restart far below.
-    fixed, per_sample, budget = GPU_LIKE[workload]
-    log: list[tuple[int, int]] = []
-    short, long = stepped_allocator(fixed, per_sample, overhead, budget, 0.002, log)
-    candidates = Candidates.between(1, 512)
-    truth = brute_force(lambda b: long(b) if short(b).fits else short(b), candidates)
-    assert truth is not None and truth + shift <= 512
-    log.clear()
-    outcome = search_and_confirm(short, candidates, budget, longer=long, forecast=Shifted(truth, shift))
+    truth, outcome, after_opening, _ = search_with_forecast(workload, overhead, shift)
+    assert truth + shift <= 512
     assert outcome.batch_size == truth and outcome.confirmed
-    after_opening = [batch for batch, _ in log[2:]]
     assert after_opening[:2] == [truth + shift, truth + shift - 1]
     assert all(truth - shift <= batch <= truth + shift for batch in after_opening)
     assert len(after_opening) <= 2 * math.ceil(math.log2(shift + 1)) + 1, after_opening
@@ -463,16 +464,8 @@ def test_a_forecast_that_overshoots_a_little_is_followed_down_from_its_failure(
 def test_a_forecast_far_above_is_followed_down_only_an_eighth_before_the_line_decides(workload: str) -> None:
     # A forecast 400 samples over: the gallop down stops an eighth below its answer (six trials),
     # and the line finds the boundary; galloping on would take 16-17 trials in all.
-    fixed, per_sample, budget = GPU_LIKE[workload]
-    log: list[tuple[int, int]] = []
-    short, long = stepped_allocator(fixed, per_sample, 0.02, budget, 0.002, log)
-    candidates = Candidates.between(1, 512)
-    truth = brute_force(lambda b: long(b) if short(b).fits else short(b), candidates)
-    assert truth is not None
-    log.clear()
-    outcome = search_and_confirm(short, candidates, budget, longer=long, forecast=Shifted(truth, 400))
+    truth, outcome, after_opening, _ = search_with_forecast(workload, 0.02, 400)
     assert outcome.batch_size == truth
-    after_opening = [batch for batch, _ in log[2:]]
     answer = after_opening[0]
     descent = [batch for batch in after_opening if batch > truth + 1]
     assert all(batch >= answer * 7 / 8 for batch in descent), after_opening
