@@ -146,7 +146,7 @@ def search(
     held_failures = 0  # held answers that ran out of memory since the last that fitted
     held_fitted = False  # a held answer has fitted: the margin is measured near the boundary
     predicted = None
-    descent = 0  # after the forecast's answer failed: how far below the last failure to try next
+    descent = 0  # after the forecast's answer failed: how far below the last failure to try next (-1: bisect)
     floor = 0  # the lowest index that descent tries
     if forecast is not None and not forecast_only:
         predicted = _forecast_boundary(forecast, candidates, low, high)
@@ -173,15 +173,15 @@ def search(
             # caching allocator's overhead holds back, restarted 10% below and crept up over 8-9
             # trials: gallop down from the failure, doubling the step, then bisect once a size
             # fits. Past DESCENT below the forecast's answer (a forecast far off), the line decides.
-            index = max(high - descent, (low + high + 1) // 2) if descent > 0 else (low + high) // 2
-            if descent > 0 and index < floor:
-                descent = 0
-            else:
+            bisecting = descent < 0  # a size has fitted since: the boundary is bracketed
+            index = (low + high) // 2 if bisecting else max(high - descent, (low + high + 1) // 2)
+            if bisecting or index >= floor:
                 if probe(index).fits:
-                    low, descent = index, -1  # bracketed: bisect from here on
+                    low, descent = index, -1
                 else:
-                    high, descent = index, 2 * descent if descent > 0 else descent
+                    high, descent = index, descent if bisecting else 2 * descent
                 continue
+            descent = 0  # a forecast far off: the line decides
         model = _local_model(known, low, high) or model
         stalled = len(widths) >= 3 and widths[-1] > widths[-3] / 2
         margin = _margin(known[low], held_failures, held_fitted) if held else 0.0
