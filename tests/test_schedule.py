@@ -12,9 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
-from two_ranks import leave_group, run_ranks
+from two_ranks import counting_ddp, leave_group, run_ranks
 
 from batchfit.errors import ConfigurationError
 from batchfit.schedule import GradientAccumulator, warmup_schedule
@@ -244,14 +242,7 @@ def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=timedelta(seconds=30)
     )
-    model = DistributedDataParallel(make_model())
-    allreduces = [0]
-
-    def counting_allreduce(counter, bucket):  # unannotated: DDP rejects string annotations
-        counter[0] += 1
-        return default_hooks.allreduce_hook(None, bucket)
-
-    model.register_comm_hook(allreduces, counting_allreduce)
+    model, allreduces = counting_ddp(make_model())
     optimizer = make_optimizer("sgd", model)
     accumulator = GradientAccumulator(
         model, optimizer, ACCUMULATION_STEPS, scheduler=warmup_schedule(optimizer, warmup_steps=2)

@@ -1,5 +1,5 @@
 """Two real ranks for the ``distributed`` tests: spawned Pythons in a gloo group, each under a
-deadline, and the way a rank leaves the group."""
+deadline, the way a rank leaves the group, and a DDP model that counts its all-reduces."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 #: Generous for a 2-core machine that starts two Pythons importing torch; a hang takes longer.
 TIMEOUT_SECONDS = 45
@@ -44,3 +47,16 @@ def leave_group() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def counting_ddp(model: nn.Module) -> tuple[DistributedDataParallel, list[int]]:
+    """``model`` in DistributedDataParallel, and a one-element list counting its all-reduces."""
+    wrapped = DistributedDataParallel(model)
+    allreduces = [0]
+
+    def counting_allreduce(counter, bucket):  # unannotated: DDP rejects string annotations
+        counter[0] += 1
+        return default_hooks.allreduce_hook(None, bucket)
+
+    wrapped.register_comm_hook(allreduces, counting_allreduce)
+    return wrapped, allreduces

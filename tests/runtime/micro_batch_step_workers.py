@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 from micro_batch_helpers import adam, make_batch, make_model
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
-from two_ranks import leave_group
+from two_ranks import counting_ddp, leave_group
 
 import batchfit
 from batchfit import MicroBatchStep
@@ -31,14 +30,7 @@ def rank_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def out_of_memory_on_one_rank(rank: int, cap: int, out: Path) -> dict[str, Any]:
     """Step 0 with rank 1 under ``cap`` (it runs out of memory in backward at 64), then step 1 uncapped."""
-    model = DistributedDataParallel(make_model())
-    ddp_allreduces = [0]
-
-    def counting_allreduce(counter, bucket):  # unannotated: DDP rejects string annotations
-        counter[0] += 1
-        return default_hooks.allreduce_hook(None, bucket)
-
-    model.register_comm_hook(ddp_allreduces, counting_allreduce)
+    model, ddp_allreduces = counting_ddp(make_model())
     optimizer = adam(model)
     step = MicroBatchStep(model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=64)
     started = time.perf_counter()
