@@ -19,7 +19,9 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -148,9 +150,25 @@ def execute(run: Run, cwd: str) -> Done:
     return Done(process.returncode, stdout, written.decode().replace("\r\n", "\n"))
 
 
+@contextmanager
+def interruptible_children() -> Iterator[None]:
+    """Children that Ctrl-C interrupts, however these tests were started. A shell starts a
+    background job (``bash .ci/run &``) with SIGINT ignored, and an ignored signal stays ignored
+    across exec: the child's Python would then install no KeyboardInterrupt handler. A handler
+    set here is reset to the default in each child at exec, where Python installs its own."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Done]:
-    with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
+    with interruptible_children(), ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
         futures = {
             name: pool.submit(execute, run, str(tmp_path_factory.mktemp(name))) for name, run in RUNS.items()
         }
