@@ -534,3 +534,47 @@ def test_after_the_opening_the_search_runs_the_confirming_trial() -> None:
 def test_confirm_steps_must_be_positive(mlp_workload: Workload) -> None:
     with pytest.raises(ConfigurationError, match="confirm_steps"):
         find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", confirm_steps=0)
+
+
+def scaled_cnn(scaler: torch.amp.GradScaler) -> Workload:
+    """The tiny CNN trained in float16 autocast with ``scaler``, as mixed-precision training is."""
+    workload = build("cnn", "sgd")
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    workload.train_step = train_step
+    return workload
+
+
+def test_a_grad_scaler_in_the_step_is_measured_for_real_and_left_as_it_was() -> None:
+    # A GradScaler's step cannot be traced on fake tensors; the trace that tried used to leave a
+    # fake scale in the user's scaler: every later step, batchfit's trials and the user's own
+    # training, then ran on fake tensors and trained nothing (the answer 10% too large).
+    scaler = torch.amp.GradScaler("cpu")
+    workload = scaled_cnn(scaler)
+    result = find_batch_size(workload, device="cpu", memory_limit="8MiB", memory_fraction=1.0)
+    assert scaler._scale is None and scaler._growth_tracker is None  # as it was: never stepped
+
+    def fits(batch_size: int) -> bool:  # 10 steps of a fresh copy, its own scaler, under the cap
+        fresh = scaled_cnn(torch.amp.GradScaler("cpu"))
+        optimizer = fresh.build_optimizer()
+        inputs, target = fresh.host_batch(batch_size)
+        try:
+            with batchfit.memory_limit("8MiB", resident=[fresh.model, optimizer]):
+                for _ in range(10):
+                    fresh.run_train_step(optimizer, (inputs.clone(), target.clone()))
+        except torch.OutOfMemoryError:
+            return False
+        return True
+
+    assert fits(result.batch_size) and not fits(result.batch_size + 1)
+    before = [parameter.detach().clone() for parameter in workload.model.parameters()]
+    workload.run_train_step(workload.build_optimizer(), workload.host_batch(8))
+    after = list(workload.model.parameters())
+    assert any(not torch.equal(old, new) for old, new in zip(before, after, strict=True))

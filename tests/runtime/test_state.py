@@ -1,13 +1,14 @@
-"""Snapshot and restore: in place, bit for bit, whatever a trial did."""
+"""Snapshot and restore: in place, bit for bit, whatever a trial did, the step's GradScalers too."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import torch
 from torch import nn
 
-from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.state import TrainingSnapshot, grad_scalers
 
 
 def test_restore_undoes_a_training_step_in_place() -> None:
@@ -51,3 +52,92 @@ def test_existing_optimizer_state_and_gradients_come_back() -> None:
     assert torch.equal(momentum, saved_momentum)
     snapshot.restore()
     assert torch.equal(model.weight.grad, saved_grad)  # type: ignore[arg-type]
+
+
+SCALER_OF_THE_MODULE = torch.amp.GradScaler("cpu")
+
+
+def scaled_step(scaler: torch.amp.GradScaler, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """One mixed-precision step as training runs it: float16 autocast, the loss scaled."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(4, 4)).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+
+class Trainer:
+    def __init__(self) -> None:
+        self.scaler = torch.amp.GradScaler("cpu")
+
+    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: object) -> None:
+        scaled_step(self.scaler, model, optimizer)
+
+
+def test_the_scalers_a_step_uses_are_found_wherever_it_keeps_them() -> None:
+    in_closure, in_default = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
+
+    def closure_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: object) -> None:
+        scaled_step(in_closure, model, optimizer)
+
+    def default_step(model: nn.Module, optimizer: object, batch: object, s: object = in_default) -> None:
+        del model, optimizer, batch, s
+
+    def global_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: object) -> None:
+        scaled_step(SCALER_OF_THE_MODULE, model, optimizer)
+
+    trainer = Trainer()
+    partial = functools.partial(scaled_step, in_default)
+    assert grad_scalers(closure_step) == [in_closure]
+    assert grad_scalers(default_step) == [in_default]
+    assert grad_scalers(global_step) == [SCALER_OF_THE_MODULE]
+    assert grad_scalers(trainer.train_step) == [trainer.scaler]
+    assert grad_scalers(partial, None, closure_step) == [in_default, in_closure]
+    assert grad_scalers(None) == [] and grad_scalers(lambda model, batch: model(batch)) == []
+
+
+def test_a_scaler_comes_back_as_it_was_lazy_or_scaled() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = Trainer()
+    snapshot = TrainingSnapshot.capture(model, optimizer, [trainer.train_step])
+    for _ in range(3):
+        trainer.train_step(model, optimizer, None)
+    assert trainer.scaler._scale is not None
+    snapshot.restore()
+    # Never stepped: its scale is made at its first step again, on the step's device.
+    assert trainer.scaler._scale is None and trainer.scaler._growth_tracker is None
+
+    trainer.train_step(model, optimizer, None)  # a scaler in the middle of training: its scale, in place
+    trainer.scaler.update(1024.0)
+    scale, tracker = trainer.scaler._scale, trainer.scaler._growth_tracker
+    assert tracker is not None
+    good_steps = int(tracker)
+    snapshot = TrainingSnapshot.capture(model, optimizer, [trainer.train_step])
+    for _ in range(3):
+        trainer.train_step(model, optimizer, None)
+    trainer.scaler.update(8.0)
+    snapshot.restore()
+    assert trainer.scaler._scale is scale and trainer.scaler._growth_tracker is tracker
+    assert trainer.scaler.get_scale() == 1024.0 and int(tracker) == good_steps
+    assert dict(trainer.scaler._per_optimizer_states) == {}
+
+
+def test_between_trials_a_scaler_keeps_its_scale_and_drops_a_step_cut_short() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer()
+    snapshot = TrainingSnapshot.capture(model, optimizer, [trainer.train_step])
+    trainer.train_step(model, optimizer, None)
+    trainer.scaler.update(256.0)  # the scale came down, as after steps skipped for overflow
+    with torch.autocast("cpu", dtype=torch.float16):
+        trainer.scaler.scale(model(torch.randn(4, 4)).float().sum()).backward()
+    trainer.scaler.unscale_(optimizer)  # an out-of-memory here leaves the step half done
+    snapshot.restore(gradients=False, scales=False)
+    assert trainer.scaler.get_scale() == 256.0 and dict(trainer.scaler._per_optimizer_states) == {}
+    trainer.train_step(model, optimizer, None)  # the next trial's step runs (no "unscale_ already called")
+    snapshot.restore()
+    assert trainer.scaler._scale is None

@@ -109,7 +109,9 @@ class DataLoop:
         self.workload, self.device, self.source = workload, device, source
         self.window_seconds = window_seconds
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-        self.snapshot = TrainingSnapshot.capture(workload.model, optimizer)
+        self.snapshot = TrainingSnapshot.capture(
+            workload.model, optimizer, (workload.train_step, workload.eval_step)
+        )
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()
         self.host_batch: Any = None  # the first batch the loader gave, for the step alone
@@ -224,4 +226,4 @@ class DataLoop:
 
     def _put_back(self) -> None:
         """The weights, optimizer state and RNG as before the pass (gradients stay set aside)."""
-        self.snapshot.restore(gradients=False)
+        self.snapshot.restore(gradients=False, scales=False)

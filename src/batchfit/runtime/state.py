@@ -1,4 +1,5 @@
-"""Snapshot and restore of everything a trial may change: weights, gradients, optimizer, RNG, modes.
+"""Snapshot and restore of everything a trial may change: weights, gradients, optimizer, RNG,
+modes, and the GradScalers the training step uses.
 
 Tensors are restored in place (the user's ``Parameter`` and buffer objects stay the same objects)
 from copies kept on the CPU, so the copies take no device memory while trials run.
@@ -7,12 +8,19 @@ from copies kept on the CPU, so the copies take no device memory while trials ru
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import random
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+#: How far ``grad_scalers`` follows references from a step: the step's closure, defaults and
+#: globals, then the attributes of what it finds there (``self.scaler`` of a trainer object).
+SCALER_SEARCH_DEPTH = 3
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -58,6 +66,102 @@ class _RngState:
             numpy_module.random.set_state(self.numpy)
 
 
+def grad_scalers(*steps: Callable[..., Any] | None) -> list[torch.amp.GradScaler]:
+    """The GradScalers that ``steps`` (a workload's ``train_step`` and ``eval_step``) reach: through
+    closures, ``functools.partial``, bound methods and callable objects, default arguments, and the
+    module globals the step's code names, then one level into the objects found there. A scaler's
+    scale changes as steps run (and a fake-tensor trace would leave fake tensors in it), so a
+    trial must put it back as it puts back the optimizer."""
+    found: dict[int, torch.amp.GradScaler] = {}
+    seen: set[int] = set()
+
+    def visit(value: Any, depth: int) -> None:
+        if isinstance(value, torch.amp.GradScaler):
+            found.setdefault(id(value), value)
+            return
+        if depth <= 0 or id(value) in seen or isinstance(value, (torch.Tensor, torch.nn.Module, type)):
+            return
+        seen.add(id(value))
+        for inner in _references(value):
+            visit(inner, depth - 1)
+
+    for step in steps:
+        if step is not None:
+            visit(step, SCALER_SEARCH_DEPTH)
+    return list(found.values())
+
+
+def _references(value: Any) -> Iterable[Any]:
+    """What ``value`` holds that a step could reach a GradScaler through."""
+    if isinstance(value, functools.partial):
+        return [value.func, *value.args, *value.keywords.values()]
+    if inspect.ismethod(value):
+        return [value.__self__, value.__func__]
+    if inspect.isfunction(value):
+        cells = [cell.cell_contents for cell in value.__closure__ or () if _filled(cell)]
+        names = value.__code__.co_names
+        named = [value.__globals__[name] for name in names if name in value.__globals__]
+        return [*cells, *(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values(), *named]
+    if isinstance(value, dict):
+        return list(value.values())
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if inspect.ismodule(value) or inspect.isbuiltin(value):
+        return []
+    attributes = getattr(value, "__dict__", None)
+    return list(attributes.values()) if isinstance(attributes, dict) else []
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class ScalerState:
+    """One GradScaler's state: its scale and growth tracker (None until its first step) and the
+    rest of its attributes; ``restore`` puts them back, the tensor objects in place."""
+
+    scaler: torch.amp.GradScaler
+    tensors: dict[str, tuple[torch.Tensor, torch.Tensor] | None]
+    others: dict[str, Any]
+
+    @classmethod
+    def capture(cls, scaler: torch.amp.GradScaler) -> ScalerState:
+        tensors: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        others: dict[str, Any] = {}
+        for name, value in vars(scaler).items():
+            if name in ("_scale", "_growth_tracker"):
+                tensors[name] = None if value is None else (value, _host_copy(value))
+            else:
+                others[name] = copy.deepcopy(value)
+        return cls(scaler, tensors, others)
+
+    def restore(self, *, scale: bool = True) -> None:
+        """Put the scaler back; with ``scale=False`` only its bookkeeping within a step (a step cut
+        short by an out-of-memory leaves it half done), keeping the scale it has reached."""
+        attributes = vars(self.scaler)
+        if not scale:
+            if "_per_optimizer_states" in self.others:
+                attributes["_per_optimizer_states"] = copy.deepcopy(self.others["_per_optimizer_states"])
+            return
+        for name in [name for name in attributes if name not in self.tensors and name not in self.others]:
+            del attributes[name]
+        for name, value in self.others.items():
+            attributes[name] = copy.deepcopy(value)
+        for name, saved in self.tensors.items():
+            if saved is None:
+                attributes[name] = None
+                continue
+            original, host = saved
+            with torch.no_grad():
+                original.copy_(host)
+            attributes[name] = original
+
+
 @dataclass
 class TrainingSnapshot:
     """The state of a model and optimizer at one moment; ``restore`` puts it back bit for bit."""
@@ -71,10 +175,19 @@ class TrainingSnapshot:
     optimizer_originals: dict[Any, dict[str, Any]] = field(default_factory=dict)
     param_groups: list[dict[str, Any]] = field(default_factory=list)
     rng: _RngState | None = None
+    scalers: list[ScalerState] = field(default_factory=list)
 
     @classmethod
-    def capture(cls, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> TrainingSnapshot:
+    def capture(
+        cls,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        steps: Iterable[Callable[..., Any] | None] = (),
+    ) -> TrainingSnapshot:
+        """The state of ``model`` and ``optimizer``, and of the GradScalers ``steps`` (the
+        workload's ``train_step`` and ``eval_step``) use."""
         snap = cls(model=model, optimizer=optimizer, rng=_RngState.capture())
+        snap.scalers = [ScalerState.capture(scaler) for scaler in grad_scalers(*steps)]
         for module in model.modules():
             snap.modes.append((module, module.training))
             for table in (module._parameters, module._buffers):
@@ -102,8 +215,11 @@ class TrainingSnapshot:
         for parameter, _ in self.grads:
             parameter.grad = None
 
-    def restore(self, *, gradients: bool = True) -> None:
-        """Put everything back; with ``gradients=False`` the gradients stay set aside."""
+    def restore(self, *, gradients: bool = True, scales: bool = True) -> None:
+        """Put everything back; with ``gradients=False`` the gradients stay set aside, and with
+        ``scales=False`` the GradScalers keep the scale they have reached (between trials: once a
+        trial's steps were skipped for overflow and the scale came down, the next trial's steps
+        run the optimizer, whose state is part of what a step needs)."""
         for slot in self.slots:
             slot.restore()
         for module, training in self.modes:
@@ -115,6 +231,8 @@ class TrainingSnapshot:
                 parameter.grad = None
         if self.optimizer is not None:
             self._restore_optimizer(self.optimizer)
+        for scaler in self.scalers:
+            scaler.restore(scale=scales)
         if self.rng is not None:
             self.rng.restore()
 

@@ -177,7 +177,7 @@ class TrialRunner:
                 raise
             failure = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         finally:
-            self.snapshot.restore(gradients=False)
+            self.snapshot.restore(gradients=False, scales=False)
         measurement = started[0] if started else Measurement()
         if failure:
             self.device.release()
@@ -237,7 +237,9 @@ class StepTimer:
         self.tokens = tokens_per_sample or 1
         self.min_window_seconds, self.restore_every = min_window_seconds, restore_every
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-        self.snapshot = TrainingSnapshot.capture(workload.model, optimizer)
+        self.snapshot = TrainingSnapshot.capture(
+            workload.model, optimizer, (workload.train_step, workload.eval_step)
+        )
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()
         self.batches: dict[int, Any] = {}
@@ -276,7 +278,7 @@ class StepTimer:
         """Put the weights back every ``restore_every`` steps or so (a restore copies every
         weight and optimizer state: too costly after each window of a small model)."""
         if self.unrestored_steps >= self.restore_every:
-            self.snapshot.restore(gradients=False)
+            self.snapshot.restore(gradients=False, scales=False)
             self.unrestored_steps = 0
 
     def close(self) -> None:

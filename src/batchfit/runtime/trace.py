@@ -18,6 +18,7 @@ from batchfit.policy.cache import TrialCache
 from batchfit.policy.search import Candidates, SearchOutcome, search
 from batchfit.policy.trial import Mode, Trial
 from batchfit.runtime.device import CpuDevice, Device
+from batchfit.runtime.state import ScalerState, grad_scalers
 from batchfit.runtime.steps import judge, run_steps
 from batchfit.runtime.workload import Workload, to_device
 
@@ -42,9 +43,13 @@ class FakeTracer:
         self.budget_bytes, self.warm_batch = budget_bytes, warm_batch
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.session: tuple[Workload, torch.optim.Optimizer | None] | None = None
+        # The copy is the model's and optimizer's alone: a GradScaler the step uses is the user's
+        # own, and a traced step would leave fake tensors in it (put back after each trace).
+        self.scalers = grad_scalers(workload.train_step, workload.eval_step)
 
     def __call__(self, batch_size: int) -> Trial:
         host_batch = self.workload.host_batch(batch_size)
+        scalers = [ScalerState.capture(scaler) for scaler in self.scalers]
         try:
             with self.fake_mode, torch.random.fork_rng(devices=[]):
                 fake, optimizer = self.session or self._start()
@@ -59,6 +64,9 @@ class FakeTracer:
         except Exception as error:  # anything a fake tensor cannot do: fall back to real trials
             logger.info("fake-tensor trace unavailable (%s: %s)", type(error).__name__, error)
             raise TraceUnavailable(f"{type(error).__name__}: {error}") from error
+        finally:
+            for scaler in scalers:
+                scaler.restore()
         return judge(batch_size, measurement, None, self.budget_bytes)
 
     def _start(self) -> tuple[Workload, torch.optim.Optimizer | None]:
