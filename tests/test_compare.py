@@ -37,7 +37,7 @@ def fits(parts: tuple[str, ...], budget: int, batch_size: int) -> bool:
 def comparison() -> Any:
     return compare(
         build_example("cnn", "cpu"),
-        ["amp", "checkpointing", "amp+checkpointing"],
+        ["amp", "checkpointing", "amp+checkpointing", "amp-fp16"],
         device="cpu",
         memory_limit="64MiB",
         global_batch_size=96,
@@ -48,12 +48,16 @@ def comparison() -> Any:
 
 def test_each_technique_s_largest_batch_is_the_truth_under_the_cap(comparison: Any) -> None:
     rows = {row.technique: row for row in comparison.rows}
-    assert list(rows) == ["baseline", "amp", "checkpointing", "amp+checkpointing", "accumulation"]
+    assert list(rows) == ["baseline", "amp", "checkpointing", "amp+checkpointing", "amp-fp16", "accumulation"]
+    assert rows["amp"].note == "autocast bfloat16"
+    # What a GPU without bfloat16 runs, here on the CPU: float16, its loss scaled.
+    assert rows["amp-fp16"].note == "autocast float16 with a GradScaler"
     for name, parts in (
         ("baseline", ()),
         ("amp", ("amp",)),
         ("checkpointing", ("checkpointing",)),
         ("amp+checkpointing", ("amp", "checkpointing")),
+        ("amp-fp16", ("amp-fp16",)),
     ):
         answer = rows[name].batch_size
         window = range(answer - 2, answer + 3)

@@ -35,7 +35,7 @@ from batchfit.runtime.device import Device
 from batchfit.runtime.lockstep import Lockstep, LockstepMeter
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.steps import StepTimer
-from batchfit.runtime.techniques import applied, module_blocks
+from batchfit.runtime.techniques import applied, module_blocks, runs_bfloat16
 from batchfit.runtime.workload import Workload
 from batchfit.units import format_bytes
 
@@ -131,8 +131,9 @@ def compare(
     on_row: Callable[[ComparisonRow], None] | None = None,
     on_trial: Callable[[str, Trial], None] | None = None,
 ) -> Comparison:
-    """Apply each technique to ``workload`` (``techniques``: names such as ``amp``,
-    ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``, ``accumulation``; None: the
+    """Apply each technique to ``workload`` (``techniques``: names such as ``amp`` (or
+    ``amp-fp16``, ``amp-bf16``), ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``,
+    ``accumulation``; None: the
     defaults for the device) and measure it as ``find`` and ``explore`` would: the largest batch
     under a hard cap at ``memory_fraction``, its peak and memory line, the throughput at that batch
     (the median of ``windows`` rounds of one window per row) and at explore's recommendation (within
@@ -152,6 +153,7 @@ def compare(
         custom_train_step=workload.train_step is not None,
         repeated_block=checkpoint_module or repeated_block(module_blocks(workload.model)),
         global_batch_size=global_batch_size,
+        bfloat16=runs_bfloat16(target.torch_device),
     )
     if techniques is None:
         settings = default_settings(facts, torch.backends.cudnn.benchmark)

@@ -25,13 +25,21 @@ def test_settings_start_with_the_baseline_once_and_drop_repeats() -> None:
         (
             "amp+fp8",
             (
-                "technique 'amp+fp8': 'fp8' is not one of amp, checkpointing, cudnn-benchmark-on, "
-                "cudnn-benchmark-off (combined with '+', e.g. amp+checkpointing), baseline or accumulation."
+                "technique 'amp+fp8': 'fp8' is not one of amp, amp-fp16, amp-bf16, checkpointing, "
+                "cudnn-benchmark-on, cudnn-benchmark-off (combined with '+', e.g. amp+checkpointing), "
+                "baseline or accumulation."
             ),
         ),
         (
             "cudnn-benchmark-on+cudnn-benchmark-off",
             "technique 'cudnn-benchmark-on+cudnn-benchmark-off' turns cuDNN's benchmark both on and off.",
+        ),
+        (
+            "amp-fp16+checkpointing+amp",
+            (
+                "technique 'amp-fp16+checkpointing+amp' names mixed precision twice: choose one of amp "
+                "(the device's usual dtype), amp-fp16 (float16 with a GradScaler) or amp-bf16."
+            ),
         ),
     ],
 )
@@ -64,6 +72,21 @@ def test_a_technique_that_cannot_apply_says_why() -> None:
     assert (
         why_not(("accumulation",), CPU) == "accumulation needs global_batch_size, the global batch to reach"
     )
+    assert why_not(("amp-fp16", "checkpointing"), custom) is not None
+    assert why_not(("amp-fp16",), custom) == (
+        "amp-fp16: the workload has its own train_step, which batchfit cannot wrap in autocast (add "
+        "autocast and a GradScaler to the train_step and compare it as the baseline)"
+    )
+
+
+def test_bfloat16_applies_only_where_the_device_runs_it() -> None:
+    # A V100 or T4 (before Ampere) has no bfloat16: amp there is float16 with a GradScaler.
+    volta = Facts(cuda=True, custom_train_step=False, repeated_block="Block", bfloat16=False)
+    assert why_not(("amp-bf16",), volta) == (
+        "amp-bf16: this GPU does not run bfloat16 (amp-fp16 does, with a GradScaler)"
+    )
+    assert why_not(("amp",), volta) is None and why_not(("amp-fp16", "checkpointing"), volta) is None
+    assert why_not(("amp-bf16",), CPU) is None
 
 
 def test_the_repeated_block_is_the_most_frequent_block_type() -> None:

@@ -1,5 +1,6 @@
 """Techniques applied to real tiny models, and put back: checkpointing recomputes the blocks,
-autocast runs them in bfloat16, accumulation equals one step, cuDNN's flag comes back."""
+autocast runs them in bfloat16 (or float16 with a GradScaler), accumulation equals one step,
+cuDNN's flag comes back."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from batchfit import Workload
+from batchfit.runtime.state import grad_scalers
 from batchfit.runtime.techniques import applied, module_blocks
 
 CPU = torch.device("cpu")
@@ -76,6 +78,26 @@ def test_amp_runs_the_step_in_bfloat16_on_the_cpu_and_leaves_the_workload_alone(
     assert block.dtypes == [torch.bfloat16]
     step(original, original.host_batch(4))
     assert block.dtypes == [torch.bfloat16, torch.float32]
+
+
+def test_amp_fp16_runs_float16_with_a_grad_scaler_as_a_gpu_without_bfloat16_does() -> None:
+    original, reference = workload(), workload()
+    block = original.model[0]
+    weights = block.linear.weight.detach().clone()
+    with applied(original, ("amp-fp16",), CPU) as (variant, how):
+        assert how == "autocast float16 with a GradScaler"
+        assert variant.train_step is not None
+        (scaler,) = grad_scalers(variant.train_step)
+        variant.run_train_step(variant.build_optimizer(), variant.host_batch(4))
+        assert scaler.get_scale() == 65536.0  # the loss was scaled, and its gradients were finite
+    assert block.dtypes == [torch.float16]
+    # The step taken is the float32 step's to float16's precision: the gradients were unscaled.
+    step(reference, reference.host_batch(4))
+    moved, wanted = block.linear.weight - weights, reference.model[0].linear.weight - weights
+    assert wanted.abs().max() > 0
+    torch.testing.assert_close(moved, wanted, rtol=0.02, atol=2e-4)
+    with applied(original, ("amp-bf16",), CPU) as (variant, how):
+        assert how == "autocast bfloat16" and not grad_scalers(variant.train_step)
 
 
 def test_accumulation_steps_once_with_the_mean_gradient() -> None:

@@ -25,7 +25,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=None,
         help=(
             f"comma-separated settings, each one of {', '.join(TECHNIQUES)} or several joined with '+' "
-            f"(amp+checkpointing), or accumulation (default: the usual ones for the device)"
+            f"(amp+checkpointing), or accumulation; amp is bfloat16 where the device runs it, else float16 "
+            f"with a GradScaler, as amp-fp16 always is (default: the usual ones for the device)"
         ),
     )
     flags.add_bounds(parser, flags.DEFAULT_MAX_HELP)

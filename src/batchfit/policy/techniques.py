@@ -10,8 +10,11 @@ from batchfit.errors import ConfigurationError
 
 BASELINE = "baseline"
 ACCUMULATION = "accumulation"
+#: Mixed precision: ``amp`` in the device's usual dtype (bfloat16 where it runs, else float16
+#: with a GradScaler), or one named: ``amp-fp16`` (always with a GradScaler) or ``amp-bf16``.
+MIXED_PRECISION = ("amp", "amp-fp16", "amp-bf16")
 #: The techniques a setting combines with "+" (``amp+checkpointing``).
-TECHNIQUES = ("amp", "checkpointing", "cudnn-benchmark-on", "cudnn-benchmark-off")
+TECHNIQUES = (*MIXED_PRECISION, "checkpointing", "cudnn-benchmark-on", "cudnn-benchmark-off")
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class Facts:
     custom_train_step: bool  # the workload's own train_step: batchfit cannot add autocast inside it
     repeated_block: str | None  # the module type checkpointing wraps, None when none repeats
     global_batch_size: int | None = None
+    bfloat16: bool = True  # the device runs bfloat16 (the CPU and GPUs from Ampere on)
 
 
 def parse_settings(names: Sequence[str]) -> list[tuple[str, ...]]:
@@ -44,6 +48,11 @@ def parse_settings(names: Sequence[str]) -> list[tuple[str, ...]]:
                 )
             if {"cudnn-benchmark-on", "cudnn-benchmark-off"} <= set(parts):
                 raise ConfigurationError(f"technique {name!r} turns cuDNN's benchmark both on and off.")
+            if len(set(parts) & set(MIXED_PRECISION)) > 1:
+                raise ConfigurationError(
+                    f"technique {name!r} names mixed precision twice: choose one of amp (the device's "
+                    "usual dtype), amp-fp16 (float16 with a GradScaler) or amp-bf16."
+                )
         if parts not in settings:
             settings.append(parts)
     return settings
@@ -67,11 +76,14 @@ def default_settings(facts: Facts, cudnn_benchmark: bool) -> list[tuple[str, ...
 def why_not(parts: tuple[str, ...], facts: Facts) -> str | None:
     """Why the setting cannot apply to this workload here, or None when it can."""
     reasons = []
-    if "amp" in parts and facts.custom_train_step:
+    amp = next((part for part in parts if part in MIXED_PRECISION), None)
+    if amp is not None and facts.custom_train_step:
         reasons.append(
-            "amp: the workload has its own train_step, which batchfit cannot wrap in autocast (add "
+            f"{amp}: the workload has its own train_step, which batchfit cannot wrap in autocast (add "
             "autocast and a GradScaler to the train_step and compare it as the baseline)"
         )
+    if amp == "amp-bf16" and not facts.bfloat16:
+        reasons.append("amp-bf16: this GPU does not run bfloat16 (amp-fp16 does, with a GradScaler)")
     if "checkpointing" in parts and facts.repeated_block is None:
         reasons.append(
             "checkpointing: the model has no repeated block (no module type with parameters and "

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.techniques import ACCUMULATION
+from batchfit.policy.techniques import ACCUMULATION, MIXED_PRECISION
 from batchfit.runtime.workload import Workload, model_loss
 
 
@@ -31,10 +31,19 @@ def module_blocks(model: nn.Module) -> list[tuple[str, bool]]:
     ]
 
 
-def mixed_precision(device: torch.device) -> tuple[torch.dtype, bool]:
-    """The autocast dtype on ``device`` and whether it needs a GradScaler: bfloat16 on the CPU and
-    on GPUs that support it, else float16 with a GradScaler."""
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+def runs_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` runs bfloat16: the CPU does, and GPUs from Ampere on."""
+    if device.type != "cuda":
+        return True
+    with torch.cuda.device(device):
+        return bool(torch.cuda.is_bf16_supported())
+
+
+def mixed_precision(device: torch.device, kind: str = "amp") -> tuple[torch.dtype, bool]:
+    """The autocast dtype and whether it needs a GradScaler, for ``kind`` (``policy.techniques``'
+    ``MIXED_PRECISION``): float16 with a GradScaler for ``amp-fp16``, bfloat16 for ``amp-bf16``;
+    for ``amp``, bfloat16 where ``device`` runs it, else float16 with a GradScaler."""
+    if kind == "amp-fp16" or (kind == "amp" and not runs_bfloat16(device)):
         return torch.float16, True
     return torch.bfloat16, False
 
@@ -58,8 +67,9 @@ def applied(
                 raise ConfigurationError("checkpointing needs the type name of the block to wrap.")
             wrapped = _checkpoint_blocks(workload.model, block, undo)
             notes.append(f"checkpointing {wrapped} {block} block{'s' if wrapped != 1 else ''}")
-        if "amp" in parts:
-            dtype, scaled = mixed_precision(device)
+        amp = next((part for part in parts if part in MIXED_PRECISION), None)
+        if amp is not None:
+            dtype, scaled = mixed_precision(device, amp)
             variant.train_step = _autocast_step(workload, device, dtype, scaled)
             notes.append(
                 f"autocast {str(dtype).removeprefix('torch.')}{' with a GradScaler' if scaled else ''}"
