@@ -107,7 +107,9 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
     state.reset()
     target = bench.target(bench.cap_bytes)
     started = time.perf_counter()
-    snapshot = TrainingSnapshot.capture(workload.model, state.optimizer)
+    snapshot = TrainingSnapshot.capture(
+        workload.model, state.optimizer, (workload.train_step, workload.eval_step)
+    )
     snapshot.set_gradients_aside()
     try:
         budget = target.capacity_bytes(resident_tensors(workload.model, state.optimizer))

@@ -33,7 +33,7 @@ from batchfit.runtime.cuda import CudaDevice, user_memory_fraction
 from batchfit.runtime.device import Device, GarbageCollector
 from batchfit.runtime.examples import build_example
 from batchfit.runtime.resolve import memory_limit, parse_device, resolve_device
-from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.state import TrainingSnapshot, grad_scalers
 from batchfit.runtime.steps import TrialRunner
 from batchfit.runtime.tracker import resident_tensors
 
@@ -155,7 +155,7 @@ def fits(workload: Workload, mode: str, device: str, cap: int, batch_size: int) 
 def reference_cap(workload: Workload, device: str, batch_size: int) -> int:
     """A cap near what ``batch_size`` needs: its trial's reserved peak (caching), or its peak (CPU)."""
     target = target_for(device, None)
-    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer, (workload.train_step,))  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     try:
         trial = TrialRunner(workload, target, "train", 2, 2**40, snapshot, None).run(batch_size)
@@ -191,6 +191,8 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
     cap = reference_cap(workload, device, 48)
     result = find(workload, mode, device, cap, memory_fraction=1.0)
     assert result.budget_bytes == cap
+    # The step's GradScaler (amp) was never stepped: it is left so, no scale made, none faked.
+    assert all(scaler._scale is None for scaler in grad_scalers(workload.train_step))
     truth = truth_near(workload, mode, device, cap, result.batch_size, result.max_batch_size)
     assert result.batch_size == truth
     assert result.answer.fits and result.answer.allocator_retries >= 0
@@ -213,7 +215,7 @@ def test_the_opening_trials_record_requests_that_replay_at_other_sizes(
     workload = cnn_workload(device, amp=amp)
     cap = reference_cap(workload, device, 48)
     target = target_for(device, cap)
-    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer, (workload.train_step,))  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     warm = 1 if mode == "eval" else None
     runner = TrialRunner(workload, target, mode, 2, cap, snapshot, warm, record=True)  # type: ignore[arg-type]
@@ -246,7 +248,7 @@ def test_a_confirming_trial_ends_where_the_allocator_state_recurs_with_the_verdi
     workload = cnn_workload("cuda")
     cap = reference_cap(workload, "cuda", 48)
     target = target_for("cuda", cap)
-    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer, (workload.train_step,))  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     warm = 1 if mode == "eval" else None
 
@@ -267,7 +269,7 @@ def test_a_confirming_trial_ends_where_the_allocator_state_recurs_with_the_verdi
 def test_a_smaller_trial_after_a_larger_one_reads_its_own_peak(device: str) -> None:
     workload = cnn_workload(device)
     target = target_for(device, None)
-    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer, (workload.train_step,))  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     runner = TrialRunner(workload, target, "train", 2, 2**40, snapshot, None)
     try:
@@ -321,6 +323,10 @@ def _state(workload: Workload) -> dict[str, Any]:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    for scaler in grad_scalers(workload.train_step):
+        state.setdefault("scalers", []).append(
+            [None if value is None else value.clone() for value in (scaler._scale, scaler._growth_tracker)]
+        )
     return state
 
 
@@ -335,8 +341,9 @@ def _same(a: Any, b: Any) -> bool:
 
 
 @pytest.mark.parametrize("device", CACHING_DEVICES)
-def test_everything_is_put_back_bit_for_bit(device: str) -> None:
-    workload = cnn_workload(device)
+@pytest.mark.parametrize("amp", [False, pytest.param(True, id="amp")])
+def test_everything_is_put_back_bit_for_bit(device: str, amp: bool) -> None:
+    workload = cnn_workload(device, amp=amp)  # with amp, the GradScaler's scale and tracker too
     optimizer = workload.optimizer
     assert isinstance(optimizer, torch.optim.Optimizer)
     for n in (4, 6):  # mid-training: momentum buffers, BatchNorm statistics, gradients

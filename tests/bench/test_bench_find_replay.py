@@ -66,7 +66,9 @@ def test_the_replay_takes_the_live_search_s_path(curve: find_curves.Curve) -> No
     workload, state = bench.workload()
     state.reset()
     target = resolve_device("cpu", bench.cap_bytes)
-    snapshot = TrainingSnapshot.capture(workload.model, state.optimizer)
+    snapshot = TrainingSnapshot.capture(
+        workload.model, state.optimizer, (workload.train_step, workload.eval_step)
+    )
     snapshot.set_gradients_aside()
     try:
         runner = TrialRunner(workload, target, "train", STEPS_PER_TRIAL, curve.budget_bytes, snapshot, None)
@@ -200,7 +202,9 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
     workload, state = bench.workload()
     state.reset()
     target = bench.target(bench.cap_bytes)
-    snapshot = TrainingSnapshot.capture(workload.model, state.optimizer)
+    snapshot = TrainingSnapshot.capture(
+        workload.model, state.optimizer, (workload.train_step, workload.eval_step)
+    )
     snapshot.set_gradients_aside()
     try:
 

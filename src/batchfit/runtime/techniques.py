@@ -32,11 +32,15 @@ def module_blocks(model: nn.Module) -> list[tuple[str, bool]]:
 
 
 def runs_bfloat16(device: torch.device) -> bool:
-    """Whether ``device`` runs bfloat16: the CPU does, and GPUs from Ampere on."""
+    """Whether ``device`` runs bfloat16: the CPU does, and GPUs from Ampere on (and ROCm's). A V100
+    or T4 can hold bfloat16 tensors but only emulates their arithmetic: float16 is its precision."""
     if device.type != "cuda":
         return True
     with torch.cuda.device(device):
-        return bool(torch.cuda.is_bf16_supported())
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # torch before 2.4 has no emulation to count
+            return bool(torch.cuda.is_bf16_supported())
 
 
 def mixed_precision(device: torch.device, kind: str = "amp") -> tuple[torch.dtype, bool]:
