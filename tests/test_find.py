@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import gc
 import random
+import warnings
 from typing import Any
 
 import numpy as np
@@ -578,3 +579,26 @@ def test_a_grad_scaler_in_the_step_is_measured_for_real_and_left_as_it_was() -> 
     workload.run_train_step(workload.build_optimizer(), workload.host_batch(8))
     after = list(workload.model.parameters())
     assert any(not torch.equal(old, new) for old, new in zip(before, after, strict=True))
+
+
+def test_a_learning_rate_schedule_the_step_moves_on_is_put_back() -> None:
+    workload = build("mlp", "sgd")
+    optimizer = workload.optimizer
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+
+    def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Any) -> None:
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        opt.step()
+        scheduler.step()  # a schedule stepped with every optimizer step, as many loops do
+
+    workload.train_step = train_step
+    before = (scheduler.state_dict(), optimizer.param_groups[0]["lr"])
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        result = find_batch_size(workload, device="cpu", memory_limit="2MiB")
+    # What the step warned of on fake tensors (its real optimizer did not step) is not the user's.
+    assert not warned
+    assert len(result.trials) >= 2  # steps ran: each would have moved the schedule on
+    assert (scheduler.state_dict(), optimizer.param_groups[0]["lr"]) == before

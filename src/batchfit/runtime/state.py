@@ -1,5 +1,5 @@
 """Snapshot and restore of everything a trial may change: weights, gradients, optimizer, RNG,
-modes, and the GradScalers the training step uses.
+modes, and the GradScalers and learning-rate schedulers the training step uses.
 
 Tensors are restored in place (the user's ``Parameter`` and buffer objects stay the same objects)
 from copies kept on the CPU, so the copies take no device memory while trials run.
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-#: How far ``grad_scalers`` follows references from a step: the step's closure, defaults and
+#: How far ``reachable`` follows references from a step: the step's closure, defaults and
 #: globals, then the attributes of what it finds there (``self.scaler`` of a trainer object).
-SCALER_SEARCH_DEPTH = 3
+SEARCH_DEPTH = 3
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -67,16 +67,27 @@ class _RngState:
 
 
 def grad_scalers(*steps: Callable[..., Any] | None) -> list[torch.amp.GradScaler]:
-    """The GradScalers that ``steps`` (a workload's ``train_step`` and ``eval_step``) reach: through
-    closures, ``functools.partial``, bound methods and callable objects, default arguments, and the
-    module globals the step's code names, then one level into the objects found there. A scaler's
-    scale changes as steps run (and a fake-tensor trace would leave fake tensors in it), so a
-    trial must put it back as it puts back the optimizer."""
-    found: dict[int, torch.amp.GradScaler] = {}
+    """The GradScalers that ``steps`` (a workload's ``train_step`` and ``eval_step``) reach (see
+    ``reachable``). A scaler's scale changes as steps run (and a fake-tensor trace would leave fake
+    tensors in it), so a trial must put it back as it puts back the optimizer."""
+    return reachable(steps, torch.amp.GradScaler)
+
+
+def lr_schedulers(*steps: Callable[..., Any] | None) -> list[torch.optim.lr_scheduler.LRScheduler]:
+    """The learning-rate schedulers that ``steps`` reach: a step that calls ``scheduler.step()``
+    moves the schedule on at every trial."""
+    return reachable(steps, torch.optim.lr_scheduler.LRScheduler)
+
+
+def reachable(steps: Iterable[Callable[..., Any] | None], kind: type[Any]) -> list[Any]:
+    """The objects of type ``kind`` that ``steps`` reach: through closures, ``functools.partial``,
+    bound methods and callable objects, default arguments, and the module globals the step's
+    code names, then one level into the objects found there."""
+    found: dict[int, Any] = {}
     seen: set[int] = set()
 
     def visit(value: Any, depth: int) -> None:
-        if isinstance(value, torch.amp.GradScaler):
+        if isinstance(value, kind):
             found.setdefault(id(value), value)
             return
         if depth <= 0 or id(value) in seen or isinstance(value, (torch.Tensor, torch.nn.Module, type)):
@@ -87,7 +98,7 @@ def grad_scalers(*steps: Callable[..., Any] | None) -> list[torch.amp.GradScaler
 
     for step in steps:
         if step is not None:
-            visit(step, SCALER_SEARCH_DEPTH)
+            visit(step, SEARCH_DEPTH)
     return list(found.values())
 
 
@@ -163,6 +174,21 @@ class ScalerState:
 
 
 @dataclass
+class SchedulerState:
+    """One learning-rate scheduler's state (its epoch, step count, last rates)."""
+
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    saved: dict[str, Any]
+
+    @classmethod
+    def capture(cls, scheduler: torch.optim.lr_scheduler.LRScheduler) -> SchedulerState:
+        return cls(scheduler, copy.deepcopy(scheduler.state_dict()))
+
+    def restore(self) -> None:
+        self.scheduler.load_state_dict(copy.deepcopy(self.saved))
+
+
+@dataclass
 class TrainingSnapshot:
     """The state of a model and optimizer at one moment; ``restore`` puts it back bit for bit."""
 
@@ -176,6 +202,7 @@ class TrainingSnapshot:
     param_groups: list[dict[str, Any]] = field(default_factory=list)
     rng: _RngState | None = None
     scalers: list[ScalerState] = field(default_factory=list)
+    schedulers: list[SchedulerState] = field(default_factory=list)
 
     @classmethod
     def capture(
@@ -184,10 +211,12 @@ class TrainingSnapshot:
         optimizer: torch.optim.Optimizer | None,
         steps: Iterable[Callable[..., Any] | None] = (),
     ) -> TrainingSnapshot:
-        """The state of ``model`` and ``optimizer``, and of the GradScalers ``steps`` (the
-        workload's ``train_step`` and ``eval_step``) use."""
+        """The state of ``model`` and ``optimizer``, and of the GradScalers and learning-rate
+        schedulers ``steps`` (the workload's ``train_step`` and ``eval_step``) use."""
         snap = cls(model=model, optimizer=optimizer, rng=_RngState.capture())
+        steps = list(steps)
         snap.scalers = [ScalerState.capture(scaler) for scaler in grad_scalers(*steps)]
+        snap.schedulers = [SchedulerState.capture(scheduler) for scheduler in lr_schedulers(*steps)]
         for module in model.modules():
             snap.modes.append((module, module.training))
             for table in (module._parameters, module._buffers):
@@ -233,6 +262,8 @@ class TrainingSnapshot:
             self._restore_optimizer(self.optimizer)
         for scaler in self.scalers:
             scaler.restore(scale=scales)
+        for scheduler in self.schedulers:
+            scheduler.restore()
         if self.rng is not None:
             self.rng.restore()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import warnings
 
 import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
@@ -51,7 +52,10 @@ class FakeTracer:
         host_batch = self.workload.host_batch(batch_size)
         scalers = [ScalerState.capture(scaler) for scaler in self.scalers]
         try:
-            with self.fake_mode, torch.random.fork_rng(devices=[]):
+            # What the step warns of on fake tensors (a scheduler whose real optimizer did not
+            # step) is not the user's to read: the real trials warn of what is.
+            with self.fake_mode, torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 fake, optimizer = self.session or self._start()
                 if self.mode == "train":  # a real trial's steps start after zero_grad
                     for parameter in fake.model.parameters():
