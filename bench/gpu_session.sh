@@ -2,7 +2,10 @@
 # The GPU checks of batchfit, stage by stage, on a machine with CUDA: each stage's log and results
 # file go to $OUT (default bench/results/). Stages:
 #   gpu-tests  the tests marked gpu (pytest -m gpu)
-#   tests      the whole suite, with CUDA present (tests that mean the CPU say so)
+#   tests      the rest of the suite, with CUDA present (tests that mean the CPU say so): in 5
+#              processes where pytest-xdist is installed (about 5 minutes on the H100's 16 cores,
+#              where one process takes longer than a device call may), the gpu tests left to
+#              gpu-tests (processes beside each other would move each other's free memory)
 #   find       bench/find.py --device cuda: the truth, Lightning and accelerate
 #   curves     bench/find_curves.py --device cuda: every trial near each boundary, then find_replay.py on
 #              them, with the opening's allocator requests replayed and without (--no-forecast)
@@ -65,7 +68,10 @@ for stage in "$@"; do
     fi
     case $name in
     gpu-tests) "$py" -m pytest -p no:cacheprovider -q -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
-    tests) "$py" -m pytest -p no:cacheprovider -q 2>&1 | tee "$out/tests.log" | tail -n 60 ;;
+    tests)
+        parallel=()
+        "$py" -c "import xdist" 2>/dev/null && parallel=(-n 5 -m "not gpu and not slow")
+        "$py" -m pytest -p no:cacheprovider -q "${parallel[@]}" 2>&1 | tee "$out/tests.log" | tail -n 60 ;;
     find) "$py" bench/find.py --device cuda "${only[@]}" --json "$out/find-cuda$suffix.json" 2>&1 |
         tee "$out/find$suffix.log" ;;
     curves) # recorded, then replayed at once: find's search on those trials, beside Lightning's,
