@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
 import random
 import sys
 from collections.abc import Callable, Iterable
@@ -21,6 +22,9 @@ import torch
 #: How far ``reachable`` follows references from a step: the step's closure, defaults and
 #: globals, then the attributes of what it finds there (``self.scaler`` of a trainer object).
 SEARCH_DEPTH = 3
+#: The items of a list, tuple or dict it looks into: a scaler is held by name, not as the
+#: millionth item of a dataset's file list, which would cost seconds to walk.
+CONTAINER_ITEMS = 64
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -114,9 +118,11 @@ def _references(value: Any) -> Iterable[Any]:
         named = [value.__globals__[name] for name in names if name in value.__globals__]
         return [*cells, *(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values(), *named]
     if isinstance(value, dict):
-        return list(value.values())
+        return list(itertools.islice(value.values(), CONTAINER_ITEMS))
     if isinstance(value, (list, tuple)):
-        return list(value)
+        return list(value[:CONTAINER_ITEMS])
+    if isinstance(value, (str, bytes, int, float, complex, bool)):
+        return []
     if inspect.ismodule(value) or inspect.isbuiltin(value):
         return []
     attributes = getattr(value, "__dict__", None)
