@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tiny_workloads import build, classification_batch, tiny_mlp, untraceable
+from tiny_workloads import build, classification_batch, overflowing_workload, tiny_mlp, untraceable
 from torch import nn
 
 import batchfit
@@ -602,3 +602,25 @@ def test_a_learning_rate_schedule_the_step_moves_on_is_put_back() -> None:
     assert not warned
     assert len(result.trials) >= 2  # steps ran: each would have moved the schedule on
     assert (scheduler.state_dict(), optimizer.param_groups[0]["lr"]) == before
+
+
+def test_an_answer_holds_the_optimizer_state_when_the_first_fp16_steps_overflow() -> None:
+    # From a fresh GradScaler the first 8 steps overflow and are skipped: Adam's state (twice the
+    # weights) comes at the 9th. The first trial steps on until it comes, and the scale it reached
+    # carries over, so that every later trial's steps hold that state too.
+    def fits(batch_size: int) -> bool:  # 20 steps of a fresh copy under the cap, as training runs
+        fresh = overflowing_workload(1e3)
+        optimizer = fresh.build_optimizer()
+        inputs, target = fresh.host_batch(batch_size)
+        try:
+            with batchfit.memory_limit("2200KiB", resident=[fresh.model, optimizer]):
+                for _ in range(20):
+                    fresh.run_train_step(optimizer, (inputs.clone(), target.clone()))
+        except torch.OutOfMemoryError:
+            return False
+        return True
+
+    result = find_batch_size(
+        overflowing_workload(1e3), device="cpu", memory_limit="2200KiB", memory_fraction=1.0
+    )
+    assert fits(result.batch_size) and not fits(result.batch_size + 1)

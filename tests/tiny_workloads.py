@@ -101,3 +101,22 @@ def skipping_workload(skipped: int, device: str | torch.device = "cpu") -> Workl
         make_batch=classification_batch((64,)),
         train_step=train_step,
     )
+
+
+def overflowing_workload(loss_scale: float) -> Workload:
+    """The tiny MLP with Adam, trained in float16 autocast with a GradScaler, its loss multiplied by
+    ``loss_scale``: from a fresh scaler's 65536, 1e3 overflows the first 7 steps (each skipped,
+    the scale halved), as large models' first fp16 steps do; 1 overflows none."""
+    workload = build("mlp", "adam")
+    scaler = torch.amp.GradScaler("cpu")
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(batch[0]), batch[1]) * loss_scale
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    workload.train_step = train_step
+    return workload

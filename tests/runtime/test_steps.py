@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_workloads import build, skipping_workload
+from tiny_workloads import build, overflowing_workload, skipping_workload
 
 from batchfit import Workload
 from batchfit.policy.trial import Trial
@@ -15,7 +15,7 @@ from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.cuda import WINDOW_STEPS, CudaDevice
 from batchfit.runtime.device import CappedCpuDevice, CpuDevice, Device
 from batchfit.runtime.state import TrainingSnapshot
-from batchfit.runtime.steps import StepTimer, TrialRunner
+from batchfit.runtime.steps import OVERFLOW_STEPS, StepTimer, TrialRunner
 
 MiB = 2**20
 
@@ -66,6 +66,32 @@ def test_a_trial_does_not_end_before_its_optimizer_has_stepped() -> None:
     assert trial.outcome == "oom"
     (never,) = trials(skipping_workload(100), CachingCpuDevice(20 * MiB), 10, [16])
     assert never.fits and (never.steps, never.steady_from) == (10, None)
+
+
+def skipped_steps(workload: Workload, batch_size: int) -> int:
+    """How many steps of ``workload`` at ``batch_size`` its GradScaler skips before the first that
+    steps the optimizer (counted from the optimizer's own step count)."""
+    optimizer = workload.build_optimizer()
+    assert optimizer is not None
+    batch = workload.host_batch(batch_size)
+    for skipped in range(64):
+        workload.run_train_step(optimizer, batch)
+        if optimizer.state:  # Adam made its state: this step was taken
+            return skipped
+    raise AssertionError("the scaler never stopped skipping")
+
+
+@pytest.mark.parametrize("device", [CpuDevice(), CachingCpuDevice(2**40)], ids=["cpu", "caching"])
+def test_a_trial_whose_scaler_skipped_every_step_steps_on_until_the_optimizer_has(device: Device) -> None:
+    # Its 2 steps both overflow (8 do at batch 16): without Adam's state the trial would read
+    # less than the same step that never overflows, and say fits where training runs out.
+    (late,) = trials(overflowing_workload(1e3), device, 2, [16])
+    (prompt,) = trials(overflowing_workload(1.0), device, 2, [16])
+    assert (late.steps, prompt.steps) == (skipped_steps(overflowing_workload(1e3), 16) + 1, 2)
+    assert late.steps > 2 and late.peak_bytes == prompt.peak_bytes
+    # A scaler that never stops overflowing is not waited on for ever.
+    (never,) = trials(overflowing_workload(1e30), device, 2, [16])
+    assert never.steps == 2 + OVERFLOW_STEPS and never.peak_bytes < prompt.peak_bytes
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
@@ -19,12 +19,15 @@ from batchfit.policy.steady import RecurrenceWatch
 from batchfit.policy.trial import Mode, Trial
 from batchfit.runtime.device import Device, Measurement
 from batchfit.runtime.oom import is_out_of_memory
-from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.state import TrainingSnapshot, grad_scalers
 from batchfit.runtime.tracker import resident_tensors
 from batchfit.runtime.workload import Workload, to_device
 
 #: With ``steps_per_window=None``, a timing window is the fewest steps that last this long.
 MIN_WINDOW_SECONDS = 0.02
+#: The most steps a trial adds while its GradScalers skip every optimizer step for overflow: each
+#: skip halves the scale, and 24 halvings take the default 65536 to 1/256.
+OVERFLOW_STEPS = 24
 
 
 def timed_steps(
@@ -62,6 +65,7 @@ def run_steps(
     started: list[Measurement] | None = None,
     until_steady: bool = False,
     record: bool = False,
+    scalers: Sequence[torch.amp.GradScaler] = (),
 ) -> tuple[Measurement, float | None]:
     """Run ``steps`` steps of ``mode`` on copies of ``host_batch`` under a hard cap of ``cap_bytes``
     (none when None); the measurement of the last step and its seconds. With ``warm_batch``, an
@@ -69,7 +73,9 @@ def run_steps(
     same cap. The measurement is also appended to ``started`` as it begins, so a failure can
     read it. With ``until_steady``, the steps end early where the device's allocator state after a
     step recurs (``policy.steady``): the steps left would repeat steps that ran. With ``record``,
-    the allocator's requests are taken down step by step (``measurement.recording``)."""
+    the allocator's requests are taken down step by step (``measurement.recording``). Where the
+    step's GradScalers (``scalers``) skipped every optimizer step for overflow, more steps run, up
+    to ``OVERFLOW_STEPS``, until one is taken: the optimizer's state is part of a training step."""
     resident = list(resident_tensors(workload.model, optimizer))
     step_seconds: float | None = None
     # A 2-step trial cannot end before its second step, where a recurrence is first seen.
@@ -89,7 +95,14 @@ def run_steps(
                 optimizer, to_device(workload.host_batch(warm_batch), device.torch_device)
             )
         workload.model.train(mode == "train")
-        for step in range(1, steps + 1):
+        scales = [scaler.get_scale() for scaler in scalers] if mode == "train" else []
+        step = 0
+        while step < steps or (
+            step < steps + OVERFLOW_STEPS
+            and measurement.optimizer_steps == 0
+            and _scaled_down(scalers, scales)
+        ):
+            step += 1
             measurement.begin_step()
             if recording is not None:
                 recording.mark_step()
@@ -102,6 +115,11 @@ def run_steps(
                 if measurement.steady_from is not None:
                     break
     return measurement, step_seconds
+
+
+def _scaled_down(scalers: Sequence[torch.amp.GradScaler], before: list[float]) -> bool:
+    """Whether a GradScaler's scale came down: it skipped a step for overflowing gradients."""
+    return any(scaler.get_scale() < scale for scaler, scale in zip(scalers, before, strict=True))
 
 
 def judge(batch_size: int, measurement: Measurement, step_seconds: float | None, budget_bytes: int) -> Trial:
@@ -150,6 +168,7 @@ class TrialRunner:
         self.budget_bytes, self.snapshot, self.warm_batch = budget_bytes, snapshot, warm_batch
         self.until_steady, self.record = until_steady, record
         self.records: dict[int, AllocationRecord] = {}
+        self.scalers = grad_scalers(workload.train_step)
 
     def run(self, batch_size: int) -> Trial:
         workload = self.workload
@@ -170,6 +189,7 @@ class TrialRunner:
                 started,
                 self.until_steady,
                 self.record,
+                self.scalers,
             )
         except BaseException as error:
             if not is_out_of_memory(error):
