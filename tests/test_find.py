@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import random
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -537,6 +538,21 @@ def test_confirm_steps_must_be_positive(mlp_workload: Workload) -> None:
         find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", confirm_steps=0)
 
 
+def trains(build_fresh: Callable[[], Workload], batch_size: int, limit: str, steps: int) -> bool:
+    """Whether ``steps`` steps of a freshly built workload at ``batch_size`` complete under a cap
+    of ``limit``: the truth by force."""
+    workload = build_fresh()
+    optimizer = workload.build_optimizer()
+    inputs, target = workload.host_batch(batch_size)
+    try:
+        with batchfit.memory_limit(limit, resident=[workload.model, optimizer]):
+            for _ in range(steps):
+                workload.run_train_step(optimizer, (inputs.clone(), target.clone()))
+    except torch.OutOfMemoryError:
+        return False
+    return True
+
+
 def scaled_cnn(scaler: torch.amp.GradScaler) -> Workload:
     """The tiny CNN trained in float16 autocast with ``scaler``, as mixed-precision training is."""
     workload = build("cnn", "sgd")
@@ -562,19 +578,12 @@ def test_a_grad_scaler_in_the_step_is_measured_for_real_and_left_as_it_was() -> 
     result = find_batch_size(workload, device="cpu", memory_limit="8MiB", memory_fraction=1.0)
     assert scaler._scale is None and scaler._growth_tracker is None  # as it was: never stepped
 
-    def fits(batch_size: int) -> bool:  # 10 steps of a fresh copy, its own scaler, under the cap
-        fresh = scaled_cnn(torch.amp.GradScaler("cpu"))
-        optimizer = fresh.build_optimizer()
-        inputs, target = fresh.host_batch(batch_size)
-        try:
-            with batchfit.memory_limit("8MiB", resident=[fresh.model, optimizer]):
-                for _ in range(10):
-                    fresh.run_train_step(optimizer, (inputs.clone(), target.clone()))
-        except torch.OutOfMemoryError:
-            return False
-        return True
+    def fresh() -> Workload:  # a fresh copy with a scaler of its own
+        return scaled_cnn(torch.amp.GradScaler("cpu"))
 
-    assert fits(result.batch_size) and not fits(result.batch_size + 1)
+    assert trains(fresh, result.batch_size, "8MiB", 10) and not trains(
+        fresh, result.batch_size + 1, "8MiB", 10
+    )
     before = [parameter.detach().clone() for parameter in workload.model.parameters()]
     workload.run_train_step(workload.build_optimizer(), workload.host_batch(8))
     after = list(workload.model.parameters())
@@ -608,19 +617,10 @@ def test_an_answer_holds_the_optimizer_state_when_the_first_fp16_steps_overflow(
     # From a fresh GradScaler the first 8 steps overflow and are skipped: Adam's state (twice the
     # weights) comes at the 9th. The first trial steps on until it comes, and the scale it reached
     # carries over, so that every later trial's steps hold that state too.
-    def fits(batch_size: int) -> bool:  # 20 steps of a fresh copy under the cap, as training runs
-        fresh = overflowing_workload(1e3)
-        optimizer = fresh.build_optimizer()
-        inputs, target = fresh.host_batch(batch_size)
-        try:
-            with batchfit.memory_limit("2200KiB", resident=[fresh.model, optimizer]):
-                for _ in range(20):
-                    fresh.run_train_step(optimizer, (inputs.clone(), target.clone()))
-        except torch.OutOfMemoryError:
-            return False
-        return True
+    def fresh() -> Workload:
+        return overflowing_workload(1e3)
 
-    result = find_batch_size(
-        overflowing_workload(1e3), device="cpu", memory_limit="2200KiB", memory_fraction=1.0
-    )
-    assert fits(result.batch_size) and not fits(result.batch_size + 1)
+    result = find_batch_size(fresh(), device="cpu", memory_limit="2200KiB", memory_fraction=1.0)
+    # 20 steps by force, as training runs them: the 8 skipped and 12 with Adam's state.
+    assert trains(fresh, result.batch_size, "2200KiB", 20)
+    assert not trains(fresh, result.batch_size + 1, "2200KiB", 20)
