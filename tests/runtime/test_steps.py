@@ -25,7 +25,7 @@ def trials(
 ) -> list[Trial]:
     """Trials of ``steps`` steps at ``sizes``, capped at the device's capacity."""
     optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-    snapshot = TrainingSnapshot.capture(workload.model, optimizer)
+    snapshot = TrainingSnapshot.capture(workload.model, optimizer, (workload.train_step, workload.eval_step))
     snapshot.set_gradients_aside()
     warm = 1 if mode == "eval" else None
     cap = device.capacity_bytes([])

@@ -19,7 +19,7 @@ from batchfit.policy.steady import RecurrenceWatch
 from batchfit.policy.trial import Mode, Trial
 from batchfit.runtime.device import Device, Measurement
 from batchfit.runtime.oom import is_out_of_memory
-from batchfit.runtime.state import TrainingSnapshot, grad_scalers
+from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.tracker import resident_tensors
 from batchfit.runtime.workload import Workload, to_device
 
@@ -168,7 +168,8 @@ class TrialRunner:
         self.budget_bytes, self.snapshot, self.warm_batch = budget_bytes, snapshot, warm_batch
         self.until_steady, self.record = until_steady, record
         self.records: dict[int, AllocationRecord] = {}
-        self.scalers = grad_scalers(workload.train_step)
+        # The step's GradScalers, as the snapshot found them: it puts them back, the trials read them.
+        self.scalers = [state.scaler for state in snapshot.scalers]
 
     def run(self, batch_size: int) -> Trial:
         workload = self.workload
