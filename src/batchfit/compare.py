@@ -131,16 +131,15 @@ def compare(
     on_row: Callable[[ComparisonRow], None] | None = None,
     on_trial: Callable[[str, Trial], None] | None = None,
 ) -> Comparison:
-    """Apply each technique to ``workload`` (``techniques``: names such as ``amp`` (or
-    ``amp-fp16``, ``amp-bf16``), ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``,
-    ``accumulation``; None: the
-    defaults for the device) and measure it as ``find`` and ``explore`` would: the largest batch
-    under a hard cap at ``memory_fraction``, its peak and memory line, the throughput at that batch
-    (the median of ``windows`` rounds of one window per row) and at explore's recommendation (within
-    ``explore_seconds``; 0 skips it; ``multiple_of`` as in both). ``accumulation`` reaches
+    """Apply each technique to ``workload`` (``techniques``: names such as ``amp`` (or ``amp-fp16``,
+    ``amp-bf16``), ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``, ``accumulation``;
+    None: the defaults for the device) and measure it as ``find`` and ``explore`` would: the largest
+    batch under a hard cap at ``memory_fraction``, its peak and memory line, the throughput at that
+    batch (the median of ``windows`` rounds of one window per row) and at explore's recommendation
+    (within ``explore_seconds``; 0 skips it; ``multiple_of`` as in both). ``accumulation`` reaches
     ``global_batch_size`` with the baseline's largest batch as micro-batch. Checkpointing wraps
-    ``checkpoint_module`` (a type name), by default the most repeated block. The model, optimizer
-    and RNG are left as they were.
+    ``checkpoint_module`` (a type name), by default the most repeated block. The model, optimizer and
+    RNG are left as they were.
     """
     started = time.perf_counter()
     if windows < 1:

@@ -17,6 +17,11 @@ MIXED_PRECISION = ("amp", "amp-fp16", "amp-bf16")
 TECHNIQUES = (*MIXED_PRECISION, "checkpointing", "cudnn-benchmark-on", "cudnn-benchmark-off")
 
 
+def mixed_precision_of(parts: tuple[str, ...]) -> str | None:
+    """The mixed precision a setting names (one of ``MIXED_PRECISION``), or None."""
+    return next((part for part in parts if part in MIXED_PRECISION), None)
+
+
 @dataclass(frozen=True)
 class Facts:
     """What decides whether a technique applies to a workload on a device."""
@@ -76,7 +81,7 @@ def default_settings(facts: Facts, cudnn_benchmark: bool) -> list[tuple[str, ...
 def why_not(parts: tuple[str, ...], facts: Facts) -> str | None:
     """Why the setting cannot apply to this workload here, or None when it can."""
     reasons = []
-    amp = next((part for part in parts if part in MIXED_PRECISION), None)
+    amp = mixed_precision_of(parts)
     if amp is not None and facts.custom_train_step:
         reasons.append(
             f"{amp}: the workload has its own train_step, which batchfit cannot wrap in autocast (add "

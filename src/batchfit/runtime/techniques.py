@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.techniques import ACCUMULATION, MIXED_PRECISION
+from batchfit.policy.techniques import ACCUMULATION, mixed_precision_of
 from batchfit.runtime.workload import Workload, model_loss
 
 
@@ -71,7 +71,7 @@ def applied(
                 raise ConfigurationError("checkpointing needs the type name of the block to wrap.")
             wrapped = _checkpoint_blocks(workload.model, block, undo)
             notes.append(f"checkpointing {wrapped} {block} block{'s' if wrapped != 1 else ''}")
-        amp = next((part for part in parts if part in MIXED_PRECISION), None)
+        amp = mixed_precision_of(parts)
         if amp is not None:
             dtype, scaled = mixed_precision(device, amp)
             variant.train_step = _autocast_step(workload, device, dtype, scaled)
