@@ -283,6 +283,20 @@ def test_a_smaller_trial_after_a_larger_one_reads_its_own_peak(device: str) -> N
         assert large.reserved_peak_bytes is not None and again.reserved_peak_bytes < large.reserved_peak_bytes
 
 
+@pytest.mark.parametrize("device", CACHING_DEVICES)
+def test_a_trial_does_not_keep_what_it_started_with_alive(device: str) -> None:
+    # A step may replace a tensor it started with (L-BFGS's history, a buffer assigned anew):
+    # training frees the old one, so the measuring block must not hold it.
+    target = target_for(device, 64 * 2**20)
+    old = torch.empty(2**18, device=target.torch_device)  # 1 MiB
+    replaced = weakref.ref(old)
+    with target.measure([old], 64 * 2**20) as measurement:
+        del old
+        assert replaced() is None
+        new = torch.empty(2**18, device=target.torch_device)
+    assert measurement.peak_bytes == 2**20 and new.numel() == 2**18
+
+
 @pytest.mark.parametrize("device", CACHING_DEVICES[1:])
 def test_a_failed_trial_names_the_step_that_ran_out(device: str) -> None:
     # Adam's state, made at the 9th step, is what does not fit under the cap that the same

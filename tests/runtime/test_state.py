@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import functools
+import gc
 import random
+import weakref
 
 import torch
 from torch import nn
@@ -52,6 +55,44 @@ def test_existing_optimizer_state_and_gradients_come_back() -> None:
     assert torch.equal(momentum, saved_momentum)
     snapshot.restore()
     assert torch.equal(model.weight.grad, saved_grad)  # type: ignore[arg-type]
+
+
+def test_optimizer_state_a_step_replaces_is_freed_and_comes_back() -> None:
+    # L-BFGS replaces its direction and keeps its history in lists of tensors. The snapshot holds
+    # copies on the host and the originals weakly: what the steps replace is freed, as in training.
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    optimizer = torch.optim.LBFGS(model.parameters(), history_size=3, max_iter=2)
+    inputs = torch.randn(6, 8)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = model(inputs).pow(2).mean()
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        optimizer.step(closure)
+    state = optimizer.state[model.weight]
+    before = copy.deepcopy(optimizer.state_dict())
+    direction, history = weakref.ref(state["d"]), [weakref.ref(t) for t in state["old_dirs"]]
+    snapshot = TrainingSnapshot.capture(model, optimizer)
+    for _ in range(4):
+        optimizer.step(closure)
+    gc.collect()
+    assert direction() is None and all(ref() is None for ref in history)  # freed, as in training
+    snapshot.restore()
+
+    def same(a: object, b: object) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and torch.equal(a, b)
+        if isinstance(a, list):
+            return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
+        return a == b
+
+    after = optimizer.state_dict()["state"]
+    assert after.keys() == before["state"].keys()
+    assert all(same(value, after[0][name]) for name, value in before["state"][0].items())
 
 
 SCALER_OF_THE_MODULE = torch.amp.GradScaler("cpu")

@@ -88,6 +88,7 @@ class CachingDevice:
             # than the cap ran under it on segments an uncapped step before had left cached).
             self.allocator.empty_cache()
         with self.allocator.capped(resident, cap_bytes):
+            del resident  # held by the allocator; a tensor the steps replace must be free to go
             retries_before = self.allocator.retries()
             measurement = Measurement(_probe=self.allocator)
             measurement.begin_step()
@@ -129,8 +130,9 @@ class ModelledAllocator:
 
     @contextmanager
     def capped(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[None]:
-        for tensor in unique_storages(resident):  # allocated before the trial, outside its cap
-            self._hold(tensor.untyped_storage())
+        self._hold_all(resident)  # allocated before the trial, outside its cap
+        # Held, not kept: a tensor the steps replace (L-BFGS's history) must be free to go, as on a GPU.
+        del resident
         previous, self.model.limit_bytes = self.model.limit_bytes, cap_bytes
         try:
             with _AllocatingMode(self):
@@ -180,6 +182,10 @@ class ModelledAllocator:
             yield self._recording
         finally:
             self._recording = None
+
+    def _hold_all(self, tensors: Iterable[torch.Tensor]) -> None:
+        for tensor in unique_storages(tensors):
+            self._hold(tensor.untyped_storage())
 
     def _hold(self, storage: torch.UntypedStorage) -> None:
         key, nbytes = storage._cdata, storage.nbytes()

@@ -63,6 +63,7 @@ class _CudaAllocator:
     @contextmanager
     def capped(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[None]:
         """The per-process memory fraction at ``cap_bytes``, and the user's own put back."""
+        del resident  # the allocator knows what is held; a tensor the steps replace must be free to go
         if cap_bytes is None:
             yield
             return

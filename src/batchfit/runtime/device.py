@@ -160,6 +160,7 @@ class CpuDevice:
     ) -> Iterator[Measurement]:
         tracker = StorageTracker(capacity_bytes=cap_bytes, fake=self.fake)
         tracker.track(unique_storages(resident))
+        del resident  # counted: a tensor the steps replace (L-BFGS's history) must be free to go
         if cap_bytes is not None and tracker.live_bytes > cap_bytes:
             raise torch.OutOfMemoryError(resident_oom_message(tracker.live_bytes, cap_bytes))
         measurement = Measurement(_probe=_TrackerProbe(tracker))

@@ -13,11 +13,13 @@ import inspect
 import itertools
 import random
 import sys
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 #: How far ``reachable`` follows references from a step: the step's closure, defaults and
 #: globals, then the attributes of what it finds there (``self.scaler`` of a trainer object).
@@ -29,6 +31,34 @@ CONTAINER_ITEMS = 64
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", copy=True)
+
+
+@dataclass(frozen=True)
+class _OnHost:
+    """A tensor of optimizer state, saved on the host; ``back`` makes it anew on its device."""
+
+    saved: torch.Tensor
+    device: torch.device
+
+    def back(self) -> torch.Tensor:
+        return self.saved.to(self.device, copy=True)
+
+
+def _save_state_value(value: Any) -> Any:
+    """A value of optimizer state saved: its tensors (also in lists, tuples and dicts: L-BFGS's
+    history) on the host, so that the device holds no second copy during the trials."""
+    if isinstance(value, torch.Tensor):
+        return _OnHost(_host_copy(value), value.device)
+    if isinstance(value, (list, tuple, dict)):
+        return tree_map(
+            lambda leaf: _save_state_value(leaf) if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf),
+            value,
+        )
+    return copy.deepcopy(value)
+
+
+def _restored_state_value(saved: Any) -> Any:
+    return tree_map(lambda leaf: leaf.back() if isinstance(leaf, _OnHost) else copy.deepcopy(leaf), saved)
 
 
 @dataclass
@@ -204,7 +234,9 @@ class TrainingSnapshot:
     grads: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = field(default_factory=list)
     modes: list[tuple[torch.nn.Module, bool]] = field(default_factory=list)
     optimizer_state: dict[Any, dict[str, Any]] = field(default_factory=dict)
-    optimizer_originals: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    # The state's own tensors, held weakly: one a step replaces (L-BFGS's direction) is freed, as
+    # in training; one still alive at restore is filled in place, so references to it stay good.
+    optimizer_originals: dict[Any, dict[str, weakref.ref[torch.Tensor]]] = field(default_factory=dict)
     param_groups: list[dict[str, Any]] = field(default_factory=list)
     rng: _RngState | None = None
     scalers: list[ScalerState] = field(default_factory=list)
@@ -234,11 +266,12 @@ class TrainingSnapshot:
             snap.grads.append((parameter, None if grad is None else _host_copy(grad)))
         if optimizer is not None:
             for key, state in optimizer.state.items():
-                snap.optimizer_originals[key] = dict(state)
-                snap.optimizer_state[key] = {
-                    name: _host_copy(value) if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+                snap.optimizer_originals[key] = {
+                    name: weakref.ref(value)
                     for name, value in state.items()
+                    if isinstance(value, torch.Tensor)
                 }
+                snap.optimizer_state[key] = {name: _save_state_value(value) for name, value in state.items()}
             snap.param_groups = [
                 {name: copy.deepcopy(value) for name, value in group.items() if name != "params"}
                 for group in optimizer.param_groups
@@ -275,19 +308,20 @@ class TrainingSnapshot:
 
     def _restore_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         for key in list(optimizer.state.keys()):
-            if key not in self.optimizer_originals:
+            if key not in self.optimizer_state:
                 del optimizer.state[key]
-        for key, originals in self.optimizer_originals.items():
+        for key, saved_state in self.optimizer_state.items():
+            originals = self.optimizer_originals[key]
             state = optimizer.state[key]
             state.clear()
-            for name, original in originals.items():
-                saved = self.optimizer_state[key][name]
-                if isinstance(original, torch.Tensor):
+            for name, saved in saved_state.items():
+                original = originals[name]() if name in originals else None
+                if original is not None and isinstance(saved, _OnHost):
                     with torch.no_grad():
-                        original.copy_(saved)
+                        original.copy_(saved.saved)
                     state[name] = original
                 else:
-                    state[name] = copy.deepcopy(saved)
+                    state[name] = _restored_state_value(saved)
         for group, saved_group in zip(optimizer.param_groups, self.param_groups, strict=True):
             for name, value in saved_group.items():
                 group[name] = copy.deepcopy(value)

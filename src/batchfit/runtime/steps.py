@@ -76,7 +76,9 @@ def run_steps(
     the allocator's requests are taken down step by step (``measurement.recording``). Where the
     step's GradScalers (``scalers``) skipped every optimizer step for overflow, more steps run, up
     to ``OVERFLOW_STEPS``, until one is taken: the optimizer's state is part of a training step."""
-    resident = list(resident_tensors(workload.model, optimizer))
+    # What the steps start with, counted as the block opens and not kept: a tensor they replace
+    # (L-BFGS's history, a buffer assigned anew) is freed, as in training.
+    resident = resident_tensors(workload.model, optimizer)
     step_seconds: float | None = None
     # A 2-step trial cannot end before its second step, where a recurrence is first seen.
     watch = RecurrenceWatch(needs_optimizer_step=mode == "train") if until_steady and steps > 2 else None
