@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_workloads import build
+from tiny_workloads import build, lbfgs_mlp
 
 from batchfit import ConfigurationError, Workload, compare, memory_limit
 from batchfit.runtime.examples import build_example
@@ -123,6 +123,29 @@ def test_a_technique_that_cannot_wrap_the_step_says_why_and_the_others_run() -> 
     assert baseline.at_max_batch_size and baseline.batch_size == 512  # the tiny MLP fits up to the bound
     assert not amp.applied and amp.note.startswith("amp: the workload has its own train_step")
     assert not checkpointing.applied and "no repeated block" in checkpointing.note
+
+
+def test_an_optimizer_that_needs_a_closure_runs_every_row_a_closure_allows() -> None:
+    # L-BFGS: bfloat16 and accumulation step it with a closure; float16's GradScaler cannot, and
+    # the row says so instead of the comparison failing at its first trial.
+    result = compare(
+        lbfgs_mlp(),
+        ["amp", "amp-fp16", "accumulation"],
+        device="cpu",
+        memory_limit="8MiB",
+        global_batch_size=1024,
+        windows=1,
+        explore_seconds=0,
+    )
+    baseline, amp, fp16, accumulation = result.rows
+    assert baseline.batch_size is not None and amp.batch_size is not None and amp.note == "autocast bfloat16"
+    assert not fp16.applied and "cannot step one that needs a closure (L-BFGS); amp-bf16 can" in fp16.note
+    assert accumulation.batch_size is not None and accumulation.samples_per_second is not None
+    with (
+        applied(lbfgs_mlp(), ("amp-fp16",), torch.device("cpu")) as (variant, _),
+        pytest.raises(ConfigurationError, match="a GradScaler, which cannot step LBFGS"),
+    ):
+        variant.run_train_step(variant.build_optimizer(), variant.host_batch(2))
 
 
 def test_bad_settings_are_refused_before_any_work() -> None:

@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tiny_workloads import build, classification_batch, overflowing_workload, tiny_mlp, untraceable
+from tiny_workloads import (
+    build,
+    classification_batch,
+    lbfgs_mlp,
+    overflowing_workload,
+    sparse_embedding_workload,
+    tiny_mlp,
+    untraceable,
+)
 from torch import nn
 
 import batchfit
@@ -482,9 +490,9 @@ def _trains(batch_size: int, steps: int, limit: int) -> bool:
 
 def test_confirm_steps_hold_the_answer_to_longer_training() -> None:
     # The memory grows over the first 8 steps (as a caching allocator's fragmentation does on
-    # CUDA, where confirm_steps is 10 by default): the 2-step answer fails within 10 steps. After
-    # the opening every trial aims at the answer and runs 10 steps, so the search ends at what
-    # trains 10 steps.
+    # CUDA, where confirm_steps is 10 by default): the 2-step answer fails within 10 steps. The
+    # traces' answer (2 steps) is the first real trial, and it and every trial after it aim at
+    # the answer and run 10 steps, so the search ends at what trains 10 steps.
     limit = 5_000_000
     workload = _history_workload()
     short = find_batch_size(workload, device="cpu", memory_limit=limit, memory_fraction=1.0)
@@ -503,9 +511,9 @@ def test_confirm_steps_hold_the_answer_to_longer_training() -> None:
     assert result.confirm_steps == 10 and result.answer.steps == 10 and result.answer.fits
     assert result.batch_size < short.batch_size and result.stop_reason == "boundary"
     assert list(result.trials) == seen
-    assert [trial.steps for trial in result.trials[:2]] == [2, 2]
-    assert all(trial.steps == 10 for trial in result.trials[2:])
-    aimed = result.trials[2]  # where the 2-step search ended: it does not train 10 steps
+    assert short.predicted_trials and result.predicted_trials  # HistorySGD's own attribute reaches the traces
+    assert all(trial.steps == 10 for trial in result.trials)
+    aimed = result.trials[0]  # where the 2-step search ended: it does not train 10 steps
     assert aimed.batch_size == short.batch_size and not aimed.fits
     # The truth by force: the answer trains 10 steps. (A trial holds one more label tensor at its
     # peak than this loop, 8 bytes a sample, so the next batch up can squeeze in here; two cannot.)
@@ -624,3 +632,38 @@ def test_an_answer_holds_the_optimizer_state_when_the_first_fp16_steps_overflow(
     # 20 steps by force, as training runs them: the 8 skipped and 12 with Adam's state.
     assert trains(fresh, result.batch_size, "2200KiB", 20)
     assert not trains(fresh, result.batch_size + 1, "2200KiB", 20)
+
+
+def test_a_lazy_module_waiting_for_its_first_batch_is_named() -> None:
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 10))
+    workload = Workload(model, lambda p: torch.optim.SGD(p, lr=0.1), make_batch=classification_batch((4,)))
+    named = r"^the model's 0\.weight, 0\.bias are not initialized yet \(a lazy module, such as nn\.LazyLinear"
+    with pytest.raises(ConfigurationError, match=named):
+        find_batch_size(workload, device="cpu", memory_limit="1MiB")
+    with pytest.raises(ConfigurationError, match=named):
+        batchfit.explore(workload, device="cpu", max_batch_size=4)
+
+
+def test_an_optimizer_that_needs_a_closure_is_stepped_with_one() -> None:
+    # L-BFGS's step takes a closure that recomputes the loss (batchfit's step called step() and
+    # failed), and it replaces its direction and history tensors as it goes. A trial that kept the
+    # ones it started with counted them twice: "does not fit even at batch_size=1", and with the
+    # trials' own list freed, 270, where the truth is 348.
+    workload = lbfgs_mlp()
+    before = _state(workload)
+    result = find_batch_size(workload, device="cpu", memory_limit="6MiB", memory_fraction=1.0)
+    _assert_identical(before, _state(workload))
+    assert result.stop_reason == "boundary"
+    assert trains(lbfgs_mlp, result.batch_size, "6MiB", 2)
+    assert not trains(lbfgs_mlp, result.batch_size + 1, "6MiB", 2)
+
+
+def test_a_sparse_gradient_is_counted() -> None:
+    # The table's gradient holds one row per looked-up index: the tracker counts its indices and
+    # values (it could not read a sparse tensor's storage before), and the trace, which cannot
+    # size them, leaves the search to real trials.
+    workload = sparse_embedding_workload()
+    result = find_batch_size(workload, device="cpu", memory_limit="2MiB", memory_fraction=1.0)
+    assert not result.predicted_trials
+    assert trains(sparse_embedding_workload, result.batch_size, "2MiB", 2)
+    assert not trains(sparse_embedding_workload, result.batch_size + 1, "2MiB", 2)

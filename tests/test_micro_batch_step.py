@@ -341,6 +341,12 @@ def test_a_model_and_an_optimizer_are_required() -> None:
         r"call\.$",
     ):
         MicroBatchStep(model, [optimizer], micro_batch_size=8)  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^MicroBatchStep steps the optimizer once on the gradients its "
+        r"micro-batches accumulated, but LBFGS\.step needs a closure",
+    ):
+        MicroBatchStep(model, torch.optim.LBFGS(model.parameters()), micro_batch_size=8)
 
 
 @pytest.mark.parametrize(

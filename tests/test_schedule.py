@@ -207,6 +207,14 @@ def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
             "max_grad_norm (0.0) must be positive; None does not clip.",
         ),
         (
+            lambda: GradientAccumulator(nn.Linear(2, 2), torch.optim.LBFGS(nn.Linear(2, 2).parameters()), 2),
+            (
+                "GradientAccumulator steps the optimizer once on the gradients its micro-batches "
+                "accumulated, but LBFGS.step needs a closure that recomputes the loss; use an optimizer "
+                "that steps on gradients (SGD, AdamW, ...), or step LBFGS on the whole batch yourself."
+            ),
+        ),
+        (
             lambda: warmup_schedule(_model_and_optimizer()[1], warmup_steps=-1),
             "warmup_steps (-1) must be 0 or more; 0 starts at the full lr.",
         ),

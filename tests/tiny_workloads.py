@@ -120,3 +120,39 @@ def overflowing_workload(loss_scale: float) -> Workload:
 
     workload.train_step = train_step
     return workload
+
+
+def lbfgs_mlp() -> Workload:
+    """The tiny MLP trained by L-BFGS for three steps: its history of directions is full."""
+    torch.manual_seed(0)
+    workload = build("mlp", "sgd")
+    optimizer = torch.optim.LBFGS(workload.model.parameters(), history_size=4, max_iter=3)
+    workload.optimizer = optimizer
+    inputs, target = classification_batch((64,))(8)
+    for _ in range(3):
+        workload.run_train_step(optimizer, (inputs, target))
+    return workload
+
+
+def sparse_embedding_workload() -> Workload:
+    """A bag of embeddings with a sparse gradient (a recommender's lookup table), trained by SGD."""
+    torch.manual_seed(0)
+
+    class Bag(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Embedding(5000, 32, sparse=True)
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.table(ids).mean(1))
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(n)
+        return torch.randint(0, 5000, (n, 20), generator=generator), torch.randint(
+            0, 4, (n,), generator=generator
+        )
+
+    model = Bag()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)

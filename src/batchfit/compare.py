@@ -36,7 +36,7 @@ from batchfit.runtime.lockstep import Lockstep, LockstepMeter
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.steps import StepTimer
 from batchfit.runtime.techniques import applied, module_blocks, runs_bfloat16
-from batchfit.runtime.workload import Workload
+from batchfit.runtime.workload import Workload, needs_closure
 from batchfit.units import format_bytes
 
 
@@ -153,6 +153,7 @@ def compare(
         repeated_block=checkpoint_module or repeated_block(module_blocks(workload.model)),
         global_batch_size=global_batch_size,
         bfloat16=runs_bfloat16(target.torch_device),
+        closure_optimizer=_needs_closure(workload),
     )
     if techniques is None:
         settings = default_settings(facts, torch.backends.cudnn.benchmark)
@@ -336,3 +337,10 @@ def _bytes(value: float | None) -> str:
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _needs_closure(workload: Workload) -> bool:
+    """Whether the workload's optimizer (built from its factory, which makes no state yet) steps
+    only with a closure: a GradScaler cannot step it."""
+    optimizer = workload.build_optimizer() if workload.train_step is None else None
+    return optimizer is not None and needs_closure(optimizer)

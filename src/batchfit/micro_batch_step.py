@@ -21,7 +21,7 @@ from batchfit.runtime.gradients import GradientAverage, gradient_mask, prepare_a
 from batchfit.runtime.lockstep import Lockstep
 from batchfit.runtime.micro_batches import count_samples, micro_batch
 from batchfit.runtime.oom import first_line, is_out_of_memory
-from batchfit.runtime.workload import model_loss
+from batchfit.runtime.workload import check_steps_on_gradients, model_loss
 from batchfit.schedule import step_optimizer
 
 if TYPE_CHECKING:
@@ -267,6 +267,7 @@ def _check(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}; MicroBatchStep "
             f"steps it once per call."
         )
+    check_steps_on_gradients(optimizer, "MicroBatchStep")
     if loss_fn is not None and compute_loss is not None:
         raise ConfigurationError(
             "pass loss_fn or compute_loss, not both: compute_loss(model, micro_batch) computes the loss "

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from batchfit.errors import ConfigurationError
+from batchfit.runtime.workload import check_steps_on_gradients
 
 if TYPE_CHECKING:
     from torch.amp import GradScaler
@@ -110,6 +111,7 @@ class GradientAccumulator:
             )
         if max_grad_norm is not None and max_grad_norm <= 0:
             raise ConfigurationError(f"max_grad_norm ({max_grad_norm}) must be positive; None does not clip.")
+        check_steps_on_gradients(optimizer, type(self).__name__)
         self.model = model
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps

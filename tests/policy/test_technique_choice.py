@@ -89,6 +89,24 @@ def test_bfloat16_applies_only_where_the_device_runs_it() -> None:
     assert why_not(("amp-bf16",), CPU) is None
 
 
+def test_float16_cannot_step_an_optimizer_that_needs_a_closure() -> None:
+    # A GradScaler steps the optimizer itself and refuses a closure: L-BFGS trains in full
+    # precision or bfloat16, which needs no scaler.
+    cpu = Facts(cuda=False, custom_train_step=False, repeated_block=None, closure_optimizer=True)
+    assert why_not(("amp-fp16",), cpu) == (
+        "amp-fp16: float16 steps the optimizer through a GradScaler, which cannot step one that needs "
+        "a closure (L-BFGS); amp-bf16 can"
+    )
+    assert why_not(("amp",), cpu) is None and why_not(("amp-bf16",), cpu) is None
+    volta = Facts(
+        cuda=True, custom_train_step=False, repeated_block=None, bfloat16=False, closure_optimizer=True
+    )
+    assert why_not(("amp",), volta) == (
+        "amp: float16 steps the optimizer through a GradScaler, which cannot step one that needs a "
+        "closure (L-BFGS)"
+    )
+
+
 def test_the_repeated_block_is_the_most_frequent_block_type() -> None:
     blocks = [("Layer", True), ("Linear", False), ("Linear", False), ("Layer", True), ("Stage", True)]
     assert repeated_block(blocks) == "Layer"  # Linear is more frequent but not a block

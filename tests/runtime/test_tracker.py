@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import batchfit
-from batchfit.runtime.tracker import StorageTracker
+from batchfit.runtime.tracker import StorageTracker, dense_parts, resident_tensors
 
 
 def test_counts_new_storages_once_and_releases_them() -> None:
@@ -70,3 +70,38 @@ def test_memory_limit_rejects_resident_state_over_the_limit() -> None:
         batchfit.memory_limit("100KiB", resident=[torch.empty(50_000)]),
     ):
         pass
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_sparse_tensor_counts_its_indices_and_values() -> None:
+    # An nn.Embedding(sparse=True)'s gradient is a sparse COO tensor: its storages are its indices'
+    # (int64, one row per entry) and its values' (one embedding row per looked-up index).
+    embedding = torch.nn.Embedding(1000, 16, sparse=True)
+    with StorageTracker() as tracker:
+        embedding(torch.arange(40).view(4, 10)).sum().backward()
+        grad = embedding.weight.grad
+        assert grad is not None and grad.layout == torch.sparse_coo
+        indices, values = dense_parts(grad)
+        assert (
+            indices.untyped_storage().nbytes() == 40 * 8 and values.untyped_storage().nbytes() == 40 * 16 * 4
+        )
+        assert tracker.live_bytes >= 40 * 8 + 40 * 16 * 4
+    resident = list(resident_tensors(embedding))  # the weight, and the gradient's two parts
+    assert [tuple(t.shape) for t in resident] == [(1000, 16), (1, 40), (40, 16)]
+    csr = torch.eye(3).to_sparse_csr()
+    assert [tuple(t.shape) for t in dense_parts(csr)] == [(4,), (3,), (3,)]
+
+
+def test_a_trace_refuses_a_sparse_tensor_it_cannot_size() -> None:
+    # On fake tensors a sparse tensor's number of values is unknown (a clone says 0): the trace
+    # stops, and real trials measure it.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        embedding = torch.nn.Embedding(1000, 16, sparse=True)
+        indices = torch.arange(40).view(4, 10)
+        with (
+            pytest.raises(NotImplementedError, match=r"cannot size a torch\.sparse_coo"),
+            StorageTracker(fake=True),
+        ):
+            embedding(indices).sum().backward()

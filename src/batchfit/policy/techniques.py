@@ -31,6 +31,7 @@ class Facts:
     repeated_block: str | None  # the module type checkpointing wraps, None when none repeats
     global_batch_size: int | None = None
     bfloat16: bool = True  # the device runs bfloat16 (the CPU and GPUs from Ampere on)
+    closure_optimizer: bool = False  # the optimizer's step needs a closure (L-BFGS)
 
 
 def parse_settings(names: Sequence[str]) -> list[tuple[str, ...]]:
@@ -89,6 +90,11 @@ def why_not(parts: tuple[str, ...], facts: Facts) -> str | None:
         )
     if amp == "amp-bf16" and not facts.bfloat16:
         reasons.append("amp-bf16: this GPU does not run bfloat16 (amp-fp16 does, with a GradScaler)")
+    if facts.closure_optimizer and (amp == "amp-fp16" or (amp == "amp" and not facts.bfloat16)):
+        reasons.append(
+            f"{amp}: float16 steps the optimizer through a GradScaler, which cannot step one that needs "
+            "a closure (L-BFGS)" + ("; amp-bf16 can" if facts.bfloat16 else "")
+        )
     if "checkpointing" in parts and facts.repeated_block is None:
         reasons.append(
             "checkpointing: the model has no repeated block (no module type with parameters and "

@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy.techniques import ACCUMULATION, mixed_precision_of
-from batchfit.runtime.workload import Workload, model_loss
+from batchfit.runtime.workload import Workload, model_loss, needs_closure, optimizer_step
 
 
 def module_blocks(model: nn.Module) -> list[tuple[str, bool]]:
@@ -115,16 +115,24 @@ def _autocast_step(workload: Workload, device: torch.device, dtype: torch.dtype,
     def step(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
         if optimizer is None:
             raise ConfigurationError("amp needs Workload.optimizer: it steps the optimizer itself.")
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype):
-            loss = model_loss(model, batch, workload.loss_fn)
+
+        def loss() -> torch.Tensor:
+            with torch.autocast(device.type, dtype=dtype):
+                return model_loss(model, batch, workload.loss_fn)
+
         if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            optimizer_step(optimizer, loss)
+            return
+        if needs_closure(optimizer):
+            raise ConfigurationError(
+                f"float16 mixed precision steps the optimizer through a GradScaler, which cannot "
+                f"step {type(optimizer).__name__} (it needs a closure); use bfloat16 (amp-bf16) "
+                f"or full precision with it."
+            )
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss()).backward()
+        scaler.step(optimizer)
+        scaler.update()
 
     return step
 
@@ -136,9 +144,8 @@ def _accumulated_step(workload: Workload, accumulation_steps: int) -> Any:
     def step(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
         if optimizer is None:
             raise ConfigurationError("accumulation needs Workload.optimizer: it steps it once per batch.")
-        optimizer.zero_grad(set_to_none=True)
-        for _ in range(accumulation_steps):
-            (model_loss(model, batch, workload.loss_fn) / accumulation_steps).backward()
-        optimizer.step()
+        optimizer_step(
+            optimizer, lambda: model_loss(model, batch, workload.loss_fn), times=accumulation_steps
+        )
 
     return step

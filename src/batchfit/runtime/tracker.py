@@ -19,22 +19,39 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from batchfit.units import format_bytes
 
 
+def dense_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The strided tensors that hold ``tensor``'s data, each with a storage: the tensor itself, or a
+    sparse tensor's indices and values (an ``nn.Embedding(sparse=True)``'s gradient)."""
+    layout = tensor.layout
+    if layout == torch.strided:
+        return (tensor,)
+    if layout == torch.sparse_coo:
+        return (tensor._indices(), tensor._values())
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return (tensor.crow_indices(), tensor.col_indices(), tensor.values())
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return (tensor.ccol_indices(), tensor.row_indices(), tensor.values())
+    return ()
+
+
 def resident_tensors(*objects: Any) -> Iterator[torch.Tensor]:
-    """Tensors held by modules (parameters, gradients, buffers), optimizers (state) or given as is."""
+    """Tensors held by modules (parameters, gradients, buffers), optimizers (state) or given as is;
+    a sparse one as its dense parts (``dense_parts``)."""
     for obj in objects:
         if obj is None:
             continue
         if isinstance(obj, torch.Tensor):
-            yield obj
+            yield from dense_parts(obj)
         elif isinstance(obj, torch.nn.Module):
             for parameter in obj.parameters():
-                yield parameter
+                yield from dense_parts(parameter)
                 if parameter.grad is not None:
-                    yield parameter.grad
-            yield from obj.buffers()
+                    yield from dense_parts(parameter.grad)
+            for buffer in obj.buffers():
+                yield from dense_parts(buffer)
         elif isinstance(obj, torch.optim.Optimizer):
-            for state in obj.state.values():
-                yield from (value for value in state.values() if isinstance(value, torch.Tensor))
+            for state in obj.state.values():  # tensors, and lists of them (L-BFGS's history)
+                yield from resident_tensors(*state.values())
         elif isinstance(obj, (list, tuple, set)):
             yield from resident_tensors(*obj)
         elif isinstance(obj, dict):
@@ -59,8 +76,8 @@ class StorageTracker(TorchDispatchMode):
     def track(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count storages that already exist (a model's parameters, optimizer state...)."""
         for tensor in tensors:
-            if self._counts(tensor):
-                self._add(tensor.untyped_storage(), self._new_bytes(tensor.untyped_storage()))
+            for part in dense_parts(tensor) if self._counts(tensor) else ():
+                self._add(part.untyped_storage(), self._new_bytes(part.untyped_storage()))
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def reset_peak(self) -> None:
@@ -115,14 +132,19 @@ def counted(tensor: torch.Tensor, device_type: str, fake: bool = False) -> bool:
 
 def output_storages(value: Any, device_type: str, fake: bool = False) -> dict[int, torch.UntypedStorage]:
     """The storages of the tensors in an op's output (a tensor, or tuples and lists of them) that a
-    tracker of ``device_type`` counts, by key, in order."""
+    tracker of ``device_type`` counts, by key, in order (a sparse tensor's indices and values).
+    NotImplementedError for a sparse output of a trace (``fake``): its size is the data's."""
     found: dict[int, torch.UntypedStorage] = {}
     pending = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, torch.Tensor):
-            if counted(item, device_type, fake):
-                storage = item.untyped_storage()
+            if fake and item.layout != torch.strided:
+                # How many values a sparse tensor holds depends on the data, which a fake tensor
+                # lacks (it says 0 after a clone): the trace cannot count them, real trials do.
+                raise NotImplementedError(f"a fake tensor cannot size a {item.layout} tensor's values")
+            for part in dense_parts(item) if counted(item, device_type, fake) else ():
+                storage = part.untyped_storage()
                 found[storage._cdata] = storage
         elif isinstance(item, (tuple, list)):
             pending.extend(reversed(item))

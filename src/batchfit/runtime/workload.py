@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -122,9 +124,7 @@ class Workload:
                 "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
                 "or a train_step(model, optimizer, batch) function."
             )
-        optimizer.zero_grad(set_to_none=True)
-        self._loss(batch).backward()
-        optimizer.step()
+        optimizer_step(optimizer, lambda: self._loss(batch))
 
     def run_eval_step(self, batch: Any) -> None:
         with torch.no_grad():
@@ -137,6 +137,51 @@ class Workload:
 
     def _loss(self, batch: Any) -> torch.Tensor:
         return model_loss(self.model, batch, self.loss_fn)
+
+
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` must be given a closure that recomputes the loss (L-BFGS: it
+    evaluates the loss several times per step), rather than taking one as an option."""
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def check_steps_on_gradients(optimizer: torch.optim.Optimizer, owner: str) -> None:
+    """A ConfigurationError where ``owner``, which steps ``optimizer`` on gradients it accumulated,
+    is given one that needs a closure (``needs_closure``)."""
+    if needs_closure(optimizer):
+        raise ConfigurationError(
+            f"{owner} steps the optimizer once on the gradients its micro-batches accumulated, but "
+            f"{type(optimizer).__name__}.step needs a closure that recomputes the loss; use an optimizer "
+            f"that steps on gradients (SGD, AdamW, ...), or step {type(optimizer).__name__} on the whole "
+            f"batch yourself."
+        )
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer, loss: Callable[[], torch.Tensor], *, times: int = 1
+) -> None:
+    """One training step of ``optimizer``: gradients cleared, ``times`` backwards of ``loss()``
+    (each scaled by ``1 / times``: gradient accumulation), then the update. An optimizer that
+    needs a closure (``needs_closure``) gets one that does the clearing and backwards, as often as
+    it asks."""
+
+    def backward(read: bool) -> float:
+        """Clear the gradients and run the backwards; the mean loss where ``read`` (the closure's
+        value: reading it waits for the device, so only an optimizer that asks for it does)."""
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(times):
+            value = loss()
+            (value / times if times > 1 else value).backward()
+            total += float(value.detach()) / times if read else 0.0
+        return total
+
+    if needs_closure(optimizer):
+        optimizer.step(functools.partial(backward, True))
+    else:
+        backward(False)
+        optimizer.step()
 
 
 def model_loss(
@@ -201,9 +246,19 @@ def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -
 
 
 def check_model_on(model: torch.nn.Module, device: torch.device) -> None:
-    """Every parameter and buffer of ``model`` is on ``device``, or a ConfigurationError says which
-    is not and what to do (before any work, rather than torch's device mismatch inside a step)."""
-    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+    """Every parameter and buffer of ``model`` has its shape (no lazy module waits for its first
+    batch) and is on ``device``, or a ConfigurationError says which is not and what to do (before
+    any work, rather than torch's error inside a step)."""
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    lazy = [name for name, tensor in tensors if torch.nn.parameter.is_lazy(tensor)]
+    if lazy:
+        named = ", ".join(lazy[:3]) + (" ..." if len(lazy) > 3 else "")
+        raise ConfigurationError(
+            f"the model's {named} {'is' if len(lazy) == 1 else 'are'} not initialized yet (a lazy "
+            f"module, such as nn.LazyLinear, takes its shapes from its first batch); run the model "
+            f"once on a real batch (model(inputs)) before batchfit, as before training."
+        )
+    for name, tensor in tensors:
         if tensor.device.type != device.type or (device.index is not None and tensor.device != device):
             raise ConfigurationError(
                 f"the model's {name} is on {tensor.device}, but batchfit runs on {device}; move "
