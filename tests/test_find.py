@@ -18,6 +18,7 @@ from tiny_workloads import (
     classification_batch,
     lbfgs_mlp,
     overflowing_workload,
+    queue_workload,
     sparse_embedding_workload,
     tiny_mlp,
     untraceable,
@@ -667,3 +668,16 @@ def test_a_sparse_gradient_is_counted() -> None:
     assert not result.predicted_trials
     assert trains(sparse_embedding_workload, result.batch_size, "2MiB", 2)
     assert not trains(sparse_embedding_workload, result.batch_size + 1, "2MiB", 2)
+
+
+def test_a_buffer_the_forward_assigns_anew_is_freed_as_in_training() -> None:
+    # The snapshot held the queue it started with beside the one each step made: find said "does
+    # not fit even at batch_size=1" under 3 MiB, where 3440 trains.
+    workload = queue_workload()
+    queue = workload.model.queue.clone()
+    result = find_batch_size(
+        workload, device="cpu", memory_limit="3MiB", memory_fraction=1.0, max_batch_size=4096
+    )
+    assert torch.equal(workload.model.queue, queue)
+    assert trains(queue_workload, result.batch_size, "3MiB", 2)
+    assert not trains(queue_workload, result.batch_size + 1, "3MiB", 2)

@@ -156,3 +156,27 @@ def sparse_embedding_workload() -> Workload:
     model = Bag()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+
+
+class QueueModel(nn.Module):
+    """A linear head beside a queue of the last 4096 inputs (1 MiB, as contrastive methods keep
+    negatives), a buffer the forward assigns anew: training frees the old one at each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(64, 10)
+        self.register_buffer("queue", torch.zeros(4096, 64))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.queue = torch.cat([self.queue[inputs.shape[0] :], inputs.detach()])
+        return self.head(inputs)
+
+
+def queue_workload() -> Workload:
+    torch.manual_seed(0)
+    model = QueueModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Workload(
+        model, optimizer, make_batch=classification_batch((64,)), loss_fn=nn.functional.cross_entropy
+    )

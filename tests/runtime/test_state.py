@@ -95,6 +95,21 @@ def test_optimizer_state_a_step_replaces_is_freed_and_comes_back() -> None:
     assert all(same(value, after[0][name]) for name, value in before["state"][0].items())
 
 
+def test_a_buffer_assigned_anew_is_freed_and_comes_back() -> None:
+    model = nn.BatchNorm1d(4)
+    model.register_buffer("queue", torch.arange(8.0))
+    weight, queue = model.weight, weakref.ref(model.queue)
+    snapshot = TrainingSnapshot.capture(model, None)
+    model.queue = model.queue + 1  # what a forward may do: the old buffer is freed
+    gc.collect()
+    assert queue() is None
+    with torch.no_grad():
+        model.weight.add_(1)
+    snapshot.restore()
+    assert torch.equal(model.queue, torch.arange(8.0)) and model.queue.device == torch.device("cpu")
+    assert model.weight is weight and torch.equal(model.weight, torch.ones(4))  # the same object, filled
+
+
 SCALER_OF_THE_MODULE = torch.amp.GradScaler("cpu")
 
 

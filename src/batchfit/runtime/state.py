@@ -63,17 +63,30 @@ def _restored_state_value(saved: Any) -> Any:
 
 @dataclass
 class _TensorSlot:
-    """One named tensor of a module (``_parameters`` or ``_buffers``) and its saved value."""
+    """One named tensor of a module (``_parameters`` or ``_buffers``) and its value saved on the
+    host. The tensor itself is held weakly: a buffer the step assigns anew (a queue, a running
+    statistic computed out of place) is freed as in training, not kept beside its successor.
+    (Parameters stay alive: the snapshot's gradient list holds them, as the optimizer does.)"""
 
     table: dict[str, Any]
     name: str
-    original: torch.Tensor
+    original: weakref.ref[torch.Tensor]
     saved: torch.Tensor
+    device: torch.device
+
+    @classmethod
+    def of(cls, table: dict[str, Any], name: str, tensor: torch.Tensor) -> _TensorSlot:
+        return cls(table, name, weakref.ref(tensor), _host_copy(tensor), tensor.device)
 
     def restore(self) -> None:
-        with torch.no_grad():
-            self.original.copy_(self.saved)
-        self.table[self.name] = self.original
+        original = self.original()
+        if original is None:  # a buffer the step replaced, and nothing else held: made anew
+            original = self.saved.to(self.device, copy=True)
+            self.original = weakref.ref(original)
+        else:
+            with torch.no_grad():
+                original.copy_(self.saved)
+        self.table[self.name] = original
 
 
 @dataclass
@@ -260,7 +273,7 @@ class TrainingSnapshot:
             for table in (module._parameters, module._buffers):
                 for name, tensor in table.items():
                     if tensor is not None:
-                        snap.slots.append(_TensorSlot(table, name, tensor, _host_copy(tensor)))
+                        snap.slots.append(_TensorSlot.of(table, name, tensor))
         for parameter in model.parameters():
             grad = parameter.grad
             snap.grads.append((parameter, None if grad is None else _host_copy(grad)))
