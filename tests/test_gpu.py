@@ -201,6 +201,29 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
         assert 0 < result.replays <= 20 and "placed by replaying the allocator's requests" in result.summary()
 
 
+@pytest.mark.gpu
+def test_a_batch_made_on_the_gpu_counts_once() -> None:
+    # A make_batch that makes its tensors on the GPU (synthetic data often is) had its batch kept
+    # there, outside the step, beside each step's copy: it counted twice against the cap. Here
+    # the images are most of the step's memory, so that would halve the answer.
+    def pooled(on: str) -> Workload:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.AvgPool2d(8), nn.Flatten(), nn.Linear(3 * 8 * 8, 10)).cuda()
+
+        def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.randn(n, 3, 64, 64, device=on), torch.randint(0, 10, (n,), device=on)
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        return Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+
+    cap = 64 * 2**20
+    answers = [
+        find(pooled(on), "train", "cuda", cap, max_batch_size=4096).batch_size for on in ("cpu", "cuda")
+    ]
+    assert answers[0] > 100 and abs(answers[1] - answers[0]) <= answers[0] // 50  # not about half
+    assert all(tensor.device.type == "cpu" for tensor in pooled("cuda").host_batch(4))
+
+
 @pytest.mark.parametrize("device", CACHING_DEVICES[1:])
 @pytest.mark.parametrize(
     ("mode", "amp"), [("train", False), ("eval", False), pytest.param("train", True, id="train-amp")]

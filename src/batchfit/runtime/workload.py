@@ -71,7 +71,10 @@ class Workload:
     # -- batches -------------------------------------------------------------------------
 
     def host_batch(self, batch_size: int) -> Any:
-        """A batch of ``batch_size`` samples where the data lives (not yet on the device)."""
+        """A batch of ``batch_size`` samples on the host, as a data loader hands them to training
+        (each step copies it to the device). A ``make_batch`` that makes its tensors on a GPU has
+        them moved to the host: kept there beside each step's copy, they would count twice
+        against the GPU's cap."""
         if self.make_batch is not None:
             batch = self.make_batch(batch_size)
             source = f"make_batch({batch_size})"
@@ -81,7 +84,12 @@ class Workload:
             batch = (self.collate_fn or torch.utils.data.default_collate)(items)
             source = f"the collated batch of {batch_size} dataset items"
         self._check_size(batch, batch_size, source)
-        return batch
+        return tree_map(
+            lambda leaf: (
+                leaf.cpu() if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda" else leaf
+            ),
+            batch,
+        )
 
     def _largest_first(self) -> list[int]:
         if self._order is None:
