@@ -681,3 +681,21 @@ def test_a_buffer_the_forward_assigns_anew_is_freed_as_in_training() -> None:
     assert torch.equal(workload.model.queue, queue)
     assert trains(queue_workload, result.batch_size, "3MiB", 2)
     assert not trains(queue_workload, result.batch_size + 1, "3MiB", 2)
+
+
+def test_dataset_items_default_collate_cannot_batch_ask_for_a_collate_fn() -> None:
+    class Tokens(torch.utils.data.Dataset[dict[str, Any]]):
+        def __len__(self) -> int:
+            return 20
+
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            return {"input_ids": list(range(3 + index % 5)), "label": index % 2}
+
+    workload = Workload(nn.Linear(4, 2), lambda p: torch.optim.SGD(p, lr=0.1), dataset=Tokens())
+    with pytest.raises(
+        ConfigurationError, match=r"^torch's default_collate could not make a batch of 2 dataset items"
+    ) as raised:
+        find_batch_size(workload, device="cpu", memory_limit="1MiB")
+    assert "pass Workload(collate_fn=...)" in str(raised.value) and isinstance(
+        raised.value.__cause__, RuntimeError
+    )

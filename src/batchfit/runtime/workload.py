@@ -81,8 +81,19 @@ class Workload:
         else:
             order = self._largest_first()
             items = [self.dataset[order[i % len(order)]] for i in range(batch_size)]
-            batch = (self.collate_fn or torch.utils.data.default_collate)(items)
             source = f"the collated batch of {batch_size} dataset items"
+            if self.collate_fn is not None:
+                batch = self.collate_fn(items)  # the user's own: its errors are theirs, unchanged
+            else:
+                try:
+                    batch = torch.utils.data.default_collate(items)
+                except (RuntimeError, TypeError, ValueError) as error:
+                    raise ConfigurationError(
+                        f"torch's default_collate could not make a batch of {batch_size} dataset "
+                        f"items ({error}); items of different sizes (token lists of varying length) "
+                        f"need a collate_fn that pads them: pass Workload(collate_fn=...), the one "
+                        f"your training DataLoader uses."
+                    ) from error
         self._check_size(batch, batch_size, source)
         return tree_map(
             lambda leaf: (
