@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import gc
 import random
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -699,3 +700,19 @@ def test_dataset_items_default_collate_cannot_batch_ask_for_a_collate_fn() -> No
     assert "pass Workload(collate_fn=...)" in str(raised.value) and isinstance(
         raised.value.__cause__, RuntimeError
     )
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "found"),
+    [
+        (nn.CrossEntropyLoss(reduction="none"), "a tensor of shape (2,)"),
+        (lambda output, target: nn.functional.cross_entropy(output, target).item(), "float"),
+    ],
+)
+def test_a_loss_fn_that_returns_no_scalar_tensor_is_named(loss_fn: Any, found: str) -> None:
+    workload = build("mlp", "sgd")
+    workload.loss_fn = loss_fn
+    with pytest.raises(
+        ConfigurationError, match=rf"^loss_fn returned {re.escape(found)}, not a scalar loss; reduce it"
+    ):
+        find_batch_size(workload, device="cpu", memory_limit="8MiB")

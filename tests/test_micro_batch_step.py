@@ -386,8 +386,9 @@ def test_a_model_and_an_optimizer_are_required() -> None:
             make_batch(6),
             lambda output, target: nn.functional.cross_entropy(output, target, reduction="none"),
             (
-                "loss_fn returned (6,), not a scalar loss; it must return the mean loss over the micro-batch "
-                "(reduction='mean'), which MicroBatchStep weights by the micro-batch's samples."
+                "loss_fn returned a tensor of shape (6,), not a scalar loss; it must return the mean loss "
+                "over the micro-batch (reduction='mean'), which MicroBatchStep weights by the micro-batch's "
+                "samples."
             ),
         ),
     ],

@@ -21,7 +21,7 @@ from batchfit.runtime.gradients import GradientAverage, gradient_mask, prepare_a
 from batchfit.runtime.lockstep import Lockstep
 from batchfit.runtime.micro_batches import count_samples, micro_batch
 from batchfit.runtime.oom import first_line, is_out_of_memory
-from batchfit.runtime.workload import check_steps_on_gradients, model_loss
+from batchfit.runtime.workload import check_steps_on_gradients, model_loss, scalar_loss
 from batchfit.schedule import step_optimizer
 
 if TYPE_CHECKING:
@@ -189,20 +189,20 @@ class MicroBatchStep:
         return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
 
     def _loss(self, micro_batch: Any) -> torch.Tensor:
+        hint = (
+            "it must return the mean loss over the micro-batch (reduction='mean'), which MicroBatchStep "
+            "weights by the micro-batch's samples."
+        )
         if self.compute_loss is None:
-            loss = model_loss(
-                self.model, micro_batch, self.loss_fn, owner="MicroBatchStep", custom="compute_loss"
+            return model_loss(
+                self.model,
+                micro_batch,
+                self.loss_fn,
+                owner="MicroBatchStep",
+                custom="compute_loss",
+                hint=hint,
             )
-        else:
-            loss = self.compute_loss(self.model, micro_batch)
-        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
-            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            source = "loss_fn" if self.compute_loss is None else "compute_loss"
-            raise ConfigurationError(
-                f"{source} returned {shape}, not a scalar loss; it must return the mean loss over the "
-                f"micro-batch (reduction='mean'), which MicroBatchStep weights by the micro-batch's samples."
-            )
-        return loss
+        return scalar_loss(self.compute_loss(self.model, micro_batch), "compute_loss", hint)
 
     def _average_gradients(self, lockstep: Lockstep, masks: list[tuple[bool, ...] | None]) -> None:
         prepared: list[GradientAverage] = []

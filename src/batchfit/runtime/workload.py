@@ -203,6 +203,24 @@ def optimizer_step(
         optimizer.step()
 
 
+#: What a loss that is not a scalar tensor is told to be.
+SCALAR_LOSS = (
+    "reduce it (reduction='mean', as nn.CrossEntropyLoss does by default) and keep it a tensor "
+    "(not .item() or float()): backward starts from it."
+)
+
+
+def scalar_loss(value: Any, source: str, hint: str = SCALAR_LOSS) -> torch.Tensor:
+    """``value`` where it is a scalar tensor, else a ConfigurationError naming ``source`` (the
+    function that returned it), what it returned, and ``hint``."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        return value
+    found = (
+        f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    )
+    raise ConfigurationError(f"{source} returned {found}, not a scalar loss; {hint}")
+
+
 def model_loss(
     model: torch.nn.Module,
     batch: Any,
@@ -210,10 +228,12 @@ def model_loss(
     *,
     owner: str = "Workload",
     custom: str = "train_step",
+    hint: str = SCALAR_LOSS,
 ) -> torch.Tensor:
     """The default step's loss: ``loss_fn(model(inputs), target)`` on a batch ``(inputs, target)``,
     else the model's output (or its ``.loss``/``["loss"]``). Errors name ``owner(loss_fn=...)`` and
-    ``custom=...``, the parameters that replace this default."""
+    ``custom=...``, the parameters that replace this default; a ``loss_fn`` that returns no scalar
+    tensor is told ``hint``."""
     if loss_fn is not None:
         if not (isinstance(batch, Sequence) and len(batch) == 2):
             raise ConfigurationError(
@@ -221,7 +241,7 @@ def model_loss(
                 f"{type(batch).__name__}; pass {custom}=... for other layouts."
             )
         inputs, target = batch
-        return loss_fn(_call(model, inputs), target)
+        return scalar_loss(loss_fn(_call(model, inputs), target), "loss_fn", hint)
     output = _call(model, batch)
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", output)
     if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
