@@ -198,7 +198,9 @@ def test_a_plateau_then_activations_takes_fewer_trials_than_binsearch() -> None:
     # Memory mostly fixed at small batches (a temporary larger than the activations, then the
     # activations): the line through 2 and 4 is the plateau's and overshoots, and the trials that
     # run out of memory carry no whole peak. The line steepens with trials past the plateau:
-    # 73 trials in all against binsearch's 136 (80 with a line from at most half the batch).
+    # 66 trials in all against binsearch's 136 (73 when an exact device's answers were held below
+    # the line after it overshot, as a caching allocator's are; 80 with a line from at most half
+    # the batch).
     total = binsearch_total = 0
     for budget in (1_500_000, 2_000_000, 3_000_000):
         for plateau in (200_000, 400_000, 800_000):
@@ -208,7 +210,7 @@ def test_a_plateau_then_activations_takes_fewer_trials_than_binsearch() -> None:
             assert outcome.batch_size == brute_force(run, candidates)
             total += len(outcome.trials)
             binsearch_total += doubling_then_bisection_trials(run)
-    assert binsearch_total == 136 and total <= 0.55 * binsearch_total
+    assert binsearch_total == 136 and total <= 0.5 * binsearch_total
 
 
 def test_max_batch_reached() -> None:

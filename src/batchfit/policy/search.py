@@ -19,9 +19,10 @@ from batchfit.errors import ConfigurationError
 from batchfit.policy.trial import MemoryModel, Trial
 
 StopReason = Literal["boundary", "max_batch_size", "min_batch_size_failed", "predicted"]
-#: Once the model's answer has run out of memory (behind a caching allocator, from the start), its
-#: answers are held at least this share of the budget below what it predicts (twice that after a
-#: held answer fails, and so on, up to ``MAX_MARGIN``, past which the search bisects).
+#: Behind a caching allocator (trials that report reserved bytes), the model's answers are held at
+#: least this share of the budget below what it predicts (twice that after a held answer fails, and
+#: so on, up to ``MAX_MARGIN``, past which the search bisects). On an exact device they are not: a
+#: line that overshoots there is wrong in its slope, not short of an allocator's overhead.
 FIRST_MARGIN = 0.02
 MAX_MARGIN = 0.5
 #: The most of a trial's reserved memory read as the allocator's need beside the allocated bytes.
@@ -194,16 +195,19 @@ def search(
         trial = probe(index)
         fits = trial.fits
         # A model that underestimates twice running is not trusted next; one that overshoots blind
-        # (out of memory where it predicted room) is held below, by a margin that doubles while
-        # held answers still fail: a model of allocated bytes misses what a caching allocator
-        # needs beside them (fragmentation, workspaces). A held answer that fails is a step down
-        # from the top, bounded by the doubling, so it does not count as a stalled interval.
+        # (out of memory where it predicted room) behind a caching allocator is held below, by a
+        # margin that doubles while held answers still fail: a model of allocated bytes misses what
+        # the allocator needs beside them (fragmentation, workspaces). On an exact device the
+        # next line, through the trials that fitted, is the correction (holding it below only
+        # crept up: the untraceable mlp under 1.5 MB took 13 trials that way, now 9). A held
+        # answer that fails is a step down from the top, bounded by the doubling, so it does not
+        # count as a stalled interval.
         # (Underestimating is a property of the curve near the boundary, so that distrust stays.)
         confirmed = confirmed + 1 if guided and fits and index == low + 1 else confirmed
         overshot = guided and _overshoots(model, int(budget_bytes * (1 - margin)), candidates, index, trial)
         held_failures = held_failures + 1 if held and overshot else 0
         held_fitted = held_fitted or (held and guided and fits)
-        held = held or overshot
+        held = held or (overshot and known[low].reserved_peak_bytes is not None)
         distrust = confirmed >= 2 or (overshot and margin >= MAX_MARGIN)
         if fits:
             stride = 2 * stride if not guided and distrust else stride
