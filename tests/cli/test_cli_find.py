@@ -539,6 +539,15 @@ def test_debug_variable_shows_the_traceback(cli: dict[str, Done | None]) -> None
             id="eval-only-with-contradictory-bounds",
         ),
         pytest.param(
+            ["--workload", "workloads_for_cli:needs_arguments"],
+            (
+                "--workload 'workloads_for_cli:needs_arguments': needs_arguments(size) cannot be called "
+                "without arguments (missing a required argument: 'size'); the function must take none "
+                "(or device=) and return a batchfit.Workload."
+            ),
+            id="workload-needs-arguments",
+        ),
+        pytest.param(
             ["--workload", ":tiny"],
             "--workload ':tiny' must be MODULE:FUNCTION, e.g. my_train:workload.",
             id="workload-no-module",

@@ -60,3 +60,8 @@ def fails_on_rank_1() -> batchfit.Workload:
 
     workload.train_step = train_step
     return workload
+
+
+def needs_arguments(size: int) -> batchfit.Workload:
+    """A factory batchfit cannot call: it needs an argument."""
+    raise AssertionError("batchfit must not call a factory that needs arguments")

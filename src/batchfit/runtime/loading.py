@@ -30,6 +30,7 @@ def load_workload(
     if spec.startswith("example:"):
         return build_example(spec.partition(":")[2], device)
     function = load_function(spec, source)
+    _check_callable_alone(function, spec, source)
     workload = function(device=parse_device(device)) if _takes_device(function) else function()
     if not isinstance(workload, Workload):
         raise ConfigurationError(
@@ -53,6 +54,23 @@ def load_function(spec: str, source: str) -> Callable[..., Any]:
     if not callable(function):
         raise ConfigurationError(f"{source} {spec!r}: {module_name} has no function {function_name!r}.")
     return function  # type: ignore[no-any-return]
+
+
+def _check_callable_alone(function: Callable[..., Any], spec: str, source: str) -> None:
+    """A ConfigurationError where ``function`` needs arguments batchfit cannot give (it gives
+    ``device`` alone, where the function takes it)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: its call will say
+        return
+    try:
+        signature.bind(**({"device": None} if "device" in signature.parameters else {}))
+    except TypeError as error:
+        call = f"{getattr(function, '__name__', spec)}({', '.join(signature.parameters)})"
+        raise ConfigurationError(
+            f"{source} {spec!r}: {call} cannot be called without arguments ({error}); "
+            f"the function must take none (or device=) and return a batchfit.Workload."
+        ) from error
 
 
 def _takes_device(function: Callable[..., Any]) -> bool:
