@@ -92,7 +92,8 @@ def search(
     """Find the largest candidate batch that ``run`` reports as fitting ``budget_bytes``.
 
     ``prior`` trials (predicted, not run: a fake-tensor trace) inform the memory model but prove
-    nothing; ``seed`` (a predicted answer) is where the real trials start. With ``forecast_only``
+    nothing, and leave it once a real trial at the ``seed`` (a predicted answer, where the real
+    trials start) refutes them. With ``forecast_only``
     (``run`` is a predictor) the search stops where it would only confirm the model's answer.
     With ``longer`` (the confirming trial: more steps), the ``seed`` and every trial after the
     opening (or after a failure within it) run it: from then on each trial aims at the answer, so
@@ -125,8 +126,9 @@ def search(
         index = min(candidates.index_at_most(seed), candidates.count - 1)
         if probe(index).fits:
             opened = index
-        else:
-            high = index
+        else:  # the traces' answer refuted: their peaks (a shorter trial's, under confirm_steps)
+            high = index  # leave the line, which the real trials alone place from here
+            known = dict(at)
     if opened is None:
         below = candidates if high is None else Candidates(candidates.first, candidates.step, high)
         opened, high_below = _opening(below, probe) if below.count > 0 else (None, None)
