@@ -92,6 +92,15 @@ def test_a_sparse_tensor_counts_its_indices_and_values() -> None:
     assert [tuple(t.shape) for t in dense_parts(csr)] == [(4,), (3,), (3,)]
 
 
+def test_a_jagged_nested_tensor_counts_its_values_and_offsets() -> None:
+    with StorageTracker() as tracker:
+        rows = torch.nested.nested_tensor([torch.randn(30, 4), torch.randn(50, 4)], layout=torch.jagged)
+        held = tracker.live_bytes  # the components and what building them left alive
+        doubled = rows * 2  # new values (80 x 4 floats); the offsets are shared
+        assert tracker.live_bytes - held == 80 * 4 * 4
+        assert [tuple(part.shape) for part in dense_parts(doubled)] == [(80, 4), (3,)]
+
+
 def test_a_trace_refuses_a_sparse_tensor_it_cannot_size() -> None:
     # On fake tensors a sparse tensor's number of values is unknown (a clone says 0): the trace
     # stops, and real trials measure it.

@@ -20,18 +20,21 @@ from batchfit.units import format_bytes
 
 
 def dense_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The strided tensors that hold ``tensor``'s data, each with a storage: the tensor itself, or a
-    sparse tensor's indices and values (an ``nn.Embedding(sparse=True)``'s gradient)."""
+    """The strided tensors that hold ``tensor``'s data, each with a storage: the tensor itself, a
+    sparse tensor's indices and values (an ``nn.Embedding(sparse=True)``'s gradient), or a jagged
+    nested tensor's values and offsets (and lengths)."""
     layout = tensor.layout
-    if layout == torch.strided:
-        return (tensor,)
+    if layout == torch.jagged:
+        nested: Any = tensor  # torch's NestedTensor, whose class torch keeps private
+        lengths = nested.lengths()
+        return (nested.values(), nested.offsets(), *(() if lengths is None else (lengths,)))
     if layout == torch.sparse_coo:
         return (tensor._indices(), tensor._values())
     if layout in (torch.sparse_csr, torch.sparse_bsr):
         return (tensor.crow_indices(), tensor.col_indices(), tensor.values())
     if layout in (torch.sparse_csc, torch.sparse_bsc):
         return (tensor.ccol_indices(), tensor.row_indices(), tensor.values())
-    return ()
+    return (tensor,)  # strided, nested strided and the rest: the storage the tensor names
 
 
 def resident_tensors(*objects: Any) -> Iterator[torch.Tensor]:
