@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import gc
@@ -719,3 +720,33 @@ def test_a_loss_fn_that_returns_no_scalar_tensor_is_named(loss_fn: Any, found: s
         ConfigurationError, match=rf"^loss_fn returned {re.escape(found)}, not a scalar loss; reduce it"
     ):
         find_batch_size(workload, device="cpu", memory_limit="8MiB")
+
+
+def test_a_mapping_that_is_not_a_dict_is_a_batch() -> None:
+    # Hugging Face's tokenizers and data collators return a BatchEncoding: a Mapping, not a dict,
+    # which torch's pytree takes for one leaf ("returned no tensors" before). It is read as the
+    # dict it holds: the same answer as the dict, passed to the model as keyword arguments.
+    class Scorer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = tiny_mlp()
+
+        def forward(self, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return nn.functional.cross_entropy(self.body(inputs), target)
+
+    def workload(mapping: Callable[[dict[str, torch.Tensor]], Any]) -> Workload:
+        torch.manual_seed(0)
+        model = Scorer()
+        make = classification_batch((64,))
+
+        def make_batch(n: int) -> Any:
+            inputs, target = make(n)
+            return mapping({"inputs": inputs, "target": target})
+
+        return Workload(model, torch.optim.SGD(model.parameters(), lr=0.1), make_batch=make_batch)
+
+    answers = [
+        find_batch_size(workload(kind), device="cpu", memory_limit="2MiB").batch_size
+        for kind in (dict, collections.UserDict)
+    ]
+    assert answers[0] == answers[1] < 512

@@ -3,6 +3,7 @@ its errors, exactly."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import re
@@ -25,6 +26,7 @@ from torch import nn
 import batchfit
 from batchfit import MicroBatchChange, MicroBatchStep
 from batchfit.errors import ConfigurationError, DoesNotFitError, OptimizerStepOutOfMemoryError
+from batchfit.runtime.micro_batches import plain
 
 cross_entropy = nn.functional.cross_entropy
 
@@ -119,6 +121,14 @@ def test_a_custom_loss_and_a_dict_batch_split_along_batch_dim() -> None:
     step(batch)
     assert seen == [8, 8, 8, 6]
     assert_same_weights(model, reference)
+
+    # A mapping that is not a dict (Hugging Face's BatchEncoding, from its tokenizers and data
+    # collators) is cut the same way: it held "no tensors" before.
+    again = make_model()
+    step = MicroBatchStep(again, adam(again), compute_loss=compute_loss, micro_batch_size=8, batch_dim=1)
+    step(collections.UserDict(batch))
+    assert seen[4:] == [8, 8, 8, 6]
+    assert_same_weights(again, reference)
 
 
 def optimizer_steps_taken(optimizer: torch.optim.Optimizer) -> list[float]:
@@ -399,3 +409,12 @@ def test_bad_batches_and_losses_are_explained(batch: Any, loss_fn: Any, message:
     with pytest.raises(ConfigurationError, match=f"^{re.escape(message)}$"):
         step(batch)
     assert all(param.grad is None for param in model.parameters()) and step.optimizer_steps == 0
+
+
+def test_plain_keeps_a_pytree_and_opens_every_other_mapping() -> None:
+    tensor = torch.zeros(2)
+    batch = ({"a": tensor}, [tensor, 1.0], tensor)
+    assert plain(batch) is batch  # nothing to open: the same object
+    opened = plain([collections.UserDict({"a": tensor, "b": collections.UserDict({"c": tensor})})])
+    assert type(opened) is list and type(opened[0]) is dict and type(opened[0]["b"]) is dict
+    assert opened[0]["a"] is tensor and opened[0]["b"]["c"] is tensor

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy.loader_settings import KNOBS, LoaderSetting
+from batchfit.runtime.micro_batches import plain
 from batchfit.runtime.workload import Workload
 
 LoaderFactory = Callable[..., DataLoader[Any]]
@@ -86,7 +87,7 @@ class LoaderSource:
     def samples(self, batch: Any, first: bool = False) -> int:
         """The samples in ``batch`` (along the workload's batch_dim); the first batch of a loader
         must hold ``batch_size`` of them."""
-        tensors = [leaf for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor)]
+        tensors = [leaf for leaf in tree_leaves(plain(batch)) if isinstance(leaf, torch.Tensor)]
         dim = self.workload.batch_dim
         if not tensors or tensors[0].dim() <= dim:
             raise ConfigurationError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from batchfit.errors import ConfigurationError
+from batchfit.runtime.micro_batches import plain
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 #: Items scanned to find the largest samples of a dataset; larger datasets are sampled.
@@ -94,6 +95,7 @@ class Workload:
                         f"need a collate_fn that pads them: pass Workload(collate_fn=...), the one "
                         f"your training DataLoader uses."
                     ) from error
+        batch = plain(batch)
         self._check_size(batch, batch_size, source)
         return tree_map(
             lambda leaf: (
@@ -253,7 +255,7 @@ def model_loss(
 
 
 def _call(model: torch.nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
@@ -280,7 +282,7 @@ def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -
         lambda leaf: (
             leaf.to(device, copy=True, non_blocking=non_blocking) if isinstance(leaf, torch.Tensor) else leaf
         ),
-        batch,
+        plain(batch),
     )
 
 
