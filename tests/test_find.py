@@ -29,7 +29,9 @@ from torch import nn
 
 import batchfit
 from batchfit import ConfigurationError, DeviceUnavailableError, DoesNotFitError, Workload, find_batch_size
+from batchfit.find import find_on
 from batchfit.policy.trial import Trial
+from batchfit.runtime.caching import CachingCpuDevice
 
 
 def brute_force(
@@ -559,11 +561,15 @@ def trains(build_fresh: Callable[[], Workload], batch_size: int, limit: str, ste
     optimizer = workload.build_optimizer()
     inputs, target = workload.host_batch(batch_size)
     try:
-        with batchfit.memory_limit(limit, resident=[workload.model, optimizer]):
+        with batchfit.memory_limit(limit, resident=[workload.model, optimizer]) as measured:
             for _ in range(steps):
                 workload.run_train_step(optimizer, (inputs.clone(), target.clone()))
     except torch.OutOfMemoryError:
         return False
+    except RuntimeError:
+        if measured.refused:  # the cap's, re-raised without its message by TorchScript
+            return False
+        raise
     return True
 
 
@@ -750,3 +756,30 @@ def test_a_mapping_that_is_not_a_dict_is_a_batch() -> None:
         for kind in (dict, collections.UserDict)
     ]
     assert answers[0] == answers[1] < 512
+
+
+def scripted_mlp() -> Workload:
+    torch.manual_seed(0)
+    model = torch.jit.script(tiny_mlp())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return Workload(
+        model, optimizer, make_batch=classification_batch((64,)), loss_fn=nn.functional.cross_entropy
+    )
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("caching", [False, True], ids=["cpu", "cpu-caching"])
+def test_a_scripted_model_s_out_of_memory_is_one(caching: bool) -> None:
+    # TorchScript's interpreter re-raises the cap's out-of-memory, raised inside its backward, as
+    # a RuntimeError with no message: the trial raised it as an error of the step. The cap's own
+    # message now decides.
+    limit = 2 * 2**20
+    if caching:
+        result = find_on(CachingCpuDevice(limit), scripted_mlp(), memory_fraction=1.0, max_batch_size=4096)
+    else:
+        result = find_batch_size(scripted_mlp(), device="cpu", memory_limit=limit, memory_fraction=1.0)
+    failed = [trial for trial in result.trials if trial.outcome == "oom"]
+    assert failed and all("out of memory" in trial.detail.lower() for trial in failed)
+    if not caching:
+        assert trains(scripted_mlp, result.batch_size, "2MiB", 2)
+        assert not trains(scripted_mlp, result.batch_size + 1, "2MiB", 2)

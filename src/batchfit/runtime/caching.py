@@ -43,6 +43,8 @@ class Allocator(Protocol):
 
     def reset(self) -> None: ...
 
+    def refused(self) -> str: ...
+
     def retries(self) -> int: ...
 
     def allocated_bytes(self) -> int: ...
@@ -127,6 +129,7 @@ class ModelledAllocator:
         self._blocks: dict[int, _Held] = {}  # storage key -> its block
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._recording: Recording | None = None
+        self._refused = ""
 
     @contextmanager
     def capped(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[None]:
@@ -134,6 +137,7 @@ class ModelledAllocator:
         # Held, not kept: a tensor the steps replace (L-BFGS's history) must be free to go, as on a GPU.
         del resident
         previous, self.model.limit_bytes = self.model.limit_bytes, cap_bytes
+        self._refused = ""
         try:
             with _AllocatingMode(self):
                 yield
@@ -147,11 +151,12 @@ class ModelledAllocator:
                 self._hold(storage)
             except AllocatorOutOfMemory as error:
                 # Opens as CUDA's own message does, so tools that match on it recognise this one.
-                return (
+                self._refused = (
                     f"CUDA out of memory. CUDA's caching allocator, modelled on the CPU by batchfit, "
                     f"{error} ({format_bytes(self.model.reserved_bytes)} reserved, limit "
                     f"{format_bytes(self.model.limit_bytes or 0)})."
                 )
+                return self._refused
         return None
 
     def peaks(self) -> tuple[int, int | None]:
@@ -159,6 +164,9 @@ class ModelledAllocator:
 
     def reset(self) -> None:
         self.model.reset_peaks()
+
+    def refused(self) -> str:
+        return self._refused
 
     def retries(self) -> int:
         return self.model.retries

@@ -86,6 +86,9 @@ class _CudaAllocator:
     def reset(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
 
+    def refused(self) -> str:
+        return ""  # the allocator enforces the cap itself, and its message survives a re-raise
+
     def retries(self) -> int:
         stats = cuda_call(torch.cuda.memory_stats, self.device, allow_zero=True)
         return int(stats.get("num_alloc_retries", 0)) if stats else 0

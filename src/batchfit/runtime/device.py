@@ -30,6 +30,11 @@ class Probe(Protocol):
 
     def reset(self) -> None: ...
 
+    def refused(self) -> str:
+        """The message of the last allocation batchfit's own cap refused in the block ("" where none
+        did, or where the device's allocator enforces the cap itself, as CUDA's does)."""
+        ...
+
 
 @dataclass
 class Measurement:
@@ -51,6 +56,9 @@ class Measurement:
     optimizer_steps: int = 0  # the optimizer steps completed, over the whole trial
     steady_from: int | None = None  # the step whose end state the last step's recurred
     recording: Recording | None = None  # the allocator's requests and frees, where recorded
+    # An allocation batchfit's cap refused (the CPU devices): the trial's failure even where the
+    # error that reached it lost that message (TorchScript's interpreter re-raises it empty).
+    refused: str = ""
     _probe: Probe | None = None
 
     def begin_step(self) -> None:
@@ -69,6 +77,8 @@ class Measurement:
         """Close the last phase (outside any optimizer step) and stop reading the device."""
         self.enter_optimizer_step()
         self.peak_bytes = max(self.activation_peak_bytes or 0, self.optimizer_peak_bytes or 0)
+        if self._probe is not None:
+            self.refused = self._probe.refused()
         self._probe = None
 
     def _close_phase(self, so_far: int | None) -> int | None:
@@ -236,6 +246,9 @@ class _TrackerProbe:
 
     def reset(self) -> None:
         self.tracker.reset_peak()
+
+    def refused(self) -> str:
+        return self.tracker.refused
 
 
 def unique_storages(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:

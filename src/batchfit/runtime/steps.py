@@ -195,10 +195,17 @@ class TrialRunner:
                 self.scalers,
             )
         except BaseException as error:
-            if not is_out_of_memory(error):
+            refused = started[0].refused if started else ""
+            if not (is_out_of_memory(error) or (refused and isinstance(error, RuntimeError))):
                 error.add_note(f"batchfit: raised by the {self.mode} step at batch_size={batch_size}.")
                 raise
-            failure = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            # The cap's own message where what reached here lost it (TorchScript re-raises it empty).
+            text = str(error).strip()
+            failure = (
+                (text.splitlines()[0] if text else type(error).__name__)
+                if is_out_of_memory(error)
+                else refused
+            )
         finally:
             self.snapshot.restore(gradients=False, scales=False)
         measurement = started[0] if started else Measurement()

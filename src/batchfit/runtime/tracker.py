@@ -73,6 +73,7 @@ class StorageTracker(TorchDispatchMode):
         self.fake = fake  # count fake tensors (a trace) instead of real ones
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.refused = ""  # the message of the last allocation the capacity refused
         self._sizes: dict[int, int] = {}  # storage key -> bytes counted for it
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
 
@@ -115,7 +116,8 @@ class StorageTracker(TorchDispatchMode):
             and self.live_bytes + requested > self.capacity_bytes
         ):
             del out, storages
-            raise torch.OutOfMemoryError(oom_message(requested, self.live_bytes, self.capacity_bytes))
+            self.refused = oom_message(requested, self.live_bytes, self.capacity_bytes)
+            raise torch.OutOfMemoryError(self.refused)
         for key, storage in storages.items():
             if added[key]:
                 self._add(storage, added[key])
