@@ -783,3 +783,14 @@ def test_a_scripted_model_s_out_of_memory_is_one(caching: bool) -> None:
     if not caching:
         assert trains(scripted_mlp, result.batch_size, "2MiB", 2)
         assert not trains(scripted_mlp, result.batch_size + 1, "2MiB", 2)
+
+
+def test_a_batch_of_numpy_arrays_is_named() -> None:
+    workload = build("mlp", "sgd")
+    workload.make_batch = lambda n: (np.zeros((n, 64), dtype=np.float32), np.zeros(n, dtype=np.int64))
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^make_batch\(2\) returned no tensors \(ndarray: convert it with torch\.from_numpy or "
+        r"torch\.as_tensor\); a batch must hold tensors\.$",
+    ):
+        find_batch_size(workload, device="cpu", memory_limit="8MiB")

@@ -117,9 +117,12 @@ class Workload:
         return self._order
 
     def _check_size(self, batch: Any, batch_size: int, source: str) -> None:
-        tensors = [leaf for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor)]
+        leaves = tree_leaves(batch)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         if not tensors:
-            raise ConfigurationError(f"{source} returned no tensors; a batch must hold tensors.")
+            arrays = [type(leaf).__name__ for leaf in leaves if hasattr(leaf, "__array__")]
+            held = f" ({arrays[0]}: convert it with torch.from_numpy or torch.as_tensor)" if arrays else ""
+            raise ConfigurationError(f"{source} returned no tensors{held}; a batch must hold tensors.")
         first = tensors[0]
         found = first.shape[self.batch_dim] if first.dim() > self.batch_dim else None
         if found != batch_size:
