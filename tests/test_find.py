@@ -18,6 +18,7 @@ import torch
 from tiny_workloads import (
     build,
     classification_batch,
+    float16_scaled,
     lbfgs_mlp,
     overflowing_workload,
     queue_workload,
@@ -575,18 +576,7 @@ def trains(build_fresh: Callable[[], Workload], batch_size: int, limit: str, ste
 
 def scaled_cnn(scaler: torch.amp.GradScaler) -> Workload:
     """The tiny CNN trained in float16 autocast with ``scaler``, as mixed-precision training is."""
-    workload = build("cnn", "sgd")
-
-    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
-    workload.train_step = train_step
-    return workload
+    return float16_scaled(build("cnn", "sgd"), scaler)
 
 
 def test_a_grad_scaler_in_the_step_is_measured_for_real_and_left_as_it_was() -> None:

@@ -107,13 +107,18 @@ def overflowing_workload(loss_scale: float) -> Workload:
     """The tiny MLP with Adam, trained in float16 autocast with a GradScaler, its loss multiplied by
     ``loss_scale``: from a fresh scaler's 65536, 1e3 overflows the first 7 steps (each skipped,
     the scale halved), as large models' first fp16 steps do; 1 overflows none."""
-    workload = build("mlp", "adam")
-    scaler = torch.amp.GradScaler("cpu")
+    return float16_scaled(build("mlp", "adam"), torch.amp.GradScaler("cpu"), loss_scale)
+
+
+def float16_scaled(workload: Workload, scaler: torch.amp.GradScaler, loss_scale: float = 1.0) -> Workload:
+    """``workload`` trained in float16 autocast with ``scaler``, as mixed-precision training is,
+    its cross-entropy loss multiplied by ``loss_scale``."""
 
     def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.float16):
-            loss = nn.functional.cross_entropy(model(batch[0]), batch[1]) * loss_scale
+            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+            loss = loss * loss_scale if loss_scale != 1.0 else loss
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
