@@ -169,12 +169,15 @@ def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
     every step: read once per optimizer class (a signature takes 10 us), unless the instance has
     a step of its own."""
     own = vars(optimizer).get("step")
-    return _requires_closure(own) if own is not None else _class_requires_closure(type(optimizer))
+    if own is not None:
+        return _requires_closure(own)
+    cls: type = type(optimizer)
+    if cls not in _CLASS_NEEDS_CLOSURE:
+        _CLASS_NEEDS_CLOSURE[cls] = _requires_closure(optimizer.step)
+    return _CLASS_NEEDS_CLOSURE[cls]
 
 
-@functools.cache
-def _class_requires_closure(cls: type) -> bool:
-    return _requires_closure(cls.step)
+_CLASS_NEEDS_CLOSURE: dict[type, bool] = {}
 
 
 def _requires_closure(step: Callable[..., Any]) -> bool:
