@@ -93,8 +93,8 @@ def search(
 
     ``prior`` trials (predicted, not run: a fake-tensor trace) inform the memory model but prove
     nothing, and leave it once a real trial at the ``seed`` (a predicted answer, where the real
-    trials start) refutes them. With ``forecast_only``
-    (``run`` is a predictor) the search stops where it would only confirm the model's answer.
+    trials start) refutes them. With ``forecast_only`` (``run`` is a predictor) the search stops
+    where it would only confirm the model's answer.
     With ``longer`` (the confirming trial: more steps), the ``seed`` and every trial after the
     opening (or after a failure within it) run it: from then on each trial aims at the answer, so
     its verdict is the confirmation's, and an answer found there needs no trial of its own

@@ -47,14 +47,12 @@ class _OnHost:
 def _save_state_value(value: Any) -> Any:
     """A value of optimizer state saved: its tensors (also in lists, tuples and dicts: L-BFGS's
     history) on the host, so that the device holds no second copy during the trials."""
-    if isinstance(value, torch.Tensor):
-        return _OnHost(_host_copy(value), value.device)
-    if isinstance(value, (list, tuple, dict)):
-        return tree_map(
-            lambda leaf: _save_state_value(leaf) if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf),
-            value,
-        )
-    return copy.deepcopy(value)
+    return tree_map(
+        lambda leaf: (
+            _OnHost(_host_copy(leaf), leaf.device) if isinstance(leaf, torch.Tensor) else copy.deepcopy(leaf)
+        ),
+        value,
+    )
 
 
 def _restored_state_value(saved: Any) -> Any:

@@ -199,13 +199,11 @@ class TrialRunner:
             if not (is_out_of_memory(error) or (refused and isinstance(error, RuntimeError))):
                 error.add_note(f"batchfit: raised by the {self.mode} step at batch_size={batch_size}.")
                 raise
-            # The cap's own message where what reached here lost it (TorchScript re-raises it empty).
-            text = str(error).strip()
-            failure = (
-                (text.splitlines()[0] if text else type(error).__name__)
-                if is_out_of_memory(error)
-                else refused
-            )
+            if is_out_of_memory(error):
+                text = str(error).strip()
+                failure = text.splitlines()[0] if text else type(error).__name__
+            else:  # the cap's own message, where what reached here lost it (TorchScript re-raises it empty)
+                failure = refused
         finally:
             self.snapshot.restore(gradients=False, scales=False)
         measurement = started[0] if started else Measurement()
