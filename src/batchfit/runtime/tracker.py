@@ -145,8 +145,8 @@ def output_storages(value: Any, device_type: str, fake: bool = False) -> dict[in
         item = pending.pop()
         if isinstance(item, torch.Tensor):
             if fake and item.layout != torch.strided:
-                # How many values a sparse tensor holds depends on the data, which a fake tensor
-                # lacks (it says 0 after a clone): the trace cannot count them, real trials do.
+                # How many values a sparse (or jagged) tensor holds depends on the data, which a fake
+                # tensor lacks (a sparse clone says 0): the trace cannot count them, real trials do.
                 raise NotImplementedError(f"a fake tensor cannot size a {item.layout} tensor's values")
             for part in dense_parts(item) if counted(item, device_type, fake) else ():
                 storage = part.untyped_storage()
