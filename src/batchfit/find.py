@@ -317,6 +317,12 @@ def _check_workload(workload: Workload, mode: Mode, device: Device) -> None:
             "or a train_step(model, optimizer, batch) function."
         )
     check_model_on(workload.model, device.torch_device)
+    if workload.compiled and not device.measures_compiled:
+        raise ConfigurationError(
+            f"{device.name} cannot measure a torch.compile'd step ({', '.join(workload.compiled)}): "
+            f"its modelled allocator sees what a dispatch mode sees, and Dynamo runs the step eagerly "
+            f"under one. Use --device cpu (which reads the allocator's own events) or a GPU."
+        )
 
 
 def _does_not_fit(

@@ -72,6 +72,9 @@ class CachingDevice:
     exact = True  # release() empties the cache: a failed trial leaves nothing behind
     confirm_steps: int | None = CONFIRM_STEPS
     soft_workspaces = False  # the CPU's kernels take no workspace from the allocator
+    # The modelled allocator sees the storages a dispatch mode sees, and Dynamo runs a step eagerly
+    # under one; CUDA's own allocator serves compiled code as any other.
+    measures_compiled = False
     name: str
     torch_device: torch.device
 
@@ -81,8 +84,9 @@ class CachingDevice:
 
     @contextmanager
     def measure(
-        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None
+        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None, *, compiled: bool = False
     ) -> Iterator[Measurement]:
+        del compiled  # the allocator sees compiled code's requests (CUDA), or cannot (measures_compiled)
         self.synchronize()
         if cap_bytes is not None:
             # The cap is checked only when the allocator asks for a new segment: blocks it already

@@ -35,6 +35,7 @@ class CudaDevice(CachingDevice):
     # cuDNN catches the allocator's out-of-memory for a workspace and runs an algorithm that needs
     # a smaller one: near the cap a workspace that does not fit does not fail the step.
     soft_workspaces = True
+    measures_compiled = True  # compiled kernels allocate from the caching allocator as eager ones do
 
     def __init__(self, index: int, limit_bytes: int | None = None) -> None:
         self.torch_device = torch.device("cuda", index)

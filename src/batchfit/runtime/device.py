@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from batchfit.policy.allocation_replay import Recording
+from batchfit.runtime.compiled import ProfiledAllocations, ProfiledSteps
 from batchfit.runtime.host import host_available_bytes, malloc_trim
 from batchfit.runtime.tracker import StorageTracker, resident_oom_message
 from batchfit.units import format_bytes
@@ -112,6 +113,9 @@ class Device(Protocol):
     #: A workspace the allocator cannot place is done without (the kernel runs an algorithm that
     #: needs less, as cuDNN's do), not an out-of-memory of the step: the allocation replay's rule.
     soft_workspaces: bool
+    #: Whether a step that runs ``torch.compile``'d code is measured as it runs (compiled), not as
+    #: its eager twin: the allocator a dispatch mode models cannot see inside compiled code.
+    measures_compiled: bool
     #: The fewest steps in one of explore's timing windows: where a window starts from an idle,
     #: synchronised device, its first step pays a ramp that back-to-back training steps hide.
     min_window_steps: int
@@ -121,9 +125,10 @@ class Device(Protocol):
         ...
 
     def measure(
-        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None
+        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None, *, compiled: bool = False
     ) -> AbstractContextManager[Measurement]:
-        """A block under a hard cap (none when None), yielding a ``Measurement`` filled in at exit."""
+        """A block under a hard cap (none when None), yielding a ``Measurement`` filled in at exit;
+        ``compiled``: the block runs ``torch.compile``'d code (``runtime.compiled``)."""
         ...
 
     def synchronize(self) -> None: ...
@@ -155,6 +160,7 @@ class CpuDevice:
     exact = False  # a real allocator failure (RLIMIT_AS) can leave the heap larger than it was
     confirm_steps: int | None = None  # the tracker counts live bytes: step 2 is every later step
     soft_workspaces = False  # nothing is replayed: live bytes decide
+    measures_compiled = True  # from the allocator's events, read by the profiler (runtime.compiled)
     min_window_steps = 1  # nothing runs ahead of the host: a step is a step
 
     def __init__(self, *, fake: bool = False) -> None:
@@ -166,8 +172,12 @@ class CpuDevice:
 
     @contextmanager
     def measure(
-        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None
+        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None, *, compiled: bool = False
     ) -> Iterator[Measurement]:
+        if compiled and not self.fake:  # Dynamo runs a step eagerly under the tracker's dispatch mode
+            with _profiled(resident, cap_bytes) as measurement:
+                yield measurement
+            return
         tracker = StorageTracker(capacity_bytes=cap_bytes, fake=self.fake)
         tracker.track(unique_storages(resident))
         del resident  # counted: a tensor the steps replace (L-BFGS's history) must be free to go
@@ -194,6 +204,63 @@ class CpuDevice:
         # (an exception's traceback and the frames it holds) without walking all of torch.
         gc.collect(1)
         malloc_trim()
+
+
+@dataclass
+class _ProfiledMeasurement(Measurement):
+    """A measurement whose peaks are read from the allocator's events after the block: each call
+    that would read the device drops a marker into the events instead (``ProfiledAllocations``)."""
+
+    _allocations: ProfiledAllocations | None = None
+
+    def begin_step(self) -> None:
+        if self._allocations is not None:
+            self._allocations.mark("step")
+
+    def enter_optimizer_step(self) -> None:
+        if self._allocations is not None:
+            self._allocations.mark("enter")
+
+    def exit_optimizer_step(self) -> None:
+        if self._allocations is not None:
+            self._allocations.mark("exit")
+        self.optimizer_steps += 1
+
+    def finish(self) -> None:
+        self._allocations = None
+
+    def read(self, steps: ProfiledSteps) -> None:
+        """The last step's peaks, as the events give them (up to a refused allocation)."""
+        steps.close_phase()
+        self.activation_peak_bytes = steps.activation_peak_bytes
+        self.optimizer_peak_bytes = steps.optimizer_peak_bytes
+        self.peak_bytes = max(self.activation_peak_bytes or 0, self.optimizer_peak_bytes or 0)
+        self.refused = steps.refused
+        if steps.refused:
+            self.steps = steps.step  # the step that ran out; the rest ran, as the profiler cannot stop one
+
+
+@contextmanager
+def _profiled(resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[Measurement]:
+    """``CpuDevice.measure`` for a step that runs compiled code: the allocator's events, read by
+    the profiler, under a cap judged on them once the block has run (``runtime.compiled``)."""
+    allocations = ProfiledAllocations(resident, cap_bytes)
+    del resident
+    if cap_bytes is not None and allocations.resident_bytes > cap_bytes:
+        raise torch.OutOfMemoryError(resident_oom_message(allocations.resident_bytes, cap_bytes))
+    measurement = _ProfiledMeasurement(_allocations=allocations)
+    failed = False
+    try:
+        with allocations:
+            yield measurement
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        measurement.finish()
+        measurement.read(allocations.steps())
+    if measurement.refused and not failed:  # where the step would have failed under the cap
+        raise torch.OutOfMemoryError(measurement.refused)
 
 
 class CappedCpuDevice(CpuDevice):

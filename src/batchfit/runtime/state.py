@@ -128,11 +128,17 @@ def reachable(steps: Iterable[Callable[..., Any] | None], kind: type[Any]) -> li
     """The objects of type ``kind`` that ``steps`` reach: through closures, ``functools.partial``,
     bound methods and callable objects, default arguments, and the module globals the step's
     code names, then one level into the objects found there."""
+    return reachable_where(steps, lambda value: isinstance(value, kind))
+
+
+def reachable_where(steps: Iterable[Any], wanted: Callable[[Any], bool]) -> list[Any]:
+    """The objects ``steps`` reach (as ``reachable`` follows them) for which ``wanted`` is true;
+    one that is wanted is not looked into, and neither is a tensor, a module or a class."""
     found: dict[int, Any] = {}
     seen: set[int] = set()
 
     def visit(value: Any, depth: int) -> None:
-        if isinstance(value, kind):
+        if wanted(value):
             found.setdefault(id(value), value)
             return
         if depth <= 0 or id(value) in seen or isinstance(value, (torch.Tensor, torch.nn.Module, type)):

@@ -83,7 +83,7 @@ def run_steps(
     # A 2-step trial cannot end before its second step, where a recurrence is first seen.
     watch = RecurrenceWatch(needs_optimizer_step=mode == "train") if until_steady and steps > 2 else None
     with (
-        device.measure(resident, cap_bytes) as measurement,
+        device.measure(resident, cap_bytes, compiled=bool(workload.compiled)) as measurement,
         _optimizer_phases(measurement),
         device.recording() if record else nullcontext(None) as recording,
     ):

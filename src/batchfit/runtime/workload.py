@@ -134,6 +134,14 @@ class Workload:
 
     # -- steps ---------------------------------------------------------------------------
 
+    @functools.cached_property
+    def compiled(self) -> tuple[str, ...]:
+        """What of the model, the steps and the loss runs ``torch.compile``'d code (empty: none),
+        which a CPU device measures from the allocator's events (``runtime.compiled``)."""
+        from batchfit.runtime.compiled import compiled_parts  # it reads steps as runtime.state does
+
+        return tuple(compiled_parts(self.model, self.train_step, self.eval_step, self.loss_fn))
+
     def build_optimizer(self) -> torch.optim.Optimizer | None:
         if self.optimizer is None or isinstance(self.optimizer, torch.optim.Optimizer):
             return self.optimizer

@@ -1,0 +1,67 @@
+"""Child process of test_compiled.py: the truth for a compiled step, read in a fresh process.
+
+Usage: ``python compiled_child.py SIZE [SIZE ...]``. The allocator's running total, which the
+profiler reports with each event, is kept by address in a table that outlives each profiler
+session; a block allocated in one session and freed outside any leaves its entry stale, and a free
+of that address later is reported with the stale size. So the truth is read where no session ran
+before: here, in one session over every size. The compiled model first runs at two sizes outside
+it, as ``find``'s opening trials do, so the sizes measured run Dynamo's dynamic-shape graph, as
+``find``'s later trials do. Prints one JSON line: each size's peak over 2 SGD steps, in bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from compiled_workloads import make_batch, pointwise_model  # this directory is the child's sys.path[0]
+from torch import nn
+from torch._C._profiler import _EventType
+
+#: A marker allocation's size: one more than the last size's, none a step allocates.
+MARK = 1_000_003
+
+
+def sgd_steps(model: nn.Module, optimizer: torch.optim.Optimizer, n: int) -> None:
+    for _ in range(2):
+        inputs, targets = make_batch(n)
+        nn.functional.cross_entropy(model(inputs), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def main(sizes: list[int]) -> None:
+    torch.manual_seed(0)
+    model = pointwise_model()
+    compiled = torch.compile(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for n in (2, 4):  # compiled, then compiled again with a dynamic batch dimension
+        sgd_steps(compiled, optimizer, n)
+    resident = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    marks = {MARK + i: n for i, n in enumerate(sizes)}
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        for mark, n in marks.items():
+            torch.empty(mark, dtype=torch.uint8)  # made and freed: its event marks where n begins
+            sgd_steps(compiled, optimizer, n)
+    events, pending = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        event = pending.pop()
+        pending.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            fields = event.extra_fields
+            events.append((event.start_time_ns, fields.alloc_size, fields.total_allocated))
+    events.sort()
+    peaks: dict[int, int] = {}
+    current, base = None, 0
+    for _, size, total in events:
+        if size in marks:
+            current, base = marks[size], total - size
+        elif current is not None:
+            peaks[current] = max(peaks.get(current, 0), resident + total - base)
+    print(json.dumps({"peaks": peaks, "leftover": events[-1][2] - base}))
+
+
+if __name__ == "__main__":
+    main([int(arg) for arg in sys.argv[1:]])
