@@ -1,12 +1,14 @@
 """Child process of test_compiled.py: the truth for a compiled step, read in a fresh process.
 
-Usage: ``python compiled_child.py SIZE [SIZE ...]``. The allocator's running total, which the
-profiler reports with each event, is kept by address in a table that outlives each profiler
-session; a block allocated in one session and freed outside any leaves its entry stale, and a free
-of that address later is reported with the stale size. So the truth is read where no session ran
-before: here, in one session over every size. The compiled model first runs at two sizes outside
-it, as ``find``'s opening trials do, so the sizes measured run Dynamo's dynamic-shape graph, as
-``find``'s later trials do. Prints one JSON line: each size's peak over 2 SGD steps, in bytes.
+Usage: ``python compiled_child.py [--static BLOCKS] SIZE [SIZE ...]``. The allocator's running
+total, which the profiler reports with each event, is kept by address in a table that outlives
+each profiler session; a block allocated in one session and freed outside any leaves its entry
+stale, and a free of that address later is reported with the stale size. So the truth is read
+where no session ran before: here, in one session over every size. The compiled model first runs
+at two sizes outside it, as ``find``'s opening trials do, so the sizes measured run Dynamo's
+dynamic-shape graph, as ``find``'s later trials do; with ``--static``, the model of BLOCKS blocks
+is compiled with ``dynamic=False`` and at each size before the session (a graph per size, as the
+search compiles). Prints one JSON line: each size's peak over 2 SGD steps, in bytes.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ def sgd_steps(model: nn.Module, optimizer: torch.optim.Optimizer, n: int) -> Non
         optimizer.zero_grad(set_to_none=True)
 
 
-def main(sizes: list[int]) -> None:
+def main(sizes: list[int], static_blocks: int | None) -> None:
     torch.manual_seed(0)
-    model = pointwise_model()
-    compiled = torch.compile(model)
+    model = pointwise_model() if static_blocks is None else pointwise_model(static_blocks)
+    compiled = torch.compile(model, dynamic=False if static_blocks else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for n in (2, 4):  # compiled, then compiled again with a dynamic batch dimension
+    # Compiled, then compiled again with a dynamic batch dimension; or a static graph per size.
+    for n in (2, 4) if static_blocks is None else sizes:
         sgd_steps(compiled, optimizer, n)
     resident = sum(p.untyped_storage().nbytes() for p in model.parameters())
     marks = {MARK + i: n for i, n in enumerate(sizes)}
@@ -64,4 +67,6 @@ def main(sizes: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(arg) for arg in sys.argv[1:]])
+    args = sys.argv[1:]
+    static = int(args[1]) if args[:1] == ["--static"] else None
+    main([int(arg) for arg in args[2 if static else 0 :]], static)

@@ -17,8 +17,8 @@ class PointwiseBlock(nn.Module):
         return x + torch.sigmoid(h) * torch.tanh(h) * nn.functional.gelu(h) + h.exp().clamp(max=3)
 
 
-def pointwise_model() -> nn.Module:
-    return nn.Sequential(*[PointwiseBlock() for _ in range(4)], nn.Linear(512, 10))
+def pointwise_model(blocks: int = 4) -> nn.Module:
+    return nn.Sequential(*[PointwiseBlock() for _ in range(blocks)], nn.Linear(512, 10))
 
 
 def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,10 +43,11 @@ def inductor_runs() -> str:
     return ""
 
 
-def compiled_truth(sizes: list[int]) -> dict[int, int]:
+def compiled_truth(sizes: list[int], static_blocks: int | None = None) -> dict[int, int]:
     """Each size's peak over 2 SGD steps of the compiled model, from the allocator's own running
     total, read in a fresh process (tests/runtime/compiled_child.py says why)."""
-    command = [sys.executable, str(CHILD), *map(str, sizes)]
+    static = [] if static_blocks is None else ["--static", str(static_blocks)]
+    command = [sys.executable, str(CHILD), *static, *map(str, sizes)]
     child = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
     reading = json.loads(child.stdout.strip().splitlines()[-1])
     assert abs(reading["leftover"]) < 2**16, reading  # the steps freed what they allocated, in the session
@@ -78,6 +79,32 @@ def test_a_compiled_model_is_measured_as_it_runs_not_as_its_eager_twin() -> None
     assert answer > 2 * eager.batch_size, (answer, eager.batch_size)
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+def test_a_model_compiled_for_each_batch_size_is_compiled_at_every_trial() -> None:
+    # dynamic=False compiles a graph per batch size, and past Dynamo's recompile limit a frame
+    # runs eagerly: with the limit at 2, the old search measured the eager step from its third
+    # size on. The search now has room for its sizes, and the user's limit is put back after.
+    if reason := inductor_runs():
+        pytest.skip(reason)
+    from torch._dynamo import config
+
+    torch.manual_seed(0)
+    model = pointwise_model(blocks=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss = nn.functional.cross_entropy
+    workload = batchfit.Workload(
+        torch.compile(model, dynamic=False), optimizer, make_batch=make_batch, loss_fn=loss
+    )
+    with config.patch(cache_size_limit=2):  # multiples of 32: fewer sizes, each compiled cold in ~3 s
+        found = batchfit.find_batch_size(
+            workload, device="cpu", memory_limit="24MiB", max_batch_size=8192, multiple_of=32
+        )
+        assert config.cache_size_limit == 2
+    answer = found.batch_size
+    truth = compiled_truth([answer, answer + 32], static_blocks=1)
+    assert truth[answer] <= found.budget_bytes < truth[answer + 32], (answer, truth, found.budget_bytes)
+    assert len({trial.batch_size for trial in found.trials}) > 2  # past the limit the user had set
 
 
 def test_compiled_parts_finds_what_runs_compiled_code() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,6 +24,10 @@ import torch
 from batchfit.errors import ConfigurationError
 from batchfit.runtime.state import reachable_where
 from batchfit.runtime.tracker import dense_parts, oom_message
+
+#: The graphs a search (or an exploration) may compile per frame past the user's own limit: a
+#: batch size each, for a model compiled with ``dynamic=False``.
+EXTRA_RECOMPILES = 64
 
 
 def compiled_parts(*roots: Any) -> list[str]:
@@ -44,6 +49,29 @@ def compiled_parts(*roots: Any) -> list[str]:
         else:
             found.append(f"function {getattr(value, '__qualname__', repr(value))}")
     return list(dict.fromkeys(found))
+
+
+@contextmanager
+def recompiles_allowed(compiled: bool) -> Iterator[None]:
+    """A block in which Dynamo may compile ``EXTRA_RECOMPILES`` more graphs per frame than the user
+    allows (its ``recompile_limit``, 8 by default), the limit put back after.
+
+    Past the limit Dynamo runs a frame eagerly for any new shape, and a search tries many batch
+    sizes: a model compiled with ``dynamic=False`` compiles at each, so from its ninth size on a
+    search measured the eager step, and an answer found there was its eager twin's.
+    """
+    if not compiled:
+        yield
+        return
+    from torch._dynamo import config  # imported already: something was compiled
+
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    limit = getattr(config, name)
+    setattr(config, name, limit + EXTRA_RECOMPILES)
+    try:
+        yield
+    finally:
+        setattr(config, name, limit)
 
 
 def _holds_compiled(value: Any) -> bool:

@@ -17,6 +17,7 @@ from batchfit.policy.allocation_replay import AllocationRecord
 from batchfit.policy.cache import verdict
 from batchfit.policy.steady import RecurrenceWatch
 from batchfit.policy.trial import Mode, Trial
+from batchfit.runtime.compiled import recompiles_allowed
 from batchfit.runtime.device import Device, Measurement
 from batchfit.runtime.oom import is_out_of_memory
 from batchfit.runtime.state import TrainingSnapshot
@@ -42,13 +43,14 @@ def timed_steps(
     loader hands training a new batch), and return their seconds, the device synchronised."""
     device.synchronize()
     begin = time.perf_counter()
-    for _ in range(count):
-        batch = to_device(host_batch, device.torch_device)
-        if mode == "train":
-            workload.run_train_step(optimizer, batch)
-        else:
-            workload.run_eval_step(batch)
-        del batch
+    with recompiles_allowed(bool(workload.compiled)):  # each batch size may compile its own graph
+        for _ in range(count):
+            batch = to_device(host_batch, device.torch_device)
+            if mode == "train":
+                workload.run_train_step(optimizer, batch)
+            else:
+                workload.run_eval_step(batch)
+            del batch
     device.synchronize()
     return max(time.perf_counter() - begin, 1e-9)
 
