@@ -118,7 +118,7 @@ class ProfiledAllocations:
         self._events: list[tuple[int, int]] = []
 
     def __enter__(self) -> ProfiledAllocations:
-        if torch.autograd._profiler_enabled():  # a second session would end the first one's
+        if torch._C._autograd._profiler_enabled():  # a second session would end the first one's
             raise ConfigurationError(
                 "batchfit measures a torch.compile'd step on the CPU with torch's profiler, and a "
                 "profiler runs already: run the search outside your own profiler."
