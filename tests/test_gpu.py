@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import torch
+from compiled_workloads import make_batch as pointwise_batch
+from compiled_workloads import pointwise_model
 from tiny_workloads import skipping_workload
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
@@ -199,6 +201,21 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
     if device == "cpu-caching":  # the opening's requests, replayed, place the answer and the next
         assert [t.batch_size for t in result.trials] == [2, 4, truth, truth + 1]
         assert 0 < result.replays <= 20 and "placed by replaying the allocator's requests" in result.summary()
+
+
+@pytest.mark.gpu
+def test_a_compiled_model_s_answer_is_the_truth_on_cuda() -> None:
+    # CUDA's caching allocator serves Inductor's kernels as any other: no profiler, the cap as
+    # for an eager step. Each trial's batch size runs the dynamic-shape graph after the opening.
+    torch.manual_seed(0)
+    model = pointwise_model().to("cuda")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss = nn.functional.cross_entropy
+    workload = Workload(torch.compile(model), optimizer, make_batch=pointwise_batch, loss_fn=loss)
+    assert workload.compiled
+    cap = reference_cap(workload, "cuda", 1024)
+    result = find(workload, "train", "cuda", cap, memory_fraction=1.0, max_batch_size=8192)
+    assert result.batch_size == truth_near(workload, "train", "cuda", cap, result.batch_size, 8192)
 
 
 @pytest.mark.gpu

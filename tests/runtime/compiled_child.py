@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
-from compiled_workloads import make_batch, pointwise_model  # this directory is the child's sys.path[0]
 from torch import nn
 from torch._C._profiler import _EventType
 
@@ -26,6 +26,8 @@ MARK = 1_000_003
 
 
 def sgd_steps(model: nn.Module, optimizer: torch.optim.Optimizer, n: int) -> None:
+    from compiled_workloads import make_batch
+
     for _ in range(2):
         inputs, targets = make_batch(n)
         nn.functional.cross_entropy(model(inputs), targets).backward()
@@ -34,6 +36,8 @@ def sgd_steps(model: nn.Module, optimizer: torch.optim.Optimizer, n: int) -> Non
 
 
 def main(sizes: list[int], static_blocks: int | None) -> None:
+    from compiled_workloads import pointwise_model
+
     torch.manual_seed(0)
     model = pointwise_model() if static_blocks is None else pointwise_model(static_blocks)
     compiled = torch.compile(model, dynamic=False if static_blocks else None)
@@ -67,6 +71,7 @@ def main(sizes: list[int], static_blocks: int | None) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/, where the model is
     args = sys.argv[1:]
     static = int(args[1]) if args[:1] == ["--static"] else None
     main([int(arg) for arg in args[2 if static else 0 :]], static)

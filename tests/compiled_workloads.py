@@ -1,5 +1,5 @@
-"""The model of test_compiled.py and its child process: blocks of pointwise ops, where Inductor's
-fused kernels keep far less for backward than eager's intermediates."""
+"""The model of runtime/test_compiled.py, its child process and test_gpu.py: blocks of pointwise ops,
+where Inductor's fused kernels keep far less for backward than eager's intermediates."""
 
 from __future__ import annotations
 
