@@ -784,3 +784,68 @@ def test_a_batch_of_numpy_arrays_is_named() -> None:
         r"torch\.as_tensor\); a batch must hold tensors\.$",
     ):
         find_batch_size(workload, device="cpu", memory_limit="8MiB")
+
+
+def adversarial(seed: int = 0) -> tuple[Workload, dict[str, Any]]:
+    """A generator trained against a discriminator with its own Adam, and an EMA copy of the
+    generator: a step that changes state beside the workload's model and optimizer, and holds
+    memory beside them. Returns the workload and that other state."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    optimizer = torch.optim.Adam(model.parameters())
+    critic = nn.Sequential(nn.Linear(10, 512), nn.ReLU(), nn.Linear(512, 1))
+    critic_optimizer = torch.optim.Adam(critic.parameters())
+    averaged = torch.optim.swa_utils.get_ema_multi_avg_fn(0.999)
+    ema = torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=averaged)
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        inputs, target = batch
+        output = model(inputs)
+        loss = nn.functional.cross_entropy(output, target) + critic(output).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        critic_optimizer.zero_grad()
+        critic(output.detach()).mean().backward()
+        critic_optimizer.step()
+        critic_optimizer.zero_grad()
+        ema.update_parameters(model)
+
+    workload = Workload(model, optimizer, make_batch=classification_batch((64,)), train_step=train_step)
+    return workload, {"critic": critic, "critic_optimizer": critic_optimizer, "ema": ema}
+
+
+def test_a_discriminator_and_an_ema_the_step_updates_are_put_back_and_counted() -> None:
+    # The fake trace used to step the discriminator's real optimizer on fake tensors: its state was
+    # left fake, and from then on the user's own training no longer moved the discriminator. The
+    # real trials moved the EMA copy on, and the tracker did not count either as resident.
+    workload, other = adversarial()
+    critic, critic_optimizer, ema = other["critic"], other["critic_optimizer"], other["ema"]
+    before = {
+        name: value.clone() for name, value in (*critic.state_dict().items(), *ema.state_dict().items())
+    }
+    assert set(map(id, workload.reached)) == {id(critic), id(critic_optimizer), id(ema)}
+    result = find_batch_size(workload, device="cpu", memory_limit="8MiB", max_batch_size=8192)
+    assert not result.predicted_trials  # no trace: its fakes would not be this other state
+    after = {name: value for name, value in (*critic.state_dict().items(), *ema.state_dict().items())}
+    assert all(
+        type(value) is torch.Tensor and torch.equal(value, before[name]) for name, value in after.items()
+    )
+    assert len(critic_optimizer.state) == 0  # as it was: never stepped
+
+    def trains_all(batch_size: int) -> bool:  # by force, under the budget, all it holds resident
+        fresh, state = adversarial()
+        optimizer = fresh.build_optimizer()
+        resident = [fresh.model, optimizer, *state.values()]
+        try:
+            with batchfit.memory_limit(result.budget_bytes, resident=resident):
+                for _ in range(2):
+                    fresh.run_train_step(optimizer, fresh.host_batch(batch_size))
+        except torch.OutOfMemoryError:
+            return False
+        return True
+
+    assert trains_all(result.batch_size) and not trains_all(result.batch_size + 1)
+    critic_weights = critic[0].weight.detach().clone()
+    workload.run_train_step(workload.build_optimizer(), workload.host_batch(8))
+    assert not torch.equal(critic[0].weight, critic_weights)  # the user's training moves it again

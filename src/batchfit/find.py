@@ -188,13 +188,14 @@ def find_on(
     snapshot = TrainingSnapshot.capture(
         workload.model,
         workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None,
-        (workload.train_step, workload.eval_step),
+        (workload.train_step, workload.eval_step, workload.loss_fn),
     )
     try:
         snapshot.set_gradients_aside()
 
         def prepare() -> int:
-            return target.capacity_bytes(resident_tensors(workload.model, workload.optimizer))
+            held = resident_tensors(workload.model, workload.optimizer, *workload.reached)
+            return target.capacity_bytes(held)
 
         # With several ranks the answer must fit the smallest device: one budget for all.
         capacity = prepare() if lockstep is None else min(lockstep.run(prepare))

@@ -11,7 +11,7 @@ import weakref
 import torch
 from torch import nn
 
-from batchfit.runtime.state import TrainingSnapshot, grad_scalers
+from batchfit.runtime.state import TrainingSnapshot, grad_scalers, step_state
 
 
 def test_restore_undoes_a_training_step_in_place() -> None:
@@ -197,3 +197,57 @@ def test_between_trials_a_scaler_keeps_its_scale_and_drops_a_step_cut_short() ->
     trainer.train_step(model, optimizer, None)  # the next trial's step runs (no "unscale_ already called")
     snapshot.restore()
     assert trainer.scaler._scale is None
+
+
+def test_the_modules_and_optimizers_a_step_reaches_beside_the_model_come_back() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    critic = nn.Sequential(nn.Linear(2, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=1e-2)
+    critic(torch.randn(3, 2)).sum().backward()  # the user's training so far: state and gradients
+    critic_optimizer.step()
+    critic.eval()
+    loss = nn.MSELoss()  # a module without parameters or buffers: nothing of its own to put back
+
+    def train_step(m: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> None:
+        output = model(batch)  # the model by name, its first layer too: the model's own state
+        (loss(output, torch.zeros_like(output)) + critic(output).mean() + model[0].weight.sum()).backward()
+        opt.step()
+        critic.train()
+        critic(output.detach()).sum().backward()
+        critic_optimizer.step()
+
+    assert step_state(model, optimizer, [train_step]) == [critic, critic_optimizer]
+    saved = {
+        "weights": {k: v.clone() for k, v in critic.state_dict().items()},
+        "grads": [p.grad.clone() for p in critic.parameters()],
+        "state": copy.deepcopy(critic_optimizer.state_dict()),
+    }
+    exp_avg = critic_optimizer.state[critic[0].weight]["exp_avg"]
+    snapshot = TrainingSnapshot.capture(model, optimizer, [train_step])
+    for _ in range(3):
+        train_step(model, optimizer, torch.randn(5, 4))
+    snapshot.restore()
+    assert all(torch.equal(v, saved["weights"][k]) for k, v in critic.state_dict().items())
+    assert all(torch.equal(p.grad, g) for p, g in zip(critic.parameters(), saved["grads"], strict=True))
+    restored = critic_optimizer.state_dict()
+    assert restored["param_groups"] == saved["state"]["param_groups"]
+    for key, state in saved["state"]["state"].items():
+        assert all(torch.equal(restored["state"][key][name], value) for name, value in state.items())
+    assert critic_optimizer.state[critic[0].weight]["exp_avg"] is exp_avg  # in place
+    assert not critic.training
+
+
+def test_step_state_leaves_out_the_model_under_any_wrapper() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped = nn.ModuleDict({"inner": model})  # the model's own tensors, held another way
+    head = model[1]
+
+    def step(m: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> None:
+        wrapped["inner"](batch).sum().backward()
+        head.weight.grad = None
+        opt.step()
+
+    assert step_state(model, optimizer, [step]) == []

@@ -110,7 +110,7 @@ class DataLoop:
         self.window_seconds = window_seconds
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
         self.snapshot = TrainingSnapshot.capture(
-            workload.model, optimizer, (workload.train_step, workload.eval_step)
+            workload.model, optimizer, (workload.train_step, workload.eval_step, workload.loss_fn)
         )
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()

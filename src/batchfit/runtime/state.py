@@ -241,20 +241,93 @@ class SchedulerState:
         self.scheduler.load_state_dict(copy.deepcopy(self.saved))
 
 
+def step_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    steps: Iterable[Callable[..., Any] | None],
+) -> list[torch.nn.Module | torch.optim.Optimizer]:
+    """The modules and optimizers ``steps`` reach (as ``reachable`` finds them) besides ``model`` and
+    ``optimizer``: a GAN's discriminator and its optimizer, an EMA copy the step updates, a
+    teacher. A step changes them as it changes the model, and they hold memory beside it. A module
+    counts where it holds a parameter or buffer the model does not (a wrapper of the model, a
+    compiled one, or a submodule of it does not)."""
+    own = {id(tensor) for tensor in (*model.parameters(), *model.buffers())}
+
+    def other(value: Any) -> bool:
+        if isinstance(value, torch.optim.Optimizer):
+            return value is not optimizer
+        if isinstance(value, torch.nn.Module):
+            return any(id(tensor) not in own for tensor in (*value.parameters(), *value.buffers()))
+        return False
+
+    return reachable_where(steps, other)
+
+
+@dataclass
+class _OptimizerState:
+    """One optimizer's state: its per-parameter state (tensors on the host, the originals held
+    weakly: one a step replaces, L-BFGS's direction, is freed as in training; one still alive at
+    restore is filled in place, so references to it stay good) and its groups' settings."""
+
+    optimizer: torch.optim.Optimizer
+    state: dict[Any, dict[str, Any]]
+    originals: dict[Any, dict[str, weakref.ref[torch.Tensor]]]
+    param_groups: list[dict[str, Any]]
+
+    @classmethod
+    def capture(cls, optimizer: torch.optim.Optimizer) -> _OptimizerState:
+        originals = {
+            key: {
+                name: weakref.ref(value) for name, value in state.items() if isinstance(value, torch.Tensor)
+            }
+            for key, state in optimizer.state.items()
+        }
+        saved = {
+            key: {name: _save_state_value(value) for name, value in state.items()}
+            for key, state in optimizer.state.items()
+        }
+        groups = [
+            {name: copy.deepcopy(value) for name, value in group.items() if name != "params"}
+            for group in optimizer.param_groups
+        ]
+        return cls(optimizer, saved, originals, groups)
+
+    def restore(self) -> None:
+        optimizer = self.optimizer
+        for key in list(optimizer.state.keys()):
+            if key not in self.state:
+                del optimizer.state[key]
+        for key, saved_state in self.state.items():
+            originals = self.originals[key]
+            state = optimizer.state[key]
+            state.clear()
+            for name, saved in saved_state.items():
+                original = originals[name]() if name in originals else None
+                if original is not None and isinstance(saved, _OnHost):
+                    with torch.no_grad():
+                        original.copy_(saved.saved)
+                    state[name] = original
+                else:
+                    state[name] = _restored_state_value(saved)
+        for group, saved_group in zip(optimizer.param_groups, self.param_groups, strict=True):
+            for name, value in saved_group.items():
+                group[name] = copy.deepcopy(value)
+
+
 @dataclass
 class TrainingSnapshot:
-    """The state of a model and optimizer at one moment; ``restore`` puts it back bit for bit."""
+    """The state of a model and optimizer at one moment, and of the modules and optimizers the
+    steps reach beside them (``step_state``); ``restore`` puts it back bit for bit."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     slots: list[_TensorSlot] = field(default_factory=list)
     grads: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = field(default_factory=list)
+    # The other modules' gradients: a trial does not set them aside (they are the user's to
+    # zero), but every restore puts them back.
+    other_grads: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = field(default_factory=list)
     modes: list[tuple[torch.nn.Module, bool]] = field(default_factory=list)
-    optimizer_state: dict[Any, dict[str, Any]] = field(default_factory=dict)
-    # The state's own tensors, held weakly: one a step replaces (L-BFGS's direction) is freed, as
-    # in training; one still alive at restore is filled in place, so references to it stay good.
-    optimizer_originals: dict[Any, dict[str, weakref.ref[torch.Tensor]]] = field(default_factory=dict)
-    param_groups: list[dict[str, Any]] = field(default_factory=list)
+    optimizers: list[_OptimizerState] = field(default_factory=list)
     rng: _RngState | None = None
     scalers: list[ScalerState] = field(default_factory=list)
     schedulers: list[SchedulerState] = field(default_factory=list)
@@ -266,33 +339,37 @@ class TrainingSnapshot:
         optimizer: torch.optim.Optimizer | None,
         steps: Iterable[Callable[..., Any] | None] = (),
     ) -> TrainingSnapshot:
-        """The state of ``model`` and ``optimizer``, and of the GradScalers and learning-rate
-        schedulers ``steps`` (the workload's ``train_step`` and ``eval_step``) use."""
+        """The state of ``model`` and ``optimizer``, and of the GradScalers, learning-rate
+        schedulers, modules and optimizers ``steps`` (the workload's ``train_step`` and
+        ``eval_step``) use."""
         snap = cls(model=model, optimizer=optimizer, rng=_RngState.capture())
         steps = list(steps)
         snap.scalers = [ScalerState.capture(scaler) for scaler in grad_scalers(*steps)]
         snap.schedulers = [SchedulerState.capture(scheduler) for scheduler in lr_schedulers(*steps)]
-        for module in model.modules():
+        others = step_state(model, optimizer, steps)
+        modules = [model, *(other for other in others if isinstance(other, torch.nn.Module))]
+        seen: set[int] = set()
+        for module in (submodule for owner in modules for submodule in owner.modules()):
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
             snap.modes.append((module, module.training))
             for table in (module._parameters, module._buffers):
                 for name, tensor in table.items():
                     if tensor is not None:
                         snap.slots.append(_TensorSlot.of(table, name, tensor))
+        own = {id(parameter) for parameter in model.parameters()}
         for parameter in model.parameters():
             grad = parameter.grad
             snap.grads.append((parameter, None if grad is None else _host_copy(grad)))
-        if optimizer is not None:
-            for key, state in optimizer.state.items():
-                snap.optimizer_originals[key] = {
-                    name: weakref.ref(value)
-                    for name, value in state.items()
-                    if isinstance(value, torch.Tensor)
-                }
-                snap.optimizer_state[key] = {name: _save_state_value(value) for name, value in state.items()}
-            snap.param_groups = [
-                {name: copy.deepcopy(value) for name, value in group.items() if name != "params"}
-                for group in optimizer.param_groups
-            ]
+        for owner in modules[1:]:
+            for parameter in owner.parameters():
+                if id(parameter) not in own:
+                    own.add(id(parameter))
+                    grad = parameter.grad
+                    snap.other_grads.append((parameter, None if grad is None else _host_copy(grad)))
+        optimizers = [optimizer, *(other for other in others if isinstance(other, torch.optim.Optimizer))]
+        snap.optimizers = [_OptimizerState.capture(each) for each in optimizers if each is not None]
         return snap
 
     def set_gradients_aside(self) -> None:
@@ -314,31 +391,13 @@ class TrainingSnapshot:
                 parameter.grad = saved.to(parameter.device, copy=True)
             else:
                 parameter.grad = None
-        if self.optimizer is not None:
-            self._restore_optimizer(self.optimizer)
+        for parameter, saved in self.other_grads:
+            parameter.grad = None if saved is None else saved.to(parameter.device, copy=True)
+        for optimizer in self.optimizers:
+            optimizer.restore()
         for scaler in self.scalers:
             scaler.restore(scale=scales)
         for scheduler in self.schedulers:
             scheduler.restore()
         if self.rng is not None:
             self.rng.restore()
-
-    def _restore_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        for key in list(optimizer.state.keys()):
-            if key not in self.optimizer_state:
-                del optimizer.state[key]
-        for key, saved_state in self.optimizer_state.items():
-            originals = self.optimizer_originals[key]
-            state = optimizer.state[key]
-            state.clear()
-            for name, saved in saved_state.items():
-                original = originals[name]() if name in originals else None
-                if original is not None and isinstance(saved, _OnHost):
-                    with torch.no_grad():
-                        original.copy_(saved.saved)
-                    state[name] = original
-                else:
-                    state[name] = _restored_state_value(saved)
-        for group, saved_group in zip(optimizer.param_groups, self.param_groups, strict=True):
-            for name, value in saved_group.items():
-                group[name] = copy.deepcopy(value)

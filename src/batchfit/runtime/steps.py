@@ -41,9 +41,10 @@ def timed_steps(
 ) -> float:
     """Run ``count`` steps of ``mode``, each on a fresh device copy of ``host_batch`` (as a data
     loader hands training a new batch), and return their seconds, the device synchronised."""
+    compiled = bool(workload.compiled)  # read before the clock starts: it walks the model
     device.synchronize()
     begin = time.perf_counter()
-    with recompiles_allowed(bool(workload.compiled)):  # each batch size may compile its own graph
+    with recompiles_allowed(compiled):  # each batch size may compile its own graph
         for _ in range(count):
             batch = to_device(host_batch, device.torch_device)
             if mode == "train":
@@ -80,7 +81,7 @@ def run_steps(
     to ``OVERFLOW_STEPS``, until one is taken: the optimizer's state is part of a training step."""
     # What the steps start with, counted as the block opens and not kept: a tensor they replace
     # (L-BFGS's history, a buffer assigned anew) is freed, as in training.
-    resident = resident_tensors(workload.model, optimizer)
+    resident = resident_tensors(workload.model, optimizer, *workload.reached)
     step_seconds: float | None = None
     # A 2-step trial cannot end before its second step, where a recurrence is first seen.
     watch = RecurrenceWatch(needs_optimizer_step=mode == "train") if until_steady and steps > 2 else None
@@ -268,7 +269,7 @@ class StepTimer:
         self.min_window_seconds, self.restore_every = min_window_seconds, restore_every
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
         self.snapshot = TrainingSnapshot.capture(
-            workload.model, optimizer, (workload.train_step, workload.eval_step)
+            workload.model, optimizer, (workload.train_step, workload.eval_step, workload.loss_fn)
         )
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()

@@ -116,6 +116,8 @@ def forecast_search(
         return None  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
     if workload.compiled:
         return None  # Dynamo runs a step eagerly under fake tensors: the trace would size its eager twin
+    if workload.reached:  # the fakes are the model's and optimizer's: a step's other state would
+        return None  # take fake tensors (a discriminator's optimizer its state) and go uncounted
     # Train: the real trial's last step runs with optimizer state, so the trace warms up first
     # (unless a trial is a single, first step). Eval: as the real trial does.
     warm = candidates.first if mode == "train" and steps > 1 else warm_batch

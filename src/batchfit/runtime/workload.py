@@ -134,13 +134,23 @@ class Workload:
 
     # -- steps ---------------------------------------------------------------------------
 
-    @functools.cached_property
+    @property
     def compiled(self) -> tuple[str, ...]:
         """What of the model, the steps and the loss runs ``torch.compile``'d code (empty: none),
         which a CPU device measures from the allocator's events (``runtime.compiled``)."""
         from batchfit.runtime.compiled import compiled_parts  # it reads steps as runtime.state does
 
         return tuple(compiled_parts(self.model, self.train_step, self.eval_step, self.loss_fn))
+
+    @property
+    def reached(self) -> tuple[torch.nn.Module | torch.optim.Optimizer, ...]:
+        """The modules and optimizers the steps reach besides the model and optimizer (a GAN's
+        discriminator and its optimizer, an EMA copy): put back after each trial as the model is,
+        and resident in its memory (``runtime.state.step_state``)."""
+        from batchfit.runtime.state import step_state
+
+        optimizer = self.optimizer if isinstance(self.optimizer, torch.optim.Optimizer) else None
+        return tuple(step_state(self.model, optimizer, (self.train_step, self.eval_step, self.loss_fn)))
 
     def build_optimizer(self) -> torch.optim.Optimizer | None:
         if self.optimizer is None or isinstance(self.optimizer, torch.optim.Optimizer):
