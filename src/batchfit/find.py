@@ -53,6 +53,7 @@ class SearchResult:
     confirm_steps: int | None  # the answer trained this many steps before it was final (CUDA)
     world_size: int = 1  # ranks that searched in lockstep; the capacity is the smallest one's
     replays: int = 0  # sizes the opening's allocator requests were replayed at, to place the trials
+    compiled: tuple[str, ...] = ()  # what of the workload runs torch.compile'd code, measured as it runs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,12 +88,18 @@ class SearchResult:
             if retries
             else ""
         )
+        compiled = (
+            f" The step runs torch.compile'd code ({', '.join(self.compiled)}), measured as it runs"
+            + (", from the CPU allocator's events." if self.device.startswith("cpu") else ".")
+            if self.compiled
+            else ""
+        )
         return (
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
             f"{format_bytes(self.capacity_bytes)} on {self.device}{ranks}); "
             f"{format_count(len(self.trials), 'trial')}"
-            f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}.{retried}"
+            f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}.{retried}{compiled}"
         )
 
     @property
@@ -263,6 +270,7 @@ def find_on(
         confirm_steps=confirming,
         world_size=1 if lockstep is None else lockstep.world_size,
         replays=replay.replays_run if replay is not None else 0,
+        compiled=workload.compiled,
     )
 
 

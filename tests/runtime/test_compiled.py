@@ -7,15 +7,9 @@ profiler reports with each event, independently of batchfit's accounting by addr
 
 from __future__ import annotations
 
-import functools
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from compiled_workloads import make_batch, pointwise_model
+from compiled_workloads import compiled_truth, make_batch, pointwise_model
 from torch import nn
 
 import batchfit
@@ -25,37 +19,15 @@ from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.compiled import compiled_parts
 from batchfit.runtime.device import CappedCpuDevice, Measurement
 from batchfit.runtime.steps import _optimizer_phases
+from batchfit.runtime.techniques import compiler_unavailable
 from batchfit.runtime.tracker import resident_tensors
-
-CHILD = Path(__file__).with_name("compiled_child.py")
 
 LIMIT = 64 * 2**20
 BUDGET = int(0.8 * LIMIT)
 
 
-@functools.cache
-def inductor_runs() -> str:
-    """Why torch.compile cannot run here ("" where it can): Inductor needs a C++ compiler."""
-    try:
-        torch.compile(lambda x: torch.sigmoid(x) * 2)(torch.randn(4))
-    except Exception as error:  # BackendCompilerFailed and its kin: no compiler, no headers
-        return f"torch.compile does not run on this machine: {type(error).__name__}: {error}"[:300]
-    return ""
-
-
-def compiled_truth(sizes: list[int], static_blocks: int | None = None) -> dict[int, int]:
-    """Each size's peak over 2 SGD steps of the compiled model, from the allocator's own running
-    total, read in a fresh process (tests/runtime/compiled_child.py says why)."""
-    static = [] if static_blocks is None else ["--static", str(static_blocks)]
-    command = [sys.executable, str(CHILD), *static, *map(str, sizes)]
-    child = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
-    reading = json.loads(child.stdout.strip().splitlines()[-1])
-    assert abs(reading["leftover"]) < 2**16, reading  # the steps freed what they allocated, in the session
-    return {int(size): peak for size, peak in reading["peaks"].items()}
-
-
 def test_a_compiled_model_is_measured_as_it_runs_not_as_its_eager_twin() -> None:
-    if reason := inductor_runs():
+    if reason := compiler_unavailable("cpu"):
         pytest.skip(reason)
     torch.manual_seed(0)
     model = pointwise_model()
@@ -71,6 +43,8 @@ def test_a_compiled_model_is_measured_as_it_runs_not_as_its_eager_twin() -> None
     eager = find(model)
     found = find(compiled)
     assert not found.predicted_trials  # a trace would size the eager twin: real trials only
+    assert found.compiled == ("OptimizedModule (the model)",) and eager.compiled == ()
+    assert "runs torch.compile'd code (OptimizedModule (the model)), measured as it runs" in found.summary()
     answer = found.batch_size
     truth = compiled_truth([answer, answer + 1])
     assert truth[answer] <= BUDGET < truth[answer + 1], (answer, truth, BUDGET)
@@ -85,7 +59,7 @@ def test_a_model_compiled_for_each_batch_size_is_compiled_at_every_trial() -> No
     # dynamic=False compiles a graph per batch size, and past Dynamo's recompile limit a frame
     # runs eagerly: with the limit at 2, the old search measured the eager step from its third
     # size on. The search now has room for its sizes, and the user's limit is put back after.
-    if reason := inductor_runs():
+    if reason := compiler_unavailable("cpu"):
         pytest.skip(reason)
     from torch._dynamo import config
 
