@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from compiled_workloads import compiled_truth, pointwise_model
+from compiled_workloads import make_batch as pointwise_batch
 from tiny_workloads import build, lbfgs_mlp
 
 from batchfit import ConfigurationError, Workload, compare, memory_limit
 from batchfit.runtime.examples import build_example
-from batchfit.runtime.techniques import applied
+from batchfit.runtime.techniques import applied, compiler_unavailable
 
 #: Steps each probe of the truth trains (the search's trials train 2).
 TRUTH_STEPS = 10
@@ -166,3 +168,25 @@ def test_the_throughput_ratio_pairs_readings_within_each_round() -> None:
     measured = _against(row, baseline, [150.0, 90.0, 60.0], [100.0, 60.0, 100.0])
     assert measured.samples_per_second == 90.0
     assert measured.throughput_ratio == 1.5 and measured.batch_ratio == 1.5
+
+
+def test_the_compile_row_is_the_compiled_step_s_truth_and_the_model_stays_eager() -> None:
+    # Not a default (it compiles at each row); named, it compiles the model as torch.compile does.
+    if reason := compiler_unavailable("cpu"):
+        pytest.skip(reason)
+    torch.manual_seed(0)
+    model = pointwise_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    workload = Workload(
+        model, optimizer, make_batch=pointwise_batch, loss_fn=torch.nn.functional.cross_entropy
+    )
+    result = compare(
+        workload, ["compile"], device="cpu", memory_limit="64MiB", max_batch_size=8192, explore_seconds=0
+    )
+    baseline, compiled = result.rows
+    assert compiled.applied and compiled.note == "torch.compile", compiled
+    assert compiled.batch_size is not None and baseline.batch_size is not None
+    truth = compiled_truth([compiled.batch_size, compiled.batch_size + 1])
+    assert truth[compiled.batch_size] <= result.budget_bytes < truth[compiled.batch_size + 1]
+    assert compiled.batch_size > 2 * baseline.batch_size  # Inductor keeps a third of eager's activations
+    assert workload.compiled == () and workload.model is model  # the user's model is not compiled

@@ -23,6 +23,7 @@ from batchfit.policy.exploration import Meter
 from batchfit.policy.micro_batch import chosen_micro_batch
 from batchfit.policy.techniques import (
     ACCUMULATION,
+    COMPILE,
     Facts,
     default_settings,
     parse_settings,
@@ -35,7 +36,7 @@ from batchfit.runtime.device import Device
 from batchfit.runtime.lockstep import Lockstep, LockstepMeter
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.steps import StepTimer
-from batchfit.runtime.techniques import applied, module_blocks, runs_bfloat16
+from batchfit.runtime.techniques import applied, compiler_unavailable, module_blocks, runs_bfloat16
 from batchfit.runtime.workload import Workload, needs_closure
 from batchfit.units import format_bytes
 
@@ -154,6 +155,12 @@ def compare(
         global_batch_size=global_batch_size,
         bfloat16=runs_bfloat16(target.torch_device),
         closure_optimizer=_needs_closure(workload),
+        compiled=workload.compiled,
+        compiler=(
+            compiler_unavailable(target.torch_device.type)
+            if any(COMPILE in name.split("+") for name in techniques or ())
+            else None
+        ),
     )
     if techniques is None:
         settings = default_settings(facts, torch.backends.cudnn.benchmark)

@@ -25,7 +25,7 @@ def test_settings_start_with_the_baseline_once_and_drop_repeats() -> None:
         (
             "amp+fp8",
             (
-                "technique 'amp+fp8': 'fp8' is not one of amp, amp-fp16, amp-bf16, checkpointing, "
+                "technique 'amp+fp8': 'fp8' is not one of amp, amp-fp16, amp-bf16, checkpointing, compile, "
                 "cudnn-benchmark-on, cudnn-benchmark-off (combined with '+', e.g. amp+checkpointing), "
                 "baseline or accumulation."
             ),
@@ -112,3 +112,18 @@ def test_the_repeated_block_is_the_most_frequent_block_type() -> None:
     assert repeated_block(blocks) == "Layer"  # Linear is more frequent but not a block
     assert repeated_block([("Stage", True), ("Layer", True), ("Layer", True), ("Stage", True)]) == "Stage"
     assert repeated_block([("Stage", True), ("Linear", False), ("Linear", False)]) is None
+
+
+def test_compile_is_named_not_default_and_says_why_not_where_it_cannot_apply() -> None:
+    assert ("compile",) not in default_settings(CPU, cudnn_benchmark=False)
+    assert parse_settings(["amp+compile"]) == [(), ("amp", "compile")]
+    assert why_not(("compile",), CPU) is None
+    compiled = Facts(
+        cuda=False, custom_train_step=False, repeated_block=None, compiled=("OptimizedModule (the model)",)
+    )
+    assert why_not(("amp", "compile"), compiled) == (
+        "compile: the workload runs compiled code already (OptimizedModule (the model)), so its baseline "
+        "is the compiled one; compare the eager model to see what compile buys"
+    )
+    no_compiler = Facts(cuda=False, custom_train_step=False, repeated_block=None, compiler="no C++ compiler")
+    assert why_not(("compile",), no_compiler) == "compile: no C++ compiler"

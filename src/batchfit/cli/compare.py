@@ -26,7 +26,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help=(
             f"comma-separated settings, each one of {', '.join(TECHNIQUES)} or several joined with '+' "
             f"(amp+checkpointing), or accumulation; amp is bfloat16 where the device runs it, else float16 "
-            f"with a GradScaler, as amp-fp16 always is (default: the usual ones for the device)"
+            f"with a GradScaler, as amp-fp16 always is; compile is torch.compile of the model, not among "
+            f"the defaults (default: the usual ones for the device)"
         ),
     )
     flags.add_bounds(parser, flags.DEFAULT_MAX_HELP)

@@ -13,8 +13,10 @@ ACCUMULATION = "accumulation"
 #: Mixed precision: ``amp`` in the device's usual dtype (bfloat16 where it runs, else float16
 #: with a GradScaler), or one named: ``amp-fp16`` (always with a GradScaler) or ``amp-bf16``.
 MIXED_PRECISION = ("amp", "amp-fp16", "amp-bf16")
+#: ``torch.compile`` of the model (Inductor): not among the defaults, as it compiles at each row.
+COMPILE = "compile"
 #: The techniques a setting combines with "+" (``amp+checkpointing``).
-TECHNIQUES = (*MIXED_PRECISION, "checkpointing", "cudnn-benchmark-on", "cudnn-benchmark-off")
+TECHNIQUES = (*MIXED_PRECISION, "checkpointing", COMPILE, "cudnn-benchmark-on", "cudnn-benchmark-off")
 
 
 def mixed_precision_of(parts: tuple[str, ...]) -> str | None:
@@ -32,6 +34,8 @@ class Facts:
     global_batch_size: int | None = None
     bfloat16: bool = True  # the device runs bfloat16 (the CPU and GPUs from Ampere on)
     closure_optimizer: bool = False  # the optimizer's step needs a closure (L-BFGS)
+    compiled: tuple[str, ...] = ()  # what of the workload runs torch.compile'd code already
+    compiler: str | None = None  # why torch.compile cannot run on this device, None where it can
 
 
 def parse_settings(names: Sequence[str]) -> list[tuple[str, ...]]:
@@ -100,6 +104,13 @@ def why_not(parts: tuple[str, ...], facts: Facts) -> str | None:
             "checkpointing: the model has no repeated block (no module type with parameters and "
             "children occurs twice); name one with checkpoint_module"
         )
+    if COMPILE in parts and facts.compiled:
+        reasons.append(
+            f"compile: the workload runs compiled code already ({', '.join(facts.compiled)}), so its "
+            "baseline is the compiled one; compare the eager model to see what compile buys"
+        )
+    elif COMPILE in parts and facts.compiler is not None:
+        reasons.append(f"compile: {facts.compiler}")
     if any(part.startswith("cudnn-benchmark") for part in parts) and not facts.cuda:
         reasons.append("cuDNN's benchmark needs CUDA")
     if ACCUMULATION in parts and facts.global_batch_size is None:

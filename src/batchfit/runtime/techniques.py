@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.techniques import ACCUMULATION, mixed_precision_of
+from batchfit.policy.techniques import ACCUMULATION, COMPILE, mixed_precision_of
 from batchfit.runtime.workload import Workload, model_loss, needs_closure, optimizer_step
 
 
@@ -71,6 +71,10 @@ def applied(
                 raise ConfigurationError("checkpointing needs the type name of the block to wrap.")
             wrapped = _checkpoint_blocks(workload.model, block, undo)
             notes.append(f"checkpointing {wrapped} {block} block{'s' if wrapped != 1 else ''}")
+        if COMPILE in parts:  # the model as the step calls it: checkpointed blocks are traced through
+            compiled: Any = torch.compile(workload.model)  # an OptimizedModule, which torch types loosely
+            variant.model = compiled
+            notes.append("torch.compile")
         amp = mixed_precision_of(parts)
         if amp is not None:
             dtype, scaled = mixed_precision(device, amp)
@@ -88,6 +92,18 @@ def applied(
             variant.train_step = _accumulated_step(workload, accumulation_steps)
             notes.append(f"{accumulation_steps} accumulation steps per optimizer step")
         yield variant, ", ".join(notes) or "as given"
+
+
+@functools.cache
+def compiler_unavailable(device_type: str) -> str | None:
+    """Why ``torch.compile`` cannot run on ``device_type`` here (Inductor needs a C++ compiler on
+    the CPU, Triton on a GPU), None where it can: a small function compiled and run once."""
+    try:
+        torch.compile(lambda x: torch.sigmoid(x) * 2)(torch.ones(4, device=device_type))
+    except Exception as error:  # BackendCompilerFailed and its kin
+        first = (str(error).strip().splitlines() or [""])[0]
+        return f"torch.compile does not run on {device_type} here ({type(error).__name__}: {first})"
+    return None
 
 
 def _checkpoint_blocks(model: nn.Module, block: str, undo: ExitStack) -> int:
