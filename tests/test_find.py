@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from tiny_workloads import (
+    adversarial,
     build,
     classification_batch,
     float16_scaled,
@@ -784,35 +785,6 @@ def test_a_batch_of_numpy_arrays_is_named() -> None:
         r"torch\.as_tensor\); a batch must hold tensors\.$",
     ):
         find_batch_size(workload, device="cpu", memory_limit="8MiB")
-
-
-def adversarial(seed: int = 0) -> tuple[Workload, dict[str, Any]]:
-    """A generator trained against a discriminator with its own Adam, and an EMA copy of the
-    generator: a step that changes state beside the workload's model and optimizer, and holds
-    memory beside them. Returns the workload and that other state."""
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-    optimizer = torch.optim.Adam(model.parameters())
-    critic = nn.Sequential(nn.Linear(10, 512), nn.ReLU(), nn.Linear(512, 1))
-    critic_optimizer = torch.optim.Adam(critic.parameters())
-    averaged = torch.optim.swa_utils.get_ema_multi_avg_fn(0.999)
-    ema = torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=averaged)
-
-    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
-        inputs, target = batch
-        output = model(inputs)
-        loss = nn.functional.cross_entropy(output, target) + critic(output).mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        critic_optimizer.zero_grad()
-        critic(output.detach()).mean().backward()
-        critic_optimizer.step()
-        critic_optimizer.zero_grad()
-        ema.update_parameters(model)
-
-    workload = Workload(model, optimizer, make_batch=classification_batch((64,)), train_step=train_step)
-    return workload, {"critic": critic, "critic_optimizer": critic_optimizer, "ema": ema}
 
 
 def test_a_discriminator_and_an_ema_the_step_updates_are_put_back_and_counted() -> None:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from compiled_workloads import make_batch as pointwise_batch
 from compiled_workloads import pointwise_model
-from tiny_workloads import skipping_workload
+from tiny_workloads import adversarial, skipping_workload
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -201,6 +201,30 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
     if device == "cpu-caching":  # the opening's requests, replayed, place the answer and the next
         assert [t.batch_size for t in result.trials] == [2, 4, truth, truth + 1]
         assert 0 < result.replays <= 20 and "placed by replaying the allocator's requests" in result.summary()
+
+
+@pytest.mark.parametrize("device", CACHING_DEVICES)
+def test_a_discriminator_and_an_ema_the_step_updates_are_put_back_on_every_device(device: str) -> None:
+    # Their tensors are resident in every trial (the modelled allocator holds them too), and they
+    # come back bit for bit: the state a GAN's or an EMA's training step keeps beside the model.
+    workload, other = adversarial(device="cuda" if device == "cuda" else "cpu")
+    critic, critic_optimizer, ema = other["critic"], other["critic_optimizer"], other["ema"]
+    before = _same_state(critic, ema)
+    result = find(workload, "train", device, 8 * 2**20, max_batch_size=4096)
+    assert result.batch_size > 2 and not result.predicted_trials
+    assert _same_state(critic, ema) == before and len(critic_optimizer.state) == 0
+    weight = critic[0].weight.detach().clone()
+    workload.run_train_step(workload.build_optimizer(), [t.to(weight.device) for t in workload.host_batch(8)])
+    assert not torch.equal(critic[0].weight, weight)  # it trains after the search, as before it
+
+
+def _same_state(*modules: nn.Module) -> list[tuple[str, bytes]]:
+    """Every tensor of ``modules`` as bytes on the host (a fake tensor has none: it would raise)."""
+    return [
+        (name, value.detach().cpu().numpy().tobytes())
+        for module in modules
+        for name, value in module.state_dict().items()
+    ]
 
 
 @pytest.mark.gpu
