@@ -6,9 +6,10 @@ MLP of pointwise blocks, 130 MB where the compiled step's allocations peak at 42
 came out a third of the truth. A compiled step is measured instead from the CPU allocator's own
 events, which torch's profiler takes down (``profile_memory``: each allocation and free, with its
 address and size). The profiler cannot refuse an allocation, so the cap is judged on the events
-after each phase of a step: the first allocation that takes the live bytes past the cap is where
-the step would have failed, and the step's peak is what it held before it, as ``StorageTracker``
-reports a refused allocation. The trial then fails at the next step boundary.
+once the trial's steps have run: the first allocation that takes the live bytes past the cap is
+where the step would have failed, and the step's peak is what it held before it, as
+``StorageTracker`` reports a refused allocation; the trial then fails with that message. (Until the
+steps end, a batch past the budget takes its memory from the host.)
 """
 
 from __future__ import annotations
