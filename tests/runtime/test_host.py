@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import platform
 import resource
+from pathlib import Path
 
+import pytest
+import torch
 from rlimit_child import vm_size_bytes
 
-from batchfit.runtime.host import PINNED_MALLOC, host_available_bytes, malloc_advice, malloc_thresholds_move
+from batchfit import is_out_of_memory
+from batchfit.runtime.host import (
+    PINNED_MALLOC,
+    data_limited,
+    host_available_bytes,
+    malloc_advice,
+    malloc_thresholds_move,
+)
 
 
 def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:
@@ -43,3 +53,18 @@ def test_malloc_advice_names_the_settings_only_when_the_thresholds_move() -> Non
         assert "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296" in advice
     else:
         assert advice is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the data segment from /proc")
+def test_data_limited_turns_a_runaway_allocation_into_the_allocator_s_out_of_memory() -> None:
+    # What a profiled (compiled) trial runs under: the cap is judged after its steps, so a batch
+    # far past it must fail as an allocation, not take more memory than the host has free.
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    with data_limited(256 * 2**20):
+        small = torch.ones(16 * 2**20 // 4)  # 16 MiB: well within the room
+        with pytest.raises(RuntimeError) as raised:
+            torch.ones(1024 * 2**20 // 4)  # 1 GiB: past it
+        assert is_out_of_memory(raised.value), raised.value
+        assert resource.getrlimit(resource.RLIMIT_DATA)[0] != before[0]
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    assert float(small.sum()) == 16 * 2**20 // 4 and torch.ones(1024 * 2**20 // 4).numel() > 0

@@ -18,7 +18,7 @@ import torch
 
 from batchfit.policy.allocation_replay import Recording
 from batchfit.runtime.compiled import ProfiledAllocations, ProfiledSteps
-from batchfit.runtime.host import host_available_bytes, malloc_trim
+from batchfit.runtime.host import data_limited, host_available_bytes, malloc_trim
 from batchfit.runtime.tracker import StorageTracker, resident_oom_message
 from batchfit.units import format_bytes
 
@@ -251,7 +251,10 @@ def _profiled(resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterat
     measurement = _ProfiledMeasurement(_allocations=allocations)
     failed = False
     try:
-        with allocations:
+        # The cap is judged after the steps, so a batch far past it would take the host's memory
+        # meanwhile: past what the host has free, the allocator fails instead of the kernel
+        # killing the process (a false failure below the cap would need that much more for glibc).
+        with data_limited(host_available_bytes()), allocations:
             yield measurement
     except BaseException:
         failed = True

@@ -9,6 +9,8 @@ import functools
 import os
 import platform
 import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -113,8 +115,37 @@ def _rlimit_as_headroom() -> int | None:
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:
         return None
-    status = _read("/proc/self/status") or ""
-    for line in status.splitlines():
-        if line.startswith("VmSize:"):
-            return soft - int(line.split()[1]) * 1024
-    return soft
+    size = _status_bytes("VmSize:")
+    return soft if size is None else soft - size
+
+
+@contextmanager
+def data_limited(room_bytes: int) -> Iterator[None]:
+    """A block in which the process's data segment (``RLIMIT_DATA``: its heap and private
+    mappings, where the CPU allocator's blocks live) may grow by ``room_bytes`` at most, so that
+    an allocation past it fails as the CPU allocator's out-of-memory instead of the kernel killing
+    the process; a lower limit of the user's own is kept, and the one in force put back after.
+    Where the data segment cannot be read (not Linux), the block runs without."""
+    data = _status_bytes("VmData:")
+    if data is None or room_bytes <= 0:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    wanted = data + room_bytes
+    if soft != resource.RLIM_INFINITY and soft <= wanted:
+        yield  # the user's own limit is lower already
+        return
+    limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def _status_bytes(field: str) -> int | None:
+    """A ``/proc/self/status`` field in bytes (``VmData:``, ``VmSize:``), None where there is none."""
+    for line in (_read("/proc/self/status") or "").splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    return None
