@@ -24,6 +24,7 @@ import batchfit
 from batchfit import find_batch_size
 from batchfit.cli import main
 from batchfit.runtime.examples import build_example
+from batchfit.runtime.techniques import compiler_unavailable
 from batchfit.units import format_bytes
 
 TESTS = Path(__file__).resolve().parent
@@ -111,6 +112,13 @@ RUNS: dict[str, Run] = {
             "train",
             "--format",
             "json",
+        ),
+        in_tests=True,
+    ),
+    "workload-compiled": Run(
+        (
+            *("find", "--workload", "workloads_for_cli:compiled_tiny", "--device", "cpu"),
+            *("--memory-limit", "256KiB", "--modes", "train", "--format", "json"),
         ),
         in_tests=True,
     ),
@@ -447,6 +455,21 @@ def test_find_passes_the_device_to_a_workload_function_that_takes_one(cli: dict[
     document = json.loads(done.stdout)
     assert document["workload"] == "tiny-on-cpu"
     check_result(document["results"][0])
+
+
+def test_find_measures_a_compiled_workload_and_the_profiler_is_quiet(
+    cli: dict[str, Done | None],
+) -> None:
+    if reason := compiler_unavailable("cpu"):
+        pytest.skip(reason)
+    done = finished(cli, "workload-compiled")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)["results"][0]
+    check_result(result)
+    assert result["compiled"] == ["OptimizedModule (the model)"] and result["predicted_trials"] == []
+    # libkineto writes a line at each profiler start and stop ("USDT: ... profiler_start"): not here.
+    assert "profiler_start" not in done.stderr and "profiler_stop" not in done.stderr
+    assert "measured as it runs, from the CPU allocator's events." in done.stderr
 
 
 # -- errors: exit code 1, one clean line on stderr -------------------------------------------------

@@ -33,6 +33,14 @@ def tiny() -> batchfit.Workload:
     )
 
 
+def compiled_tiny() -> batchfit.Workload:
+    """``tiny`` with its model compiled (``torch.compile``): measured from the allocator's events."""
+    workload = tiny()
+    workload.model = torch.compile(workload.model)  # type: ignore[assignment]
+    workload.name = "compiled-tiny"
+    return workload
+
+
 def not_a_workload() -> dict[str, int]:
     """Returns something else than a Workload."""
     return {"batch_size": 8}

@@ -14,6 +14,7 @@ steps end, a batch past the budget takes its memory from the host.)
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -127,12 +128,14 @@ class ProfiledAllocations:
         self._profiler = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
         )
-        self._profiler.start()
+        with _kineto_quiet():
+            self._profiler.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         profiler, self._profiler = self._profiler, None
-        profiler.stop()
+        with _kineto_quiet():
+            profiler.stop()
         self._events = _allocations(profiler)
 
     def mark(self, kind: str) -> None:
@@ -214,6 +217,26 @@ class ProfiledSteps:
 
     def free(self, nbytes: int) -> None:
         self.live_bytes -= nbytes
+
+
+@contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """The profiler's start or stop with the process's stderr closed: libkineto writes a line to it at
+    each ("USDT: ... profiler_start"), two per trial, whatever its log level. Nothing else runs then."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to quiet
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _storages(tensors: Iterable[torch.Tensor]) -> Iterator[torch.UntypedStorage]:
