@@ -195,7 +195,7 @@ def find_on(
     snapshot = TrainingSnapshot.capture(
         workload.model,
         workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None,
-        (workload.train_step, workload.eval_step, workload.loss_fn),
+        workload.functions,
     )
     try:
         snapshot.set_gradients_aside()

@@ -109,14 +109,13 @@ class DataLoop:
         self.workload, self.device, self.source = workload, device, source
         self.window_seconds = window_seconds
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-        self.snapshot = TrainingSnapshot.capture(
-            workload.model, optimizer, (workload.train_step, workload.eval_step, workload.loss_fn)
-        )
+        self.snapshot = TrainingSnapshot.capture(workload.model, optimizer, workload.functions)
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()
         self.host_batch: Any = None  # the first batch the loader gave, for the step alone
         self.batches_per_epoch: int | None = None
         self.torch_device = device.torch_device
+        self.compiled = bool(workload.compiled)  # read once: it walks the model
 
     def loader_alone(self, setting: LoaderSetting) -> float:
         """Samples/s of the loader iterated with nothing else running."""
@@ -214,7 +213,15 @@ class DataLoop:
 
     def _steps(self, count: int) -> float:
         try:
-            return timed_steps(self.workload, self.optimizer, self.device, "train", self.host_batch, count)
+            return timed_steps(
+                self.workload,
+                self.optimizer,
+                self.device,
+                "train",
+                self.host_batch,
+                count,
+                compiled=self.compiled,
+            )
         except BaseException as error:
             self._note(error)
             raise

@@ -38,10 +38,13 @@ def timed_steps(
     mode: Mode,
     host_batch: Any,
     count: int,
+    *,
+    compiled: bool,
 ) -> float:
     """Run ``count`` steps of ``mode``, each on a fresh device copy of ``host_batch`` (as a data
-    loader hands training a new batch), and return their seconds, the device synchronised."""
-    compiled = bool(workload.compiled)  # read before the clock starts: it walks the model
+    loader hands training a new batch), and return their seconds, the device synchronised;
+    ``compiled``: the steps run ``torch.compile``'d code (``Workload.compiled``, read once by the
+    caller: it walks the model)."""
     device.synchronize()
     begin = time.perf_counter()
     with recompiles_allowed(compiled):  # each batch size may compile its own graph
@@ -82,11 +85,12 @@ def run_steps(
     # What the steps start with, counted as the block opens and not kept: a tensor they replace
     # (L-BFGS's history, a buffer assigned anew) is freed, as in training.
     resident = resident_tensors(workload.model, optimizer, *workload.reached)
+    compiled = bool(workload.compiled)
     step_seconds: float | None = None
     # A 2-step trial cannot end before its second step, where a recurrence is first seen.
     watch = RecurrenceWatch(needs_optimizer_step=mode == "train") if until_steady and steps > 2 else None
     with (
-        device.measure(resident, cap_bytes, compiled=bool(workload.compiled)) as measurement,
+        device.measure(resident, cap_bytes, compiled=compiled) as measurement,
         _optimizer_phases(measurement),
         device.recording() if record else nullcontext(None) as recording,
     ):
@@ -113,7 +117,7 @@ def run_steps(
                 recording.mark_step()
             measurement.steps = step
             optimizer_steps = measurement.optimizer_steps
-            step_seconds = timed_steps(workload, optimizer, device, mode, host_batch, 1)
+            step_seconds = timed_steps(workload, optimizer, device, mode, host_batch, 1, compiled=compiled)
             if watch is not None and step < steps:
                 stepped = measurement.optimizer_steps > optimizer_steps
                 measurement.steady_from = watch.after_step(device.allocator_state(), stepped)
@@ -268,9 +272,8 @@ class StepTimer:
         self.tokens = tokens_per_sample or 1
         self.min_window_seconds, self.restore_every = min_window_seconds, restore_every
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-        self.snapshot = TrainingSnapshot.capture(
-            workload.model, optimizer, (workload.train_step, workload.eval_step, workload.loss_fn)
-        )
+        self.snapshot = TrainingSnapshot.capture(workload.model, optimizer, workload.functions)
+        self.compiled = bool(workload.compiled)  # read once: it walks the model
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()
         self.batches: dict[int, Any] = {}
@@ -326,5 +329,11 @@ class StepTimer:
     def _run(self, batch_size: int, count: int) -> float:
         self.unrestored_steps += count
         return timed_steps(
-            self.workload, self.optimizer, self.device, "train", self.batches[batch_size], count
+            self.workload,
+            self.optimizer,
+            self.device,
+            "train",
+            self.batches[batch_size],
+            count,
+            compiled=self.compiled,
         )

@@ -135,12 +135,18 @@ class Workload:
     # -- steps ---------------------------------------------------------------------------
 
     @property
+    def functions(self) -> tuple[Callable[..., Any] | None, ...]:
+        """The user's callables a step runs besides the model: ``train_step``, ``eval_step`` and
+        ``loss_fn``, where the state they reach (GradScalers, other modules) is looked for."""
+        return (self.train_step, self.eval_step, self.loss_fn)
+
+    @property
     def compiled(self) -> tuple[str, ...]:
         """What of the model, the steps and the loss runs ``torch.compile``'d code (empty: none),
         which a CPU device measures from the allocator's events (``runtime.compiled``)."""
         from batchfit.runtime.compiled import compiled_parts  # it reads steps as runtime.state does
 
-        return tuple(compiled_parts(self.model, self.train_step, self.eval_step, self.loss_fn))
+        return tuple(compiled_parts(self.model, *self.functions))
 
     @property
     def reached(self) -> tuple[torch.nn.Module | torch.optim.Optimizer, ...]:
@@ -150,7 +156,7 @@ class Workload:
         from batchfit.runtime.state import step_state
 
         optimizer = self.optimizer if isinstance(self.optimizer, torch.optim.Optimizer) else None
-        return tuple(step_state(self.model, optimizer, (self.train_step, self.eval_step, self.loss_fn)))
+        return tuple(step_state(self.model, optimizer, self.functions))
 
     def build_optimizer(self) -> torch.optim.Optimizer | None:
         if self.optimizer is None or isinstance(self.optimizer, torch.optim.Optimizer):
