@@ -161,7 +161,7 @@ def check_data(
     source = LoaderSource(workload, batch_size, loader)
     source.check(current)
     target = resolve_device(device, None)
-    check_model_on(workload.model, target.torch_device)
+    check_model_on(workload.module, target.torch_device)
 
     def out_of_time() -> bool:
         return time_budget_seconds is not None and time.perf_counter() - started > time_budget_seconds

@@ -151,7 +151,7 @@ def compare(
     facts = Facts(
         cuda=target.torch_device.type == "cuda",
         custom_train_step=workload.train_step is not None,
-        repeated_block=checkpoint_module or repeated_block(module_blocks(workload.model)),
+        repeated_block=checkpoint_module or repeated_block(module_blocks(workload.module)),
         global_batch_size=global_batch_size,
         bfloat16=runs_bfloat16(target.torch_device),
         closure_optimizer=_needs_closure(workload),

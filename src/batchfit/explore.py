@@ -149,9 +149,9 @@ def explore(
     check_divisible(global_batch_size, world_size)  # before any work is done
     target = resolve_device(device, memory_limit)
     if lockstep is None:
-        check_model_on(workload.model, target.torch_device)
+        check_model_on(workload.module, target.torch_device)
     else:  # a rank whose model is elsewhere stops every rank, not only itself
-        lockstep.run(lambda: check_model_on(workload.model, target.torch_device))
+        lockstep.run(lambda: check_model_on(workload.module, target.torch_device))
     if max_batch_size is None:
         max_batch_size = find_on(
             target,

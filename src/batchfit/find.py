@@ -17,6 +17,7 @@ from batchfit.policy.allocation_replay import ReplayForecast
 from batchfit.policy.cache import TrialCache
 from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
+from batchfit.runtime.data_parallel import note_unwrapped
 from batchfit.runtime.device import Device
 from batchfit.runtime.lockstep import Lockstep, LockstepForecast
 from batchfit.runtime.resolve import resolve_device
@@ -54,6 +55,7 @@ class SearchResult:
     world_size: int = 1  # ranks that searched in lockstep; the capacity is the smallest one's
     replays: int = 0  # sizes the opening's allocator requests were replayed at, to place the trials
     compiled: tuple[str, ...] = ()  # what of the workload runs torch.compile'd code, measured as it runs
+    wrapper_bytes: int = 0  # held beside the model in every trial: a DistributedDataParallel's buckets
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,6 +76,8 @@ class SearchResult:
             else ""
         )
         ranks = f", the smallest of {self.world_size} ranks" if self.world_size > 1 else ""
+        if self.wrapper_bytes:
+            ranks += f", DDP's gradient buckets of {format_bytes(self.wrapper_bytes)} held"
         answer = self.answer
         confirmed = f", the answer confirmed over {self.confirm_steps} steps" if self.confirm_steps else ""
         if confirmed and answer.steady_from is not None:
@@ -190,10 +194,11 @@ def find_on(
         _check_workload(workload, mode, target)
     else:  # a rank whose workload is wrong stops every rank, not only itself
         lockstep.run(lambda: _check_workload(workload, mode, target))
+        note_unwrapped(workload.model, lockstep.world_size)
 
     started = time.perf_counter()
     snapshot = TrainingSnapshot.capture(
-        workload.model,
+        workload.module,
         workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None,
         workload.functions,
     )
@@ -201,8 +206,8 @@ def find_on(
         snapshot.set_gradients_aside()
 
         def prepare() -> int:
-            held = resident_tensors(workload.model, workload.optimizer, *workload.reached)
-            return target.capacity_bytes(held)
+            held = resident_tensors(workload.module, workload.optimizer, *workload.reached)
+            return target.capacity_bytes(held, workload.wrapper_bytes)
 
         # With several ranks the answer must fit the smallest device: one budget for all.
         capacity = prepare() if lockstep is None else min(lockstep.run(prepare))
@@ -271,6 +276,7 @@ def find_on(
         world_size=1 if lockstep is None else lockstep.world_size,
         replays=replay.replays_run if replay is not None else 0,
         compiled=workload.compiled,
+        wrapper_bytes=workload.wrapper_bytes,
     )
 
 
@@ -325,7 +331,7 @@ def _check_workload(workload: Workload, mode: Mode, device: Device) -> None:
             "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
             "or a train_step(model, optimizer, batch) function."
         )
-    check_model_on(workload.model, device.torch_device)
+    check_model_on(workload.module, device.torch_device)
     if workload.compiled and not device.measures_compiled:
         raise ConfigurationError(
             f"{device.name} cannot measure a torch.compile'd step ({', '.join(workload.compiled)}): "
@@ -343,7 +349,12 @@ def _does_not_fit(
     capacity: int,
     memory_fraction: float,
 ) -> DoesNotFitError:
-    weights = sum(t.untyped_storage().nbytes() for t in resident_tensors(workload.model))
+    weights = sum(t.untyped_storage().nbytes() for t in resident_tensors(workload.module))
+    buckets = (
+        f" (and DDP's gradient buckets {format_bytes(workload.wrapper_bytes)} beside them)"
+        if workload.wrapper_bytes
+        else ""
+    )
     measured = (
         f"it ran out of memory ({trial.detail})"
         if trial.outcome == "oom"
@@ -353,7 +364,7 @@ def _does_not_fit(
         f"the {mode} step does not fit even at batch_size={trial.batch_size} on {device.name}: "
         f"{measured}, against a budget of {format_bytes(budget)} ({memory_fraction:g} x "
         f"{format_bytes(capacity)}). The fixed part alone, parameters and buffers, takes "
-        f"{format_bytes(weights)} before gradients, optimizer state and activations. Raise "
+        f"{format_bytes(weights)}{buckets} before gradients, optimizer state and activations. Raise "
         f"memory_limit, or memory_fraction={memory_fraction:g} toward 1, or shrink the fixed part "
         f"(mixed precision, a lighter optimizer, activation checkpointing)."
     )

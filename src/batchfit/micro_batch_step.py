@@ -7,7 +7,6 @@ import contextlib
 import functools
 import gc
 import logging
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import ConfigurationError, OptimizerStepOutOfMemoryError
 from batchfit.policy.shrink import MicroBatchChange, MicroBatchShrink, merge_outcomes
+from batchfit.runtime.data_parallel import is_fully_sharded
 from batchfit.runtime.gradients import GradientAverage, gradient_mask, prepare_average
 from batchfit.runtime.lockstep import Lockstep
 from batchfit.runtime.micro_batches import count_samples, micro_batch
@@ -283,15 +283,8 @@ def _check(
             f"batch_dim ({batch_dim!r}) must be 0 or more: the dimension of the batch's tensors that "
             f"holds the samples."
         )
-    if _is_fully_sharded(model):
+    if is_fully_sharded(model):
         raise ConfigurationError(
             "MicroBatchStep does not run FSDP models: their backward runs collectives, so a rank that ran "
             "out of memory there would leave the others waiting. Use DistributedDataParallel."
         )
-
-
-def _is_fully_sharded(model: nn.Module) -> bool:
-    fsdp = sys.modules.get("torch.distributed.fsdp")  # no model is sharded before FSDP is imported
-    names = ("FullyShardedDataParallel", "FSDPModule")  # FSDP1, and FSDP2's fully_shard
-    kinds = tuple(kind for kind in (getattr(fsdp, name, None) for name in names) if isinstance(kind, type))
-    return any(isinstance(module, kinds) for module in model.modules())

@@ -4,8 +4,11 @@ test_lockstep.py), searching a tiny MLP on a capped CPU that plays its own devic
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,11 +17,23 @@ import torch
 import torch.distributed as dist
 from tiny_workloads import build, classification_batch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from two_ranks import leave_group
 
-from batchfit import Workload, analyze, compare, explore, find_batch_size
+from batchfit import (
+    ConfigurationError,
+    DoesNotFitError,
+    Workload,
+    analyze,
+    compare,
+    explore,
+    find_batch_size,
+    memory_limit,
+)
 from batchfit.find import find_on
 from batchfit.runtime.caching import CachingCpuDevice
+from batchfit.runtime.data_parallel import bucket_bytes
+from batchfit.runtime.tracker import StorageTracker
 from batchfit.units import parse_bytes
 
 
@@ -56,6 +71,10 @@ def run(rank: int, scenario: str, limits: list[str]) -> dict[str, Any]:
         return compare_report(build("mlp", "sgd"), limits[rank])
     elif scenario == "caching":
         return caching_report(limits[rank], (3, 24, 24) if rank == 1 else (3, 16, 16))
+    elif scenario == "ddp":
+        return ddp_report(limits[rank])
+    elif scenario == "ddp-cuda":
+        return ddp_cuda_report(limits[rank])
     else:
         raise ValueError(scenario)
     result = find_batch_size(workload, device="cpu", memory_limit=limits[rank], max_batch_size=4096)
@@ -80,6 +99,186 @@ def caching_report(limit: str, image: tuple[int, ...]) -> dict[str, Any]:
         "outcomes": [trial.outcome for trial in result.trials],
         "replays": result.replays,
     }
+
+
+def ddp_report(limit: str) -> dict[str, Any]:
+    """find on the MLP wrapped in DistributedDataParallel and unwrapped, on the capped CPU (the DDP
+    answer trained by force in DDP with its all-reduces, on every rank) and with CUDA's allocator
+    modelled (beside the MLP holding a tensor of the buckets' bytes). Also the peak of DDP training
+    under ``memory_limit``, the DDP built inside and named among the resident; batchfit's count of
+    DDP's buckets beside what DDP allocates, on modules that test its rules; and what a compiled
+    DDP is told."""
+    plain = build("mlp", "adam")
+    wrapped = dataclasses.replace(plain, model=DistributedDataParallel(plain.model))
+    told: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: told.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("batchfit.runtime.data_parallel").addHandler(handler)
+    found = find_batch_size(wrapped, device="cpu", memory_limit=limit, max_batch_size=4096)
+    unwrapped = find_batch_size(plain, device="cpu", memory_limit=limit, max_batch_size=4096)
+    # Behind the modelled caching allocator (2 MiB segments: a 4 MiB device holds one of them),
+    # DDP's buckets are a block held from trial to trial, as a tensor of their bytes allocated
+    # before the search would be (here a buffer the loss reaches, resident in every trial).
+    caching = parse_bytes("6MiB")
+    behind = find_on(CachingCpuDevice(caching), wrapped, "train", max_batch_size=4096)
+    holder = nn.Module()
+    holder.register_buffer("buckets", torch.empty(wrapped.wrapper_bytes, dtype=torch.uint8))
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor, holder: nn.Module = holder) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, target)
+
+    held = dataclasses.replace(plain, loss_fn=loss_fn)
+    behind_held = find_on(CachingCpuDevice(caching), held, "train", max_batch_size=4096)
+    behind_plain = find_on(CachingCpuDevice(caching), plain, "train", max_batch_size=4096)
+    try:
+        Workload(torch.compile(wrapped.model), make_batch=plain.make_batch)
+        refused = ""
+    except ConfigurationError as error:
+        refused = str(error)
+    try:
+        find_batch_size(wrapped, device="cpu", memory_limit="1MiB")
+        too_small = ""
+    except DoesNotFitError as error:
+        too_small = str(error)
+    return {
+        "batch_size": found.batch_size,
+        "unwrapped_batch_size": unwrapped.batch_size,
+        "trials": [trial.batch_size for trial in found.trials],
+        "by_force": [
+            _ddp_trains_capped(size, found.budget_bytes) for size in (found.batch_size, found.batch_size + 1)
+        ],
+        "caching": [
+            [trial.batch_size for trial in result.trials] for result in (behind, behind_held, behind_plain)
+        ],
+        "peaks": [_ddp_peak(found.batch_size, built_inside) for built_inside in (True, False)],
+        "buckets": [
+            [bucket_bytes(DistributedDataParallel(module)), _ddp_allocates(module)]
+            for module in _bucket_cases()
+        ],
+        "refused": refused,
+        "told": told,
+        "summary": found.summary(),
+        "wrapper_bytes": found.to_dict()["wrapper_bytes"],
+        "too_small": too_small,
+    }
+
+
+def _ddp_trains_capped(size: int, budget_bytes: int) -> bool:
+    """Whether every rank trains 2 steps of a fresh MLP in DDP at ``size`` under a cap at
+    ``budget_bytes`` on the CPU, the DDP built inside the cap: its buckets are among the block's
+    own allocations."""
+    model, optimizer, make_batch = _fresh()
+    batch = make_batch(size)
+    try:
+        with memory_limit(budget_bytes, resident=[model, optimizer]):
+            _train(DistributedDataParallel(model), optimizer, batch, 2)
+        fits = True
+    except torch.OutOfMemoryError:
+        fits = False
+    return _everyone(fits)
+
+
+def _ddp_peak(size: int, built_inside: bool) -> int:
+    """The peak of 2 DDP training steps at ``size`` inside ``memory_limit`` (no cap reached): the DDP
+    built inside the block, or built before it (and named among its ``resident``)."""
+    model, optimizer, make_batch = _fresh()
+    batch = make_batch(size)
+    network = None if built_inside else DistributedDataParallel(model)
+    with memory_limit("1GiB", resident=[network or model, optimizer]) as measurement:
+        _train(network or DistributedDataParallel(model), optimizer, batch, 2)
+    return measurement.peak_bytes
+
+
+def ddp_cuda_report(limit: str) -> dict[str, Any]:
+    """On CUDA (both ranks on cuda:0, gloo between them): find on an MLP of wide layers wrapped in
+    DDP and unwrapped, and the DDP answer trained 10 steps by force in DDP under the search's
+    budget (CUDA's allocator holds DDP's buckets: nothing is added for them there)."""
+    torch.manual_seed(0)
+    device = torch.device("cuda", 0)
+    model = nn.Sequential(*(nn.Linear(2048, 2048) for _ in range(4)), nn.Linear(2048, 10)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(size)
+        return torch.randn(size, 2048, generator=generator), torch.randint(
+            0, 10, (size,), generator=generator
+        )
+
+    plain = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+    wrapped = dataclasses.replace(plain, model=DistributedDataParallel(model, device_ids=[0]))
+    found = find_batch_size(wrapped, device="cuda:0", memory_limit=limit, max_batch_size=65536)
+    unwrapped = find_batch_size(plain, device="cuda:0", memory_limit=limit, max_batch_size=65536)
+    inputs, target = make_batch(found.batch_size)
+    fits = True
+    try:
+        with memory_limit(found.budget_bytes, resident=[model, optimizer], device=device):
+            network = DistributedDataParallel(model, device_ids=[0])
+            _train(network, optimizer, (inputs.to(device), target.to(device)), 10)
+    except torch.OutOfMemoryError:
+        fits = False
+    return {
+        "batch_size": found.batch_size,
+        "unwrapped_batch_size": unwrapped.batch_size,
+        "wrapper_bytes": wrapped.wrapper_bytes,
+        "by_force": _everyone(fits),
+    }
+
+
+def _fresh() -> tuple[nn.Module, torch.optim.Optimizer, Callable[[int], Any]]:
+    """A fresh copy of the MLP, its Adam and its batches (the search's own were put back as they were)."""
+    fresh = build("mlp", "adam")
+    assert isinstance(fresh.optimizer, torch.optim.Optimizer) and fresh.make_batch is not None
+    return fresh.model, fresh.optimizer, fresh.make_batch
+
+
+def _train(network: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, steps: int) -> None:
+    """``steps`` training steps, each on a device copy of ``batch`` held to the step's end, as a
+    training loop holds the batch it copied (``batch`` is made outside any cap, as a data loader
+    makes it; the search's trials do the same)."""
+    for _ in range(steps):
+        inputs, target = (tensor.clone() for tensor in batch)
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(network(inputs), target).backward()
+        optimizer.step()
+        del inputs, target
+
+
+def _everyone(fits: bool) -> bool:
+    """Whether it fitted on every rank (so all return the same)."""
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, fits)
+    return all(outcomes)
+
+
+def _bucket_cases() -> list[nn.Module]:
+    """Modules whose DDP buckets test DDP's rules: a frozen layer, a tied weight, a sparse
+    embedding, a half-precision layer; and the same with two parameters DDP is told to ignore."""
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+            self.sparse = nn.Embedding(40, 8, sparse=True)
+            self.frozen = nn.Linear(16, 16).requires_grad_(False)
+            self.half = nn.Linear(16, 4).half()
+            self.head = nn.Linear(16, 50, bias=False)
+            self.head.weight = self.embed.weight
+            self.scale = nn.Parameter(torch.ones(3))
+
+    ignored = Tied()
+    ignored._ddp_params_and_buffers_to_ignore = [".scale", "half.bias"]  # DDP's names for them
+    return [Tied(), ignored]
+
+
+def _ddp_allocates(module: nn.Module) -> int:
+    """The bytes a DDP of ``module`` holds for its life: counted while it is built, and freed with it."""
+    tracker = StorageTracker()
+    with tracker:
+        wrapped = DistributedDataParallel(module)
+        held = tracker.live_bytes
+        del wrapped
+        gc.collect()
+    return held - tracker.live_bytes
 
 
 def explore_report(workload: Workload, limit: str) -> dict[str, Any]:

@@ -113,3 +113,85 @@ def test_compare_on_ranks_with_different_capacities_gives_every_rank_the_same_ro
     alone = find_batch_size(build("mlp", "sgd"), device="cpu", memory_limit="3MiB")
     assert mine[0][:2] == ("baseline", alone.batch_size)
     assert [technique for technique, _, _ in mine] == ["baseline", "amp", "accumulation"]
+
+
+@pytest.fixture(scope="module")
+def ddp_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return spawn("ddp", ["4MiB", "4MiB"], tmp_path_factory.mktemp("ddp"))
+
+
+def test_a_model_in_ddp_is_searched_with_its_gradient_buckets_and_its_answer_trains_in_ddp(
+    ddp_reports: list[dict[str, Any]],
+) -> None:
+    # Each rank passes its MLP wrapped in DistributedDataParallel. The trials run the module (no
+    # all-reduce to wait in) with DDP's buckets resident; the answer is the truth of DDP training
+    # by force, its buckets allocated inside the cap: it trains with its all-reduces, the next
+    # size does not. Unwrapped, the same search says more, which DDP training cannot hold.
+    assert all("error" not in report for report in ddp_reports), ddp_reports
+    first, second = ddp_reports
+    assert first["batch_size"] == second["batch_size"] and first["trials"] == second["trials"]
+    assert first["by_force"] == [True, False]
+    assert first["unwrapped_batch_size"] > first["batch_size"]
+    # With CUDA's allocator modelled, the buckets are a block held from trial to trial: the search
+    # runs the trials it runs with a tensor of their bytes allocated before it, not those without.
+    behind, held, plain = first["caching"]
+    assert behind == held and behind[-2] < plain[-2]
+
+
+def test_ranks_that_search_a_plain_model_are_told_once_to_pass_the_wrapped_one(
+    ddp_reports: list[dict[str, Any]],
+) -> None:
+    # The plain MLP was searched twice (the capped CPU, the modelled allocator); the DDP not warned.
+    told = (
+        "2 ranks search a model that is not wrapped in DistributedDataParallel; if training wraps it, "
+        "pass the wrapped model (Workload(model=DistributedDataParallel(model), ...)): DDP holds "
+        "gradient buckets of 332.04 KiB beside it, which this search does not count."
+    )
+    assert ddp_reports[0]["told"] == [told]
+
+
+def test_memory_limit_counts_the_buckets_of_a_ddp_built_before_it(ddp_reports: list[dict[str, Any]]) -> None:
+    # DDP training under batchfit.memory_limit: built inside the block, its buckets are the block's
+    # allocations; built before it, they count from the first backward, which writes into them
+    # (counted as held as well, they counted twice). The same peak either way.
+    built_inside, named = ddp_reports[0]["peaks"]
+    assert built_inside == named
+
+
+def test_the_result_says_what_ddp_holds_beside_the_model(ddp_reports: list[dict[str, Any]]) -> None:
+    report = ddp_reports[0]
+    assert report["wrapper_bytes"] == 340_008  # the MLP's 85,002 float32 parameters
+    assert ", the smallest of 2 ranks, DDP's gradient buckets of 332.04 KiB held);" in report["summary"]
+    assert (
+        "The fixed part alone, parameters and buffers, takes 332.04 KiB (and DDP's gradient buckets "
+        "332.04 KiB beside them) before gradients, optimizer state and activations."
+    ) in report["too_small"]
+
+
+def test_ddp_s_buckets_are_counted_as_ddp_allocates_them(ddp_reports: list[dict[str, Any]]) -> None:
+    # A frozen layer, a tied weight, a sparse embedding, a half-precision layer; and the same with
+    # two parameters DDP is told to ignore: batchfit's count equals DDP's own account.
+    for counted, ddp_own in ddp_reports[0]["buckets"]:
+        assert counted == ddp_own
+    assert ddp_reports[0]["buckets"][0][0] > ddp_reports[0]["buckets"][1][0]
+
+
+def test_a_compiled_ddp_is_refused_with_what_to_pass(ddp_reports: list[dict[str, Any]]) -> None:
+    assert ddp_reports[0]["refused"] == (
+        "Workload.model is a torch.compile'd DistributedDataParallel, whose every step all-reduces "
+        "across the ranks: a rank that ran out of memory inside a trial would leave the others "
+        "waiting. Pass the DistributedDataParallel of the compiled module "
+        "(DistributedDataParallel(torch.compile(model))): batchfit runs that module, compiled, and "
+        "counts DDP's gradient buckets."
+    )
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_model_in_ddp_is_searched_with_the_buckets_its_allocator_holds(tmp_path: Path) -> None:
+    # Both ranks on one GPU, gloo between them. The caching allocator holds DDP's buckets: the
+    # answer is below the unwrapped one, and it trains 10 steps in DDP under the search's budget.
+    reports = spawn("ddp-cuda", ["512MiB", "512MiB"], tmp_path)
+    assert all("error" not in report for report in reports), reports
+    first = reports[0]
+    assert first["by_force"] is True
+    assert first["batch_size"] < first["unwrapped_batch_size"]

@@ -34,9 +34,12 @@ CONFIRM_STEPS = 10
 class Allocator(Protocol):
     """What a caching device needs of its allocator; also the measurement's ``Probe``."""
 
-    def capped(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> AbstractContextManager[None]:
+    def capped(
+        self, resident: Iterable[torch.Tensor], cap_bytes: int | None, wrapper_bytes: int
+    ) -> AbstractContextManager[None]:
         """A block in which what the allocator reserves is capped at ``cap_bytes`` (None: no cap),
-        the limit in force before put back however the block ends."""
+        the limit in force before put back however the block ends; ``resident`` tensors and
+        ``wrapper_bytes`` (``Workload.wrapper_bytes``) are held in it."""
         ...
 
     def peaks(self) -> tuple[int, int | None]: ...
@@ -84,7 +87,12 @@ class CachingDevice:
 
     @contextmanager
     def measure(
-        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None, *, compiled: bool = False
+        self,
+        resident: Iterable[torch.Tensor],
+        cap_bytes: int | None = None,
+        *,
+        compiled: bool = False,
+        wrapper_bytes: int = 0,
     ) -> Iterator[Measurement]:
         del compiled  # the allocator sees compiled code's requests (CUDA), or cannot (measures_compiled)
         self.synchronize()
@@ -93,7 +101,7 @@ class CachingDevice:
             # caches would let the block use more than the cap (on the H100 a batch that needs more
             # than the cap ran under it on segments an uncapped step before had left cached).
             self.allocator.empty_cache()
-        with self.allocator.capped(resident, cap_bytes):
+        with self.allocator.capped(resident, cap_bytes, wrapper_bytes):
             del resident  # held by the allocator; a tensor the steps replace must be free to go
             retries_before = self.allocator.retries()
             measurement = Measurement(_probe=self.allocator)
@@ -134,10 +142,15 @@ class ModelledAllocator:
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._recording: Recording | None = None
         self._refused = ""
+        self._wrapper: Block | None = None  # what the model's wrapper holds (DDP's buckets)
+        self._wrapper_bytes = 0
 
     @contextmanager
-    def capped(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[None]:
+    def capped(
+        self, resident: Iterable[torch.Tensor], cap_bytes: int | None, wrapper_bytes: int
+    ) -> Iterator[None]:
         self._hold_all(resident)  # allocated before the trial, outside its cap
+        self._hold_wrapper(wrapper_bytes)
         # Held, not kept: a tensor the steps replace (L-BFGS's history) must be free to go, as on a GPU.
         del resident
         previous, self.model.limit_bytes = self.model.limit_bytes, cap_bytes
@@ -198,6 +211,16 @@ class ModelledAllocator:
     def _hold_all(self, tensors: Iterable[torch.Tensor]) -> None:
         for tensor in unique_storages(tensors):
             self._hold(tensor.untyped_storage())
+
+    def _hold_wrapper(self, nbytes: int) -> None:
+        """One block for what the model's wrapper holds, kept from trial to trial as the
+        parameters' are (on a GPU DDP allocates its buckets once, before any trial)."""
+        if nbytes == self._wrapper_bytes:
+            return
+        if self._wrapper is not None:
+            self.model.free(self._wrapper)
+        self._wrapper = self.model.malloc(nbytes) if nbytes else None
+        self._wrapper_bytes = nbytes
 
     def _hold(self, storage: torch.UntypedStorage) -> None:
         key, nbytes = storage._cdata, storage.nbytes()
@@ -269,5 +292,5 @@ class CachingCpuDevice(CachingDevice):
         self.limit_bytes = limit_bytes
         self.name = f"cpu (capped at {format_bytes(limit_bytes)}, CUDA's caching allocator modelled)"
 
-    def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
+    def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         return self.limit_bytes

@@ -101,15 +101,18 @@ class ProfiledAllocations:
     One profiler runs over the whole block (stopping and starting one between steps corrupted
     the heap of torch 2.13's profiler results). ``mark`` drops a one-byte marker allocation
     into the events where a step or an optimizer step begins or ends, so ``steps`` can cut them
-    there afterwards. ``resident`` storages are counted from the start and taken off where a
-    weak reference sees them freed (the allocator reports no free of a block it allocated before
-    the profiler ran); a free of any other block allocated before is not counted, as
-    ``StorageTracker`` counts only what the block allocates.
+    there afterwards. ``resident`` storages (and ``wrapper_bytes``, ``Workload.wrapper_bytes``)
+    are counted from the start, the storages taken off where a weak reference sees them freed
+    (the allocator reports no free of a block it allocated before the profiler ran); a free of
+    any other block allocated before is not counted, as ``StorageTracker`` counts only what the
+    block allocates.
     """
 
-    def __init__(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> None:
+    def __init__(
+        self, resident: Iterable[torch.Tensor], cap_bytes: int | None, wrapper_bytes: int = 0
+    ) -> None:
         self.cap_bytes = cap_bytes
-        self.resident_bytes = 0
+        self.resident_bytes = wrapper_bytes  # the model's wrapper's (DDP's buckets), held throughout
         self._refs: list[weakref.ref[torch.UntypedStorage]] = []
         self._freed: list[tuple[int, int]] = []  # (markers dropped before, bytes) per resident freed
         for storage in _storages(resident):

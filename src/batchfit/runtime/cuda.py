@@ -45,7 +45,7 @@ class CudaDevice(CachingDevice):
         if limit_bytes is not None:
             self.name += f" (capped at {format_bytes(limit_bytes)})"
 
-    def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
+    def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         free_bytes, total_bytes = cuda_call(torch.cuda.mem_get_info, self.torch_device)
         reserved = cuda_call(torch.cuda.memory_reserved, self.torch_device, allow_zero=True)
         # What this process could hold: free memory plus what its allocator already caches, within
@@ -62,9 +62,13 @@ class _CudaAllocator:
         self.device = device
 
     @contextmanager
-    def capped(self, resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[None]:
+    def capped(
+        self, resident: Iterable[torch.Tensor], cap_bytes: int | None, wrapper_bytes: int
+    ) -> Iterator[None]:
         """The per-process memory fraction at ``cap_bytes``, and the user's own put back."""
-        del resident  # the allocator knows what is held; a tensor the steps replace must be free to go
+        # The allocator knows what is held (DDP's buckets are its blocks already); a tensor the
+        # steps replace must be free to go.
+        del resident, wrapper_bytes
         if cap_bytes is None:
             yield
             return

@@ -109,7 +109,7 @@ class DataLoop:
         self.workload, self.device, self.source = workload, device, source
         self.window_seconds = window_seconds
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-        self.snapshot = TrainingSnapshot.capture(workload.model, optimizer, workload.functions)
+        self.snapshot = TrainingSnapshot.capture(workload.module, optimizer, workload.functions)
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()
         self.host_batch: Any = None  # the first batch the loader gave, for the step alone
@@ -132,7 +132,7 @@ class DataLoop:
         gave (a pass has read it), each step on a fresh device copy of it, as in training."""
         samples = self.source.samples(self.host_batch)
         try:
-            self.workload.model.train()
+            self.workload.module.train()
             self._steps(1)  # warm-up
             count = max(MIN_TIMED_BATCHES, math.ceil(self.window_seconds / self._steps(1)))
             return samples * count / self._steps(count)
@@ -143,7 +143,7 @@ class DataLoop:
         """``setting``'s row, the loader feeding real training steps, and the share of the window
         the device was busy in the steps."""
         try:
-            self.workload.model.train()
+            self.workload.module.train()
             epochs = self._start(setting, warm=self._train)
             clock: StepClock = (
                 CudaStepClock(self.torch_device) if self.torch_device.type == "cuda" else HostStepClock()

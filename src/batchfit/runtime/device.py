@@ -120,15 +120,23 @@ class Device(Protocol):
     #: synchronised device, its first step pays a ramp that back-to-back training steps hide.
     min_window_steps: int
 
-    def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
-        """Bytes the workload may use in all, counting the ``resident`` tensors it already holds."""
+    def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
+        """Bytes the workload may use in all, counting the ``resident`` tensors it already holds
+        and the ``wrapper_bytes`` its model's wrapper holds beside them (``Workload.wrapper_bytes``)."""
         ...
 
     def measure(
-        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None, *, compiled: bool = False
+        self,
+        resident: Iterable[torch.Tensor],
+        cap_bytes: int | None = None,
+        *,
+        compiled: bool = False,
+        wrapper_bytes: int = 0,
     ) -> AbstractContextManager[Measurement]:
         """A block under a hard cap (none when None), yielding a ``Measurement`` filled in at exit;
-        ``compiled``: the block runs ``torch.compile``'d code (``runtime.compiled``)."""
+        ``compiled``: the block runs ``torch.compile``'d code (``runtime.compiled``);
+        ``wrapper_bytes``: what the model's wrapper holds beside the ``resident`` tensors
+        (``Workload.wrapper_bytes``), counted where the device does not see it already."""
         ...
 
     def synchronize(self) -> None: ...
@@ -166,20 +174,26 @@ class CpuDevice:
     def __init__(self, *, fake: bool = False) -> None:
         self.fake = fake  # measure fake tensors: a trace, not a run
 
-    def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
+    def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         held = sum(tensor.untyped_storage().nbytes() for tensor in unique_storages(resident))
-        return host_available_bytes() + held
+        return host_available_bytes() + held + wrapper_bytes
 
     @contextmanager
     def measure(
-        self, resident: Iterable[torch.Tensor], cap_bytes: int | None = None, *, compiled: bool = False
+        self,
+        resident: Iterable[torch.Tensor],
+        cap_bytes: int | None = None,
+        *,
+        compiled: bool = False,
+        wrapper_bytes: int = 0,
     ) -> Iterator[Measurement]:
         if compiled and not self.fake:  # Dynamo runs a step eagerly under the tracker's dispatch mode
-            with _profiled(resident, cap_bytes) as measurement:
+            with _profiled(resident, cap_bytes, wrapper_bytes) as measurement:
                 yield measurement
             return
         tracker = StorageTracker(capacity_bytes=cap_bytes, fake=self.fake)
         tracker.track(unique_storages(resident))
+        tracker.hold(wrapper_bytes)  # allocated where no tensor shows them: counted, as on a GPU
         del resident  # counted: a tensor the steps replace (L-BFGS's history) must be free to go
         if cap_bytes is not None and tracker.live_bytes > cap_bytes:
             raise torch.OutOfMemoryError(resident_oom_message(tracker.live_bytes, cap_bytes))
@@ -241,10 +255,12 @@ class _ProfiledMeasurement(Measurement):
 
 
 @contextmanager
-def _profiled(resident: Iterable[torch.Tensor], cap_bytes: int | None) -> Iterator[Measurement]:
+def _profiled(
+    resident: Iterable[torch.Tensor], cap_bytes: int | None, wrapper_bytes: int
+) -> Iterator[Measurement]:
     """``CpuDevice.measure`` for a step that runs compiled code: the allocator's events, read by
     the profiler, under a cap judged on them once the block has run (``runtime.compiled``)."""
-    allocations = ProfiledAllocations(resident, cap_bytes)
+    allocations = ProfiledAllocations(resident, cap_bytes, wrapper_bytes)
     del resident
     if cap_bytes is not None and allocations.resident_bytes > cap_bytes:
         raise torch.OutOfMemoryError(resident_oom_message(allocations.resident_bytes, cap_bytes))
@@ -276,7 +292,7 @@ class CappedCpuDevice(CpuDevice):
         self.limit_bytes = limit_bytes
         self.name = f"cpu (capped at {format_bytes(limit_bytes)})"
 
-    def capacity_bytes(self, resident: Iterable[torch.Tensor]) -> int:
+    def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         return self.limit_bytes
 
 

@@ -84,13 +84,13 @@ def run_steps(
     to ``OVERFLOW_STEPS``, until one is taken: the optimizer's state is part of a training step."""
     # What the steps start with, counted as the block opens and not kept: a tensor they replace
     # (L-BFGS's history, a buffer assigned anew) is freed, as in training.
-    resident = resident_tensors(workload.model, optimizer, *workload.reached)
-    compiled = bool(workload.compiled)
+    resident = resident_tensors(workload.module, optimizer, *workload.reached)
+    compiled, wrapper_bytes = bool(workload.compiled), workload.wrapper_bytes
     step_seconds: float | None = None
     # A 2-step trial cannot end before its second step, where a recurrence is first seen.
     watch = RecurrenceWatch(needs_optimizer_step=mode == "train") if until_steady and steps > 2 else None
     with (
-        device.measure(resident, cap_bytes, compiled=compiled) as measurement,
+        device.measure(resident, cap_bytes, compiled=compiled, wrapper_bytes=wrapper_bytes) as measurement,
         _optimizer_phases(measurement),
         device.recording() if record else nullcontext(None) as recording,
     ):
@@ -99,11 +99,11 @@ def run_steps(
         measurement.recording = recording
         if mode == "eval" and warm_batch is not None and optimizer is not None:
             # Validation inside training runs with gradients and optimizer state resident.
-            workload.model.train()
+            workload.module.train()
             workload.run_train_step(
                 optimizer, to_device(workload.host_batch(warm_batch), device.torch_device)
             )
-        workload.model.train(mode == "train")
+        workload.module.train(mode == "train")
         scales = [scaler.get_scale() for scaler in scalers] if mode == "train" else []
         step = 0
         while step < steps or (
@@ -272,7 +272,7 @@ class StepTimer:
         self.tokens = tokens_per_sample or 1
         self.min_window_seconds, self.restore_every = min_window_seconds, restore_every
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-        self.snapshot = TrainingSnapshot.capture(workload.model, optimizer, workload.functions)
+        self.snapshot = TrainingSnapshot.capture(workload.module, optimizer, workload.functions)
         self.compiled = bool(workload.compiled)  # read once: it walks the model
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()
@@ -286,7 +286,7 @@ class StepTimer:
     def first_visit(self, batch_size: int) -> None:
         """A warm-up step for this shape, then a first window that is discarded and sets the
         window's length in steps."""
-        self.workload.model.train()
+        self.workload.module.train()
         self.batches[batch_size] = self.workload.host_batch(batch_size)
         self._run(batch_size, 1)
         first = self.fixed_steps or self.min_window_steps

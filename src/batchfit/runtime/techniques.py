@@ -69,11 +69,11 @@ def applied(
         if "checkpointing" in parts:
             if block is None:
                 raise ConfigurationError("checkpointing needs the type name of the block to wrap.")
-            wrapped = _checkpoint_blocks(workload.model, block, undo)
+            wrapped = _checkpoint_blocks(workload.module, block, undo)
             notes.append(f"checkpointing {wrapped} {block} block{'s' if wrapped != 1 else ''}")
         if COMPILE in parts:  # the model as the step calls it: checkpointed blocks are traced through
-            compiled: Any = torch.compile(workload.model)  # an OptimizedModule, which torch types loosely
-            variant.model = compiled
+            compiled: Any = torch.compile(workload.module)  # an OptimizedModule, which torch types loosely
+            variant = variant.replaced(model=compiled)  # a DDP's buckets still held beside it
             notes.append("torch.compile")
         amp = mixed_precision_of(parts)
         if amp is not None:

@@ -8,7 +8,6 @@ the search on these predictions to place the real trials, which still confirm th
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import warnings
 from typing import Any
@@ -79,14 +78,14 @@ class FakeTracer:
         real_optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
         memo: dict[int, Any] = {}
         with FakeCopyMode(self.fake_mode):
-            model, optimizer = copy.deepcopy((workload.model, real_optimizer), memo)
+            model, optimizer = copy.deepcopy((workload.module, real_optimizer), memo)
             if optimizer is not None:
                 # An optimizer pickles its defaults, state and groups alone; what a subclass keeps
                 # beside them (L-BFGS: its parameters as ``_params``) is copied onto the fakes too.
                 for name, value in vars(real_optimizer).items():
                     if name not in vars(optimizer):
                         setattr(optimizer, name, copy.deepcopy(value, memo))
-        fake = dataclasses.replace(workload, model=model, optimizer=optimizer or workload.optimizer)
+        fake = workload.replaced(model=model, optimizer=optimizer or workload.optimizer)
         optimizer = fake.build_optimizer()
         if self.warm_batch is not None and (optimizer is not None or fake.train_step is not None):
             model.train()

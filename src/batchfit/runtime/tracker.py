@@ -84,6 +84,12 @@ class StorageTracker(TorchDispatchMode):
                 self._add(part.untyped_storage(), self._new_bytes(part.untyped_storage()))
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
+    def hold(self, nbytes: int) -> None:
+        """Count ``nbytes`` held on the device outside any tensor the tracker is shown (DDP's
+        gradient buckets), for as long as the tracker counts."""
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
 

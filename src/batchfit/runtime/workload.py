@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import random
@@ -10,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves, tree_map
 
 from batchfit.errors import ConfigurationError
+from batchfit.runtime.data_parallel import bucket_bytes, unwrapped
 from batchfit.runtime.micro_batches import plain
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -30,6 +33,9 @@ class Workload:
     without ``loss_fn`` the model's output must be the loss (or hold it as ``.loss``/``["loss"]``).
     ``train_step(model, optimizer, batch)`` and ``eval_step(model, batch)`` replace the default
     steps for anything unusual (several losses, AMP with a GradScaler, accumulation).
+    A model wrapped in ``DistributedDataParallel`` is measured as it trains, its gradient buckets
+    counted, while its steps run the wrapper's own module, with no collective to wait in
+    (``runtime.data_parallel``): the steps are given that module as ``model``.
     """
 
     model: torch.nn.Module
@@ -45,6 +51,9 @@ class Workload:
     tokens_per_sample: int | None = None  # for throughput in tokens/s (sequence models)
     name: str = "workload"
     _order: list[int] | None = field(default=None, init=False, repr=False)
+    # What the model's wrapper holds on the device beside the tensors a step reaches (DDP's
+    # gradient buckets), read once: a variant that replaces the model (compiled) keeps it.
+    _wrapper_bytes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -68,6 +77,15 @@ class Workload:
                 "Workload.optimizer must be a torch.optim.Optimizer or a factory "
                 "params -> Optimizer (e.g. lambda params: torch.optim.AdamW(params, lr=1e-3))."
             )
+        if isinstance(getattr(self.model, "_orig_mod", None), DistributedDataParallel):
+            raise ConfigurationError(
+                "Workload.model is a torch.compile'd DistributedDataParallel, whose every step "
+                "all-reduces across the ranks: a rank that ran out of memory inside a trial would "
+                "leave the others waiting. Pass the DistributedDataParallel of the compiled module "
+                "(DistributedDataParallel(torch.compile(model))): batchfit runs that module, compiled, "
+                "and counts DDP's gradient buckets."
+            )
+        self._wrapper_bytes = bucket_bytes(self.model)
 
     # -- batches -------------------------------------------------------------------------
 
@@ -135,6 +153,25 @@ class Workload:
     # -- steps ---------------------------------------------------------------------------
 
     @property
+    def module(self) -> torch.nn.Module:
+        """The model the steps run: a ``DistributedDataParallel``'s own module, else the model."""
+        return unwrapped(self.model)
+
+    @property
+    def wrapper_bytes(self) -> int:
+        """Bytes the model's wrapper holds on the device beside the tensors a step reaches (DDP's
+        gradient buckets; 0 for a plain model): resident in every trial. A device that counts
+        the tensors it is shown adds them; a GPU's allocator holds them already."""
+        return self._wrapper_bytes
+
+    def replaced(self, **changes: Any) -> Workload:
+        """This workload with ``changes`` to its fields (a fake copy of the model, a compiled one),
+        what the original model's wrapper holds still held."""
+        variant = dataclasses.replace(self, **changes)
+        variant._wrapper_bytes = self._wrapper_bytes
+        return variant
+
+    @property
     def functions(self) -> tuple[Callable[..., Any] | None, ...]:
         """The user's callables a step runs besides the model: ``train_step``, ``eval_step`` and
         ``loss_fn``, where the state they reach (GradScalers, other modules) is looked for."""
@@ -146,7 +183,7 @@ class Workload:
         which a CPU device measures from the allocator's events (``runtime.compiled``)."""
         from batchfit.runtime.compiled import compiled_parts  # it reads steps as runtime.state does
 
-        return tuple(compiled_parts(self.model, *self.functions))
+        return tuple(compiled_parts(self.module, *self.functions))
 
     @property
     def reached(self) -> tuple[torch.nn.Module | torch.optim.Optimizer, ...]:
@@ -156,16 +193,16 @@ class Workload:
         from batchfit.runtime.state import step_state
 
         optimizer = self.optimizer if isinstance(self.optimizer, torch.optim.Optimizer) else None
-        return tuple(step_state(self.model, optimizer, self.functions))
+        return tuple(step_state(self.module, optimizer, self.functions))
 
     def build_optimizer(self) -> torch.optim.Optimizer | None:
         if self.optimizer is None or isinstance(self.optimizer, torch.optim.Optimizer):
             return self.optimizer
-        return self.optimizer(self.model.parameters())
+        return self.optimizer(self.module.parameters())
 
     def run_train_step(self, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
         if self.train_step is not None:
-            self.train_step(self.model, optimizer, batch)
+            self.train_step(self.module, optimizer, batch)
             return
         if optimizer is None:
             raise ConfigurationError(
@@ -177,14 +214,14 @@ class Workload:
     def run_eval_step(self, batch: Any) -> None:
         with torch.no_grad():
             if self.eval_step is not None:
-                self.eval_step(self.model, batch)
+                self.eval_step(self.module, batch)
             elif self.loss_fn is not None:
                 self._loss(batch)
             else:
-                _call(self.model, batch)
+                _call(self.module, batch)
 
     def _loss(self, batch: Any) -> torch.Tensor:
-        return model_loss(self.model, batch, self.loss_fn)
+        return model_loss(self.module, batch, self.loss_fn)
 
 
 def needs_closure(optimizer: torch.optim.Optimizer) -> bool:

@@ -1,0 +1,78 @@
+"""A model wrapped in ``DistributedDataParallel``: the module its steps run in a trial, and the
+gradient buckets DDP's reducer holds on the device beside it.
+
+A trial runs the wrapper's own module: DDP's forward and backward hold collectives (buffers
+broadcast, gradients all-reduced), and a rank that ran out of memory inside one would leave the
+others waiting in it. What DDP adds to training's memory is counted instead: at construction its
+reducer allocates flat buckets for the gradients of the parameters it reduces, held for the
+wrapper's life, into which each backward copies the gradients to all-reduce them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import weakref
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from batchfit.units import format_bytes
+
+logger = logging.getLogger(__name__)
+#: The models told already that they were searched unwrapped on several ranks (once is enough).
+_TOLD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a trial runs: a ``DistributedDataParallel``'s own module, else ``model``."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def bucket_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the gradient buckets that ``model``'s reducer allocated, 0 unless it is a
+    ``DistributedDataParallel``: a gradient's bytes for each parameter it reduces, as DDP chooses
+    them (requiring a gradient, not in ``_ddp_params_and_buffers_to_ignore``, each shared one once;
+    an ``nn.Embedding(sparse=True)``'s sparse gradient is reduced as it is, in no bucket).
+
+    With ``gradient_as_bucket_view=True`` the buckets are the gradients themselves, which a trial
+    allocates too: the count then errs high by at most the gradients' bytes."""
+    if not isinstance(model, DistributedDataParallel):
+        return 0
+    ignored = model.parameters_to_ignore
+    seen: set[int] = set()
+    total = 0
+    for module_name, module in model.module.named_modules():
+        sparse = isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse
+        for name, parameter in module.named_parameters(recurse=False):
+            # DDP's own key for an ignored parameter: a root parameter's name starts with a dot.
+            if not parameter.requires_grad or f"{module_name}.{name}" in ignored or id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if not sparse:
+                total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def is_fully_sharded(model: torch.nn.Module) -> bool:
+    """Whether any of ``model``'s modules is sharded by FSDP (FSDP1's wrapper, FSDP2's ``fully_shard``)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # no model is sharded before FSDP is imported
+    names = ("FullyShardedDataParallel", "FSDPModule")
+    kinds = tuple(kind for kind in (getattr(fsdp, name, None) for name in names) if isinstance(kind, type))
+    return any(isinstance(module, kinds) for module in model.modules())
+
+
+def note_unwrapped(model: torch.nn.Module, world_size: int) -> None:
+    """Warn, once per model, that ranks search a plain model: training that wraps it in DDP holds
+    DDP's buckets beside it, which such a search does not count (pass the wrapped model)."""
+    if isinstance(model, DistributedDataParallel) or model in _TOLD or is_fully_sharded(model):
+        return
+    _TOLD.add(model)
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    logger.warning(
+        "%d ranks search a model that is not wrapped in DistributedDataParallel; if training wraps "
+        "it, pass the wrapped model (Workload(model=DistributedDataParallel(model), ...)): DDP holds "
+        "gradient buckets of %s beside it, which this search does not count.",
+        world_size,
+        format_bytes(gradients),
+    )
