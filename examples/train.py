@@ -10,16 +10,17 @@ DATA.AUTOBATCH.ENABLED / ENABLED_VAL), then trains ``--steps`` steps at DATA.BAT
 evaluates one batch at DATA.BATCH_SIZE_VAL, inside the config's memory limit.
 
 Under torchrun every rank joins one process group first (gloo on the CPU, NCCL on GPUs, one GPU
-per LOCAL_RANK), so the search runs on all ranks in lockstep and every rank trains at the same
-size, the one that fits the smallest device. The model is wrapped in DistributedDataParallel after
-the search: a search runs the plain model, whose trials hold no collective that an out-of-memory on
-one rank could leave waiting. Rank 0 prints the report.
+per LOCAL_RANK) and wraps the model in DistributedDataParallel, so the search runs on all ranks in
+lockstep, counts DDP's gradient buckets, and every rank trains at the same size, the one that fits
+the smallest device. (A trial runs the wrapper's module: no collective that an out-of-memory on one
+rank could leave waiting.) Rank 0 prints the report.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -50,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
             if rank != 0:  # rank 0 tells the search; the others only warn
                 logging.getLogger().setLevel(logging.WARNING)
             workload = workload_from_config(cfg)
+            # Searched as it trains: DDP's buckets are memory too (a built-in example comes wrapped).
+            if dist.is_initialized() and not isinstance(workload.model, DistributedDataParallel):
+                device = next(workload.model.parameters()).device
+                ids = [device.index] if device.type == "cuda" else None
+                workload = dataclasses.replace(
+                    workload, model=DistributedDataParallel(workload.model, device_ids=ids)
+                )
             apply_autobatch(cfg, workload)  # every rank together under a process group
             report = train(cfg, workload, args.steps)
     except batchfit.BatchfitError as error:
@@ -89,7 +97,7 @@ def _process_group(cfg: ExperimentConfig) -> Iterator[int]:
 
 def train(cfg: ExperimentConfig, workload: batchfit.Workload, steps: int) -> dict[str, object]:
     """A few real training steps and one evaluation batch, at the config's batch sizes."""
-    model, optimizer = workload.model, workload.build_optimizer()
+    network, model, optimizer = workload.model, workload.module, workload.build_optimizer()
     if optimizer is None or workload.loss_fn is None:
         raise batchfit.ConfigurationError(
             f"WORKLOAD {cfg.WORKLOAD!r} has no optimizer or loss_fn; examples/train.py trains "
@@ -97,10 +105,8 @@ def train(cfg: ExperimentConfig, workload: batchfit.Workload, steps: int) -> dic
         )
     losses = []
     device = next(model.parameters()).device  # the config's DEVICE: the workload was built there
-    network: torch.nn.Module = model
-    if dist.is_initialized():
-        network = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    with _capped(cfg.MEMORY_LIMIT, device, model, optimizer):
+    # A DDP built before the cap counts its buckets from its first backward, which writes into them.
+    with _capped(cfg.MEMORY_LIMIT, device, network, optimizer):
         network.train()
         for _ in range(steps):
             inputs, target = workload.host_batch(cfg.DATA.BATCH_SIZE)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_workloads import as_in_ddp
 
 from batchfit import apply_autobatch, find_batch_size, load_config
 from batchfit.autobatch import workload_from_config
@@ -97,8 +98,9 @@ def test_example_training_script_bad_config_is_one_message(tmp_path: Path) -> No
 
 @pytest.mark.distributed
 def test_example_training_script_under_torchrun_trains_every_rank_at_the_agreed_size() -> None:
-    # Two CPU ranks in a gloo group: the search runs in lockstep, both train (with DDP) at the
-    # answer of one process, and rank 0 alone reports and logs.
+    # Two CPU ranks in a gloo group: each wraps its model in DDP, the search runs in lockstep, and
+    # both train in DDP at the answer of one process whose model holds DDP's buckets beside it;
+    # rank 0 alone reports and logs.
     done = subprocess.run(
         [
             sys.executable,
@@ -123,8 +125,11 @@ def test_example_training_script_under_torchrun_trains_every_rank_at_the_agreed_
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)  # one line: rank 0's
-    train = find_batch_size(build_example("cnn", "cpu"), "train", device="cpu", memory_limit="32MiB")
+    alone = build_example("cnn", "cpu")
+    train = find_batch_size(as_in_ddp(alone), "train", device="cpu", memory_limit="32MiB")
+    plain = find_batch_size(alone, "train", device="cpu", memory_limit="32MiB")
     assert report["sizes_by_rank"] == [[train.batch_size, report["batch_size_val"]]] * 2
+    assert train.batch_size < plain.batch_size
     assert len(report["train_losses"]) == 2
     assert done.stderr.count("autobatch: DATA.BATCH_SIZE 32 ->") == 1
     assert "the smallest of 2 ranks" in done.stderr

@@ -4,6 +4,7 @@ whichever conftest was imported last."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -214,3 +215,19 @@ def adversarial(seed: int = 0, device: str = "cpu") -> tuple[Workload, dict[str,
 
     workload = Workload(model, optimizer, make_batch=classification_batch((64,)), train_step=train_step)
     return workload, {"critic": critic, "critic_optimizer": critic_optimizer, "ema": ema}
+
+
+def as_in_ddp(workload: Workload) -> Workload:
+    """``workload`` as one process searches it in DistributedDataParallel: beside the model, in every
+    trial, a buffer its loss reaches holds the bytes of DDP's gradient buckets (a gradient's bytes
+    per parameter). The single-process answer that ranks searching the DDP must agree with."""
+    buckets = sum(p.numel() * p.element_size() for p in workload.model.parameters() if p.requires_grad)
+    holder = nn.Module()
+    holder.register_buffer("buckets", torch.empty(buckets, dtype=torch.uint8))
+    loss = workload.loss_fn
+    assert loss is not None
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor, holder: nn.Module = holder) -> torch.Tensor:
+        return loss(output, target)
+
+    return dataclasses.replace(workload, loss_fn=loss_fn)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_workloads import as_in_ddp
 
 from batchfit import find_batch_size
 from batchfit.runtime.examples import build_example
@@ -23,7 +24,7 @@ TESTS = Path(__file__).resolve().parent
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 #: Two Pythons per run importing torch on 2 cores, three runs side by side; a hang takes longer.
 TIMEOUT_SECONDS = 120
-MLP = ("--example", "mlp", "--device", "cpu", "--memory-limit", "48MiB")
+MLP = ("--example", "mlp", "--device", "cpu", "--memory-limit", "56MiB")
 RUNS: dict[str, tuple[str, ...]] = {
     "find": (*TORCHRUN, "-m", "batchfit", "find", *MLP, "--max-batch-size", "1024", "--modes", "train"),
     "explore": (
@@ -113,17 +114,22 @@ def _lines(stderr: str, prefix: str) -> list[str]:
 def test_find_under_torchrun_speaks_once_with_the_single_process_answer(runs: dict[str, Finished]) -> None:
     run = runs["find"]
     assert run.returncode == 0, run.stderr
+    # Each rank's example comes wrapped in DDP, as data-parallel training runs it: the answer of
+    # one process whose MLP holds DDP's buckets beside it (unwrapped it would be 1024).
     alone = find_batch_size(
-        build_example("mlp", "cpu"), device="cpu", memory_limit="48MiB", max_batch_size=1024
+        as_in_ddp(build_example("mlp", "cpu")), device="cpu", memory_limit="56MiB", max_batch_size=1024
     )
     assert (
         run.stdout
         == f"train_batch_size: {alone.batch_size}\n\n{_lines(run.stderr, 'batchfit: train:')[0][10:]}\n"
     )
-    # One rank's voice: one summary, one progress line per trial, in the single process's order.
+    # One rank's voice: one summary, one progress line per trial. The ranks' trials are placed by a
+    # trace of the module (one process's buffer beside it is run for real from 2, 4 on): the answer
+    # and the next.
     assert len(_lines(run.stderr, "batchfit: train:")) == 1
     progress = _lines(run.stderr, "batchfit: train batch_size=")
-    assert [int(line.split("=")[1].split()[0]) for line in progress] == [t.batch_size for t in alone.trials]
+    sizes = [int(line.split("=")[1].split()[0]) for line in progress]
+    assert sizes == [alone.batch_size, alone.batch_size + 1] == [t.batch_size for t in alone.trials][-2:]
     assert "the smallest of 2 ranks" in run.stderr
 
 
@@ -148,7 +154,7 @@ def test_analyze_under_torchrun_prints_one_table_of_the_single_process_answer(
 ) -> None:
     run = runs["analyze"]
     assert run.returncode == 0, run.stderr
-    alone = find_batch_size(build_example("cnn", "cpu"), device="cpu", memory_limit="32MiB")
+    alone = find_batch_size(as_in_ddp(build_example("cnn", "cpu")), device="cpu", memory_limit="32MiB")
     header, row = run.stdout.splitlines()  # one table: rank 0's
     assert header.split() == ["fraction", "mode", "batch_size", "peak", "budget", "trials", "seconds"]
     assert row.split()[:3] == ["0.8", "train", str(alone.batch_size)]

@@ -17,9 +17,9 @@ from batchfit.checks import DEFAULT_MAX_BATCH_SIZE
 from batchfit.cli.progress import Display
 from batchfit.errors import ConfigurationError
 from batchfit.policy.trial import Mode
-from batchfit.runtime.examples import EXAMPLES, build_example
+from batchfit.runtime.examples import EXAMPLES
 from batchfit.runtime.launch import launched_process_group, launched_world_size
-from batchfit.runtime.loading import load_workload
+from batchfit.runtime.loading import example_as_trained, load_workload
 from batchfit.runtime.workload import Workload
 
 
@@ -141,7 +141,7 @@ DEFAULT_MAX_HELP = f"upper bound for train (default: {DEFAULT_MAX_BATCH_SIZE}); 
 def workload(args: argparse.Namespace) -> Workload:
     """The workload, built on the device the command runs on (--device, else cuda if available)."""
     if args.example:
-        return build_example(args.example, args.device)
+        return example_as_trained(args.example, args.device)
     return load_workload(args.workload, device=args.device, source="--workload")
 
 

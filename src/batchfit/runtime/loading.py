@@ -3,6 +3,7 @@ any function from a ``module:function`` spec (``--loader``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import ConfigurationError
 from batchfit.runtime.examples import build_example
@@ -23,12 +26,14 @@ def load_workload(
 ) -> Workload:
     """Import ``module:function`` (the working directory is importable) and call it for a Workload.
 
-    ``example:NAME`` is a built-in example, built on ``device``. A function with a ``device``
-    parameter is called with the device too (``function(device=torch.device(...))``), so the same
-    workload serves every device. ``source`` names where the spec came from, in errors.
+    ``example:NAME`` is a built-in example, built on ``device`` and, among several ranks, wrapped
+    in ``DistributedDataParallel`` as data-parallel training runs it (``example_as_trained``). A
+    function with a ``device`` parameter is called with the device too
+    (``function(device=torch.device(...))``), so the same workload serves every device; it wraps
+    its model itself. ``source`` names where the spec came from, in errors.
     """
     if spec.startswith("example:"):
-        return build_example(spec.partition(":")[2], device)
+        return example_as_trained(spec.partition(":")[2], device)
     function = load_function(spec, source)
     _check_callable_alone(function, spec, source)
     workload = function(device=parse_device(device)) if _takes_device(function) else function()
@@ -37,6 +42,18 @@ def load_workload(
             f"{source} {spec!r} returned {type(workload).__name__}, not a batchfit.Workload."
         )
     return workload
+
+
+def example_as_trained(name: str, device: str | torch.device | None) -> Workload:
+    """The built-in example ``name`` on ``device``; under a process group of several ranks, its
+    model wrapped in ``DistributedDataParallel`` (each rank's own GPU, or the CPU), whose gradient
+    buckets a search then counts (``runtime.data_parallel``)."""
+    workload = build_example(name, device)
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return workload
+    on = next(workload.model.parameters()).device
+    ids = [on.index] if on.type == "cuda" else None
+    return dataclasses.replace(workload, model=DistributedDataParallel(workload.model, device_ids=ids))
 
 
 def load_function(spec: str, source: str) -> Callable[..., Any]:
