@@ -160,6 +160,10 @@ def ddp_report(limit: str) -> dict[str, Any]:
         "summary": found.summary(),
         "wrapper_bytes": found.to_dict()["wrapper_bytes"],
         "too_small": too_small,
+        "replaced": [
+            wrapped.replaced(model=plain.model).wrapper_bytes,  # a fake or compiled copy of the module
+            plain.replaced(model=wrapped.model).wrapper_bytes,  # a wrapper of its own
+        ],
     }
 
 
@@ -205,21 +209,25 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
         )
 
     plain = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+    # Unwrapped first: on a GPU a DDP's buckets, once built, are memory any search sees.
+    unwrapped = find_batch_size(plain, device="cuda:0", memory_limit=limit, max_batch_size=65536)
     wrapped = dataclasses.replace(plain, model=DistributedDataParallel(model, device_ids=[0]))
     found = find_batch_size(wrapped, device="cuda:0", memory_limit=limit, max_batch_size=65536)
-    unwrapped = find_batch_size(plain, device="cuda:0", memory_limit=limit, max_batch_size=65536)
-    inputs, target = make_batch(found.batch_size)
+    wrapper_bytes = wrapped.wrapper_bytes
+    del wrapped  # its buckets go with it: the DDP trained by force holds its own
+    gc.collect()
+    torch.cuda.empty_cache()
+    batch = make_batch(found.batch_size)
     fits = True
     try:
         with memory_limit(found.budget_bytes, resident=[model, optimizer], device=device):
-            network = DistributedDataParallel(model, device_ids=[0])
-            _train(network, optimizer, (inputs.to(device), target.to(device)), 10)
+            _train(DistributedDataParallel(model, device_ids=[0]), optimizer, batch, 10, device)
     except torch.OutOfMemoryError:
         fits = False
     return {
         "batch_size": found.batch_size,
         "unwrapped_batch_size": unwrapped.batch_size,
-        "wrapper_bytes": wrapped.wrapper_bytes,
+        "wrapper_bytes": wrapper_bytes,
         "by_force": _everyone(fits),
     }
 
@@ -231,12 +239,18 @@ def _fresh() -> tuple[nn.Module, torch.optim.Optimizer, Callable[[int], Any]]:
     return fresh.model, fresh.optimizer, fresh.make_batch
 
 
-def _train(network: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, steps: int) -> None:
-    """``steps`` training steps, each on a device copy of ``batch`` held to the step's end, as a
-    training loop holds the batch it copied (``batch`` is made outside any cap, as a data loader
-    makes it; the search's trials do the same)."""
+def _train(
+    network: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    steps: int,
+    device: str | torch.device = "cpu",
+) -> None:
+    """``steps`` training steps, each on a copy of ``batch`` on ``device`` held to the step's end,
+    as a training loop holds the batch it copied (``batch`` is made on the host outside any cap, as
+    a data loader makes it; the search's trials do the same)."""
     for _ in range(steps):
-        inputs, target = (tensor.clone() for tensor in batch)
+        inputs, target = (tensor.to(device, copy=True) for tensor in batch)
         optimizer.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(network(inputs), target).backward()
         optimizer.step()
@@ -274,7 +288,9 @@ def _ddp_allocates(module: nn.Module) -> int:
     """The bytes a DDP of ``module`` holds for its life: counted while it is built, and freed with it."""
     tracker = StorageTracker()
     with tracker:
-        wrapped = DistributedDataParallel(module)
+        # Without the broadcast of the module's state, whose small tensors the tracker counts or not
+        # as gloo's thread or this one makes them: what is left is the reducer's own.
+        wrapped = DistributedDataParallel(module, init_sync=False)
         held = tracker.live_bytes
         del wrapped
         gc.collect()

@@ -130,6 +130,8 @@ def test_a_model_in_ddp_is_searched_with_its_gradient_buckets_and_its_answer_tra
     assert all("error" not in report for report in ddp_reports), ddp_reports
     first, second = ddp_reports
     assert first["batch_size"] == second["batch_size"] and first["trials"] == second["trials"]
+    # The fake-tensor forecast holds the buckets too: it places the answer and the next first.
+    assert first["trials"] == [first["batch_size"], first["batch_size"] + 1]
     assert first["by_force"] == [True, False]
     assert first["unwrapped_batch_size"] > first["batch_size"]
     # With CUDA's allocator modelled, the buckets are a block held from trial to trial: the search
@@ -154,8 +156,10 @@ def test_memory_limit_counts_the_buckets_of_a_ddp_built_before_it(ddp_reports: l
     # DDP training under batchfit.memory_limit: built inside the block, its buckets are the block's
     # allocations; built before it, they count from the first backward, which writes into them
     # (counted as held as well, they counted twice). The same peak either way.
+    # (Within a few bytes: the tracker counts a scalar that DDP's all-reduce makes where the
+    # thread that completes it is this one, and gloo's thread completes it in some runs.)
     built_inside, named = ddp_reports[0]["peaks"]
-    assert built_inside == named
+    assert abs(built_inside - named) < 1024 < ddp_reports[0]["wrapper_bytes"]
 
 
 def test_the_result_says_what_ddp_holds_beside_the_model(ddp_reports: list[dict[str, Any]]) -> None:
@@ -166,6 +170,12 @@ def test_the_result_says_what_ddp_holds_beside_the_model(ddp_reports: list[dict[
         "The fixed part alone, parameters and buffers, takes 332.04 KiB (and DDP's gradient buckets "
         "332.04 KiB beside them) before gradients, optimizer state and activations."
     ) in report["too_small"]
+
+
+def test_a_variant_of_the_workload_keeps_what_the_wrapper_holds(ddp_reports: list[dict[str, Any]]) -> None:
+    # A fake copy of the module (the trace) or a compiled one (compare) stands in for the DDP's
+    # module: the buckets are still held. A new model that is a DDP brings its own.
+    assert ddp_reports[0]["replaced"] == [340_008, 340_008]
 
 
 def test_ddp_s_buckets_are_counted_as_ddp_allocates_them(ddp_reports: list[dict[str, Any]]) -> None:

@@ -166,9 +166,9 @@ class Workload:
 
     def replaced(self, **changes: Any) -> Workload:
         """This workload with ``changes`` to its fields (a fake copy of the model, a compiled one),
-        what the original model's wrapper holds still held."""
+        what the original model's wrapper holds still held, unless the new model is a wrapper too."""
         variant = dataclasses.replace(self, **changes)
-        variant._wrapper_bytes = self._wrapper_bytes
+        variant._wrapper_bytes = variant._wrapper_bytes or self._wrapper_bytes
         return variant
 
     @property
