@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
+from collections.abc import Collection
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -31,21 +32,26 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 def bucket_bytes(model: torch.nn.Module) -> int:
     """Bytes of the gradient buckets that ``model``'s reducer allocated, 0 unless it is a
-    ``DistributedDataParallel``: a gradient's bytes for each parameter it reduces, as DDP chooses
-    them (requiring a gradient, not in ``_ddp_params_and_buffers_to_ignore``, each shared one once;
-    an ``nn.Embedding(sparse=True)``'s sparse gradient is reduced as it is, in no bucket).
+    ``DistributedDataParallel`` (``reduced_bytes`` of its module, less what it ignores).
 
     With ``gradient_as_bucket_view=True`` the buckets are the gradients themselves, which a trial
     allocates too: the count then errs high by at most the gradients' bytes."""
     if not isinstance(model, DistributedDataParallel):
         return 0
-    ignored = model.parameters_to_ignore
+    return reduced_bytes(model.module, model.parameters_to_ignore)
+
+
+def reduced_bytes(module: torch.nn.Module, ignored: Collection[str] = ()) -> int:
+    """A gradient's bytes for each parameter of ``module`` that DDP reduces in a bucket, as DDP
+    chooses them: requiring a gradient, not named in ``ignored`` (DDP's own keys, from
+    ``_ddp_params_and_buffers_to_ignore``), each shared one once; an ``nn.Embedding(sparse=True)``'s
+    sparse gradient is reduced as it is, in no bucket."""
     seen: set[int] = set()
     total = 0
-    for module_name, module in model.module.named_modules():
-        sparse = isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse
-        for name, parameter in module.named_parameters(recurse=False):
-            # DDP's own key for an ignored parameter: a root parameter's name starts with a dot.
+    for module_name, child in module.named_modules():
+        sparse = isinstance(child, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and child.sparse
+        for name, parameter in child.named_parameters(recurse=False):
+            # DDP's key for a parameter: a root parameter's name starts with a dot.
             if not parameter.requires_grad or f"{module_name}.{name}" in ignored or id(parameter) in seen:
                 continue
             seen.add(id(parameter))
@@ -68,11 +74,10 @@ def note_unwrapped(model: torch.nn.Module, world_size: int) -> None:
     if isinstance(model, DistributedDataParallel) or model in _TOLD or is_fully_sharded(model):
         return
     _TOLD.add(model)
-    gradients = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     logger.warning(
         "%d ranks search a model that is not wrapped in DistributedDataParallel; if training wraps "
         "it, pass the wrapped model (Workload(model=DistributedDataParallel(model), ...)): DDP holds "
         "gradient buckets of %s beside it, which this search does not count.",
         world_size,
-        format_bytes(gradients),
+        format_bytes(reduced_bytes(model)),
     )
