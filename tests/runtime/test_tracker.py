@@ -101,6 +101,24 @@ def test_a_jagged_nested_tensor_counts_its_values_and_offsets() -> None:
         assert [tuple(part.shape) for part in dense_parts(doubled)] == [(80, 4), (3,)]
 
 
+def test_a_wrapper_subclass_counts_the_tensors_it_holds_not_the_size_it_reports() -> None:
+    # A wrapper subclass (DTensor, FSDP2's sharded parameters) reports a size of its own, and its
+    # wrapper's storage says so, while its bytes are those of the tensors inside (a DTensor's local
+    # shard). torch's TwoTensor reports one tensor's size and holds two.
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    pair = TwoTensor(torch.zeros(1000), torch.ones(1000))
+    assert pair.untyped_storage().nbytes() == 4000
+    assert [tuple(part.shape) for part in dense_parts(pair)] == [(1000,), (1000,)]
+    tracker = StorageTracker()
+    tracker.track(resident_tensors(pair))
+    assert tracker.live_bytes == 8000
+    with StorageTracker() as tracker:
+        doubled = pair * 2  # the op makes both inner tensors anew
+        assert tracker.live_bytes == 8000
+    del doubled
+
+
 def test_a_trace_refuses_a_sparse_tensor_it_cannot_size() -> None:
     # On fake tensors a sparse tensor's number of values is unknown (a clone says 0): the trace
     # stops, and real trials measure it.

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from batchfit.units import format_bytes
 
@@ -22,8 +22,13 @@ from batchfit.units import format_bytes
 def dense_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The strided tensors that hold ``tensor``'s data, each with a storage: the tensor itself, a
     sparse tensor's indices and values (an ``nn.Embedding(sparse=True)``'s gradient), or a jagged
-    nested tensor's values and offsets (and lengths)."""
+    nested tensor's values and offsets (and lengths), or the tensors a wrapper subclass holds (a
+    ``DTensor``'s local shard, not the global size its wrapper reports)."""
     layout = tensor.layout
+    if layout != torch.jagged and is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()  # the inner tensors' names (a DTensor's mesh too)
+        inner = (getattr(tensor, name) for name in names)
+        return tuple(part for each in inner if isinstance(each, torch.Tensor) for part in dense_parts(each))
     if layout == torch.jagged:
         nested: Any = tensor  # torch's NestedTensor, whose class torch keeps private
         lengths = nested.lengths()
