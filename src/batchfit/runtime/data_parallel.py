@@ -11,13 +11,13 @@ wrapper's life, into which each backward copies the gradients to all-reduce them
 from __future__ import annotations
 
 import logging
-import sys
 import weakref
 from collections.abc import Collection
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from batchfit.runtime.sharded import is_fully_sharded
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -58,14 +58,6 @@ def reduced_bytes(module: torch.nn.Module, ignored: Collection[str] = ()) -> int
             if not sparse:
                 total += parameter.numel() * parameter.element_size()
     return total
-
-
-def is_fully_sharded(model: torch.nn.Module) -> bool:
-    """Whether any of ``model``'s modules is sharded by FSDP (FSDP1's wrapper, FSDP2's ``fully_shard``)."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")  # no model is sharded before FSDP is imported
-    names = ("FullyShardedDataParallel", "FSDPModule")
-    kinds = tuple(kind for kind in (getattr(fsdp, name, None) for name in names) if isinstance(kind, type))
-    return any(isinstance(module, kinds) for module in model.modules())
 
 
 def note_unwrapped(model: torch.nn.Module, world_size: int) -> None:

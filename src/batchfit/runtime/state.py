@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from batchfit.runtime.sharded import reshard
+
 #: How far ``reachable`` follows references from a step: the step's closure, defaults and
 #: globals, then the attributes of what it finds there (``self.scaler`` of a trainer object).
 SEARCH_DEPTH = 3
@@ -382,6 +384,8 @@ class TrainingSnapshot:
         ``scales=False`` the GradScalers keep the scale they have reached (between trials: once a
         trial's steps were skipped for overflow and the scale came down, the next trial's steps
         run the optimizer, whose state is part of what a step needs)."""
+        # An FSDP2 module a step left gathered registers its shards again before they are restored.
+        reshard(self.model)
         for slot in self.slots:
             slot.restore()
         for module, training in self.modes:

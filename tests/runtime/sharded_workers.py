@@ -1,0 +1,110 @@
+"""The ranks of the FSDP tests: each a real process in a real gloo group (spawned by
+test_sharded.py), searching an MLP sharded by FSDP2's ``fully_shard`` on a capped CPU."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from two_ranks import leave_group
+
+from batchfit import Workload, find_batch_size, memory_limit
+from batchfit.runtime.tracker import StorageTracker, resident_tensors
+
+WIDTH = 256
+
+
+def sharded_mlp() -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Four 256-wide layers and a head, each layer sharded by ``fully_shard`` and the whole as the
+    root (torchtitan's pattern), with AdamW: the same weights on every rank before sharding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        *(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()) for _ in range(4)), nn.Linear(WIDTH, 10)
+    )
+    for layer in model[:4]:
+        fully_shard(layer)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(size)
+    return torch.randn(size, WIDTH, generator=generator), torch.randint(0, 10, (size,), generator=generator)
+
+
+def trains_capped(size: int, budget_bytes: int) -> bool:
+    """Whether every rank trains 2 steps of a fresh sharded MLP at ``size`` under a cap at
+    ``budget_bytes``, each step on a copy of the batch held to its end, as a training loop does."""
+    model, optimizer = sharded_mlp()
+    batch = make_batch(size)  # on the host, as a loader makes it: outside the cap
+    fits = True
+    try:
+        with memory_limit(budget_bytes, resident=[model, optimizer]):
+            for _ in range(2):
+                inputs, target = (tensor.clone() for tensor in batch)
+                optimizer.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(model(inputs), target).backward()
+                optimizer.step()
+                del inputs, target
+    except torch.OutOfMemoryError:
+        fits = False
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, fits)
+    return all(outcomes)
+
+
+def report(limit: str) -> dict[str, Any]:
+    """find on the sharded MLP; the answer and the next size trained by force; whether the model
+    and optimizer are as they were; the bytes batchfit counts for the parameters beside their
+    local shards' and their global size."""
+    model, optimizer = sharded_mlp()
+    weights = [parameter.full_tensor().clone() for parameter in model.parameters()]
+    workload = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+    found = find_batch_size(workload, device="cpu", memory_limit=limit, max_batch_size=4096)
+    restored = all(
+        torch.equal(weight, parameter.full_tensor())
+        for weight, parameter in zip(weights, model.parameters(), strict=True)
+    )
+    tracker = StorageTracker()
+    tracker.track(resident_tensors(model))
+    local = {id(s): s.nbytes() for s in (p.to_local().untyped_storage() for p in model.parameters())}
+    return {
+        "batch_size": found.batch_size,
+        "trials": [[trial.batch_size, trial.outcome] for trial in found.trials],
+        "by_force": [
+            trains_capped(size, found.budget_bytes) for size in (found.batch_size, found.batch_size + 1)
+        ],
+        "restored": restored,
+        "optimizer_state": len(optimizer.state),
+        "gradients": sum(parameter.grad is not None for parameter in model.parameters()),
+        "counted_bytes": tracker.live_bytes,
+        "local_bytes": sum(local.values()),
+        "global_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
+
+
+def main(rank: int, world_size: int, store: str, limit: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
+    started = time.perf_counter()
+    result: dict[str, Any]
+    try:
+        result = report(limit)
+    except BaseException as error:
+        result = {
+            "error": type(error).__name__,
+            "message": str(error),
+            "notes": getattr(error, "__notes__", []),
+        }
+    result["seconds"] = time.perf_counter() - started
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
+    leave_group()

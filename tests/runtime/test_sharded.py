@@ -1,0 +1,48 @@
+"""A model sharded by FSDP2 (``fully_shard``), searched by 2 real gloo ranks on capped CPUs
+(marker ``distributed``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import sharded_workers
+from two_ranks import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("fsdp")
+    run_ranks(sharded_workers.main, (str(folder / "store"), "16MiB", str(folder)), "the FSDP search")
+    return [json.loads((folder / f"{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_a_sharded_model_s_answer_is_what_it_trains_with_after_trials_that_ran_out_of_memory(
+    reports: list[dict[str, Any]],
+) -> None:
+    # A trial that runs out of memory stops midway through FSDP's forward or backward, its gathered
+    # parameters registered; the next trial starts from the sharded state all the same (before,
+    # it ran its layers on the shards and raised). The answer trains by force, 2 steps with FSDP's
+    # all-gathers and reduce-scatters, on every rank; the next size does not.
+    assert all("error" not in report for report in reports), reports
+    first, second = reports
+    assert first["trials"] == second["trials"]
+    outcomes = [outcome for _, outcome in first["trials"]]
+    assert "oom" in outcomes[:-1] and "ok" in outcomes[outcomes.index("oom") :]
+    assert first["by_force"] == [True, False]
+
+
+def test_a_sharded_model_is_left_as_it_was(reports: list[dict[str, Any]]) -> None:
+    for report in reports:
+        assert report["restored"] and report["optimizer_state"] == 0 and report["gradients"] == 0
+
+
+def test_a_sharded_parameter_counts_its_local_shard(reports: list[dict[str, Any]]) -> None:
+    # Each rank holds half of every parameter (FSDP2 pads the shards to equal sizes); a DTensor's
+    # wrapper reports the global size, which counted would double the fixed part.
+    report = reports[0]
+    assert report["counted_bytes"] == report["local_bytes"]
+    assert report["local_bytes"] * 2 >= report["global_bytes"] > report["local_bytes"]
