@@ -213,6 +213,20 @@ def test_a_plateau_then_activations_takes_fewer_trials_than_binsearch() -> None:
     assert binsearch_total == 136 and total <= 0.5 * binsearch_total
 
 
+def test_where_the_slope_steepens_near_the_boundary_the_line_comes_from_the_nearest_trials() -> None:
+    # The peaks of an MLP sharded by FSDP2 on 2 ranks (bench/data_parallel.py, the wide MLP under
+    # 400 MiB): 24,584 bytes per sample up to about 1790 (FSDP's gathered layers and the optimizer
+    # step), 57,352 past it. Every line from the trials that fitted at 2 and 4 overshoots; the line
+    # through the fitting trials at 3577 and 3934, within NEAR of each other in size but 5% apart
+    # in peak, puts the answer. These are the real run's trials, 16 of them before the nearer trials
+    # could make the line.
+    budget = 419_430_400
+    run = oracle(lambda b: max(243_642_536 + 24_584 * b, 184_965_376 + 57_352 * b), budget, budget)
+    outcome = search(run, Candidates.between(1, 100_000), budget)
+    assert [t.batch_size for t in outcome.trials] == [2, 4, 7150, 3577, 4292, 3934, 4088, 4089]
+    assert outcome.batch_size == brute_force(run, Candidates.between(1, 5000)) == 4088
+
+
 def test_max_batch_reached() -> None:
     outcome = search(oracle(CURVES["linear"], 10**12), Candidates.between(4, 64), 10**12)
     assert (outcome.batch_size, outcome.stop_reason) == (64, "max_batch_size")

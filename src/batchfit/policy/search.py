@@ -29,6 +29,8 @@ MAX_MARGIN = 0.5
 MAX_OVERHEAD = 0.1
 #: How close below the largest fitting trial a second may be to fit the line through them.
 NEAR = 0.875
+#: Or how far below its peak, as a share of that peak.
+NEAR_RISE = 1 / 32
 #: How far below a forecast's answer that failed the search gallops down before the line decides.
 DESCENT = 1 / 8
 
@@ -260,11 +262,12 @@ def _local_model(at: dict[int, Trial], low: int, high: int | None) -> MemoryMode
     """A line through the largest fitting trial and a second one with a whole peak.
 
     The second is the failed trial just above when it ran to the end (the bracket), else, among
-    the fitting trials at most ``NEAR`` of its size (far enough that rounding in the peaks does not
-    swamp the slope), the one that gives the steepest line: where memory is mostly fixed at small
-    batches (a plateau, then activations), a line from the plateau overshoots the boundary, and a
-    trial that runs out of memory there teaches nothing; too steep a line undershoots, and a trial
-    that fits brings a whole peak.
+    the fitting trials at most ``NEAR`` of its size or ``NEAR_RISE`` of its peak below it (far
+    enough that rounding in the peaks does not swamp the slope), the one that gives the steepest
+    line. Where memory is mostly fixed at small batches (a plateau, then activations), or where the
+    slope grows with the batch, a line from further down overshoots the boundary, and a trial that
+    runs out of memory there teaches nothing; too steep a line undershoots, and a trial that fits
+    brings a whole peak.
     """
     upper = at.get(high) if high is not None else None
     if upper is not None and upper.outcome == "over_budget":
@@ -273,7 +276,10 @@ def _local_model(at: dict[int, Trial], low: int, high: int | None) -> MemoryMode
     below = [t for t in at.values() if t.fits and t.batch_size < best.batch_size]
     if not below:
         return None
-    far = [t for t in below if t.batch_size <= best.batch_size * NEAR]
+    rise = best.peak_bytes * NEAR_RISE
+    far = [
+        t for t in below if t.batch_size <= best.batch_size * NEAR or best.peak_bytes - t.peak_bytes >= rise
+    ]
     if not far:
         return MemoryModel.through(min(below, key=lambda t: t.batch_size), best)
     lines = [MemoryModel.through(t, best) for t in far]
