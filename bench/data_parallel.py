@@ -1,13 +1,19 @@
-"""find on a model in DistributedDataParallel, against DDP trained by force: two gloo ranks.
+"""find on a model in DistributedDataParallel and on one sharded by FSDP2, against each trained
+by force: two gloo ranks.
 
     .venv/bin/python bench/data_parallel.py            # CPU: two ranks, each a capped CPU device
-    .venv/bin/python bench/data_parallel.py --quick    # the wide MLP alone
+    .venv/bin/python bench/data_parallel.py --quick    # the wide MLP alone, in DDP and in FSDP2
 
 For each case every rank searches its model unwrapped and wrapped in DDP (in lockstep), then
 trains DDP by force, 2 steps with its all-reduces, at each answer and the size after it: a fresh
 model and optimizer, the DDP built inside ``batchfit.memory_limit`` at the search's budget, so its
 gradient buckets are among the block's own allocations. The wrapped answer should train and the
 next size not; the unwrapped answer, where it is larger, does not train in DDP.
+
+The wide MLP is also sharded by ``fully_shard`` (each layer, then the whole) and searched as it
+trains; its answer and the next size are trained by force, 2 steps with FSDP's all-gathers and
+reduce-scatters, a fresh sharded model under the cap. The parameters' bytes that batchfit counts
+are set beside their local shards' and their global size (a DTensor reports the global one).
 """
 
 from __future__ import annotations
@@ -26,14 +32,18 @@ import torch
 import torch.distributed as dist
 from _harness import RESULTS, Session, parser, print_text_table, write_results
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import batchfit
 from batchfit.runtime.examples import build_example
+from batchfit.runtime.tracker import StorageTracker, resident_tensors
 
 #: (name, memory limit, memory fraction): the wide MLP's parameters outweigh its activations, the
 #: examples' activations weigh more.
 CASES = (("wide-mlp", "400MiB", 1.0), ("mlp", "56MiB", 0.8), ("cnn", "256MiB", 0.8))
+#: (name, memory limit, memory fraction) of the sharded case: the wide MLP, half of it per rank.
+SHARDED = ("wide-mlp", "400MiB", 1.0)
 MAX_BATCH_SIZE = 100_000
 TIMEOUT_SECONDS = 900
 
@@ -55,6 +65,68 @@ def build(name: str) -> batchfit.Workload:
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return batchfit.Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+
+
+def sharded(name: str) -> batchfit.Workload:
+    """A fresh workload whose model is sharded by FSDP2: each layer, then the whole (the root)."""
+    workload = build(name)
+    for layer in workload.model.children():
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer)
+    fully_shard(workload.model)
+    optimizer = torch.optim.AdamW(workload.model.parameters(), lr=1e-3)  # over the shards
+    return dataclasses.replace(workload, optimizer=optimizer)
+
+
+def trains_sharded(name: str, size: int, budget_bytes: int) -> bool:
+    """Whether every rank trains 2 steps of a fresh sharded ``name`` at ``size`` under ``budget_bytes``."""
+    workload = sharded(name)
+    optimizer, make_batch, loss_fn = workload.build_optimizer(), workload.make_batch, workload.loss_fn
+    assert optimizer is not None and make_batch is not None and loss_fn is not None
+    inputs, target = make_batch(size)
+    fits = True
+    try:
+        with batchfit.memory_limit(budget_bytes, resident=[workload.model, optimizer]):
+            for _ in range(2):
+                copies = inputs.clone(), target.clone()
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(workload.model(copies[0]), copies[1]).backward()
+                optimizer.step()
+                del copies
+    except torch.OutOfMemoryError:
+        fits = False
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, fits)
+    return all(outcomes)
+
+
+def measure_sharded(name: str, limit: str, fraction: float) -> dict[str, Any]:
+    """The sharded case on this rank: the search, then FSDP by force at its answer and the next size."""
+    workload = sharded(name)
+    parameters = list(workload.model.parameters())
+    started = time.perf_counter()
+    result = batchfit.find_batch_size(
+        workload, device="cpu", memory_limit=limit, memory_fraction=fraction, max_batch_size=MAX_BATCH_SIZE
+    )
+    seconds = time.perf_counter() - started
+    tracker = StorageTracker()
+    tracker.track(resident_tensors(workload.model))
+    local = {id(s): s.nbytes() for s in (p.to_local().untyped_storage() for p in parameters)}
+    return {
+        "case": name,
+        "limit": limit,
+        "memory_fraction": fraction,
+        "batch_size": result.batch_size,
+        "trials": [[trial.batch_size, trial.outcome] for trial in result.trials],
+        "seconds": seconds,
+        "trains": [
+            trains_sharded(name, size, result.budget_bytes)
+            for size in (result.batch_size, result.batch_size + 1)
+        ],
+        "counted_bytes": tracker.live_bytes,
+        "local_bytes": sum(local.values()),
+        "global_bytes": sum(p.numel() * p.element_size() for p in parameters),
+    }
 
 
 def trains_in_ddp(name: str, size: int, budget_bytes: int) -> bool:
@@ -116,14 +188,14 @@ def rank_main(rank: int, store: str, cases: list[tuple[str, str, float]], out: s
         "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=timedelta(seconds=300)
     )
     rows = [measure(*case) for case in cases]
-    Path(out, f"{rank}.json").write_text(json.dumps(rows))
+    Path(out, f"{rank}.json").write_text(json.dumps({"ddp": rows, "fsdp": [measure_sharded(*SHARDED)]}))
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)  # torch 2.13's CPU build can abort in its C++ teardown after a gloo group
 
 
-def run_ranks(cases: list[tuple[str, str, float]]) -> list[dict[str, Any]]:
-    """Rank 0's rows, from two spawned ranks."""
+def run_ranks(cases: list[tuple[str, str, float]]) -> dict[str, list[dict[str, Any]]]:
+    """Rank 0's rows (DDP's, FSDP's), from two spawned ranks."""
     with tempfile.TemporaryDirectory() as folder:
         context = multiprocessing.get_context("spawn")
         ranks = [
@@ -138,7 +210,7 @@ def run_ranks(cases: list[tuple[str, str, float]]) -> list[dict[str, Any]]:
             for process in ranks:
                 process.kill()
             raise RuntimeError(f"the ranks did not finish cleanly: exit codes {[p.exitcode for p in ranks]}")
-        rows: list[dict[str, Any]] = json.loads(Path(folder, "0.json").read_text())
+        rows: dict[str, list[dict[str, Any]]] = json.loads(Path(folder, "0.json").read_text())
         return rows
 
 
@@ -156,7 +228,7 @@ def main() -> None:
     print(session.machine())
     rows = run_ranks(list(CASES[:1] if args.quick else CASES))
     lines: list[list[str]] = []
-    for row in rows:
+    for row in rows["ddp"]:
         wrapped, unwrapped = row["wrapped"], row["unwrapped"]
         lines.append(
             [
@@ -181,6 +253,29 @@ def main() -> None:
         "seconds",
     ]
     print_text_table(headers, lines)
+    print()
+    print("FSDP2 (fully_shard), searched sharded as it trains:")
+    fsdp_lines = [
+        [
+            f"{row['case']} at {row['limit']} x {row['memory_fraction']:g}",
+            " / ".join(f"{row[key] / 2**20:.2f}" for key in ("global_bytes", "local_bytes", "counted_bytes"))
+            + " MiB",
+            str(row["batch_size"]),
+            " / ".join(yes_no(fits) for fits in row["trains"]),
+            f"{sum(outcome == 'oom' for _, outcome in row['trials'])} of {len(row['trials'])}",
+            f"{row['seconds']:.2f} s",
+        ]
+        for row in rows["fsdp"]
+    ]
+    fsdp_headers = [
+        "case",
+        "parameters: global / shard / counted",
+        "answer",
+        "trains / next",
+        "trials out of memory",
+        "seconds",
+    ]
+    print_text_table(fsdp_headers, fsdp_lines)
     print(session.finish())
     if not args.no_json:
         write_results(args.json or RESULTS / "data-parallel-cpu.json", {**session.to_dict(), "rows": rows})
