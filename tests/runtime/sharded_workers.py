@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
 from two_ranks import leave_group
 
 from batchfit import Workload, find_batch_size, memory_limit
@@ -90,6 +91,44 @@ def report(limit: str) -> dict[str, Any]:
     }
 
 
+def zero_report() -> dict[str, Any]:
+    """find on an MLP in DDP whose AdamW is sharded by ``ZeroRedundancyOptimizer``, after one real
+    step (so each rank's local optimizer holds state for its shard): whether that state is as it
+    was, and the bytes batchfit counts for the optimizer beside the local state's."""
+    # Imported here: its import warns of torch.jit's deprecation, in the test process too.
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        nn.Sequential(
+            *(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()) for _ in range(4)), nn.Linear(WIDTH, 10)
+        )
+    )
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    inputs, target = make_batch(8)
+    nn.functional.cross_entropy(model(inputs), target).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    local = optimizer.optim.state
+    before = {id(key): {name: value.clone() for name, value in state.items()} for key, state in local.items()}
+    workload = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+    tracker = StorageTracker()
+    tracker.track(resident_tensors(optimizer))
+    counted = tracker.live_bytes
+    find_batch_size(workload, device="cpu", memory_limit="1GiB", max_batch_size=64)
+    restored = {id(key) for key in local} == set(before) and all(
+        torch.equal(value, before[id(key)][name])
+        for key, state in local.items()
+        for name, value in state.items()
+    )
+    return {
+        "restored": restored,
+        "local_parameters": len(local),
+        "counted_bytes": counted,
+        "local_bytes": sum(v.numel() * v.element_size() for state in local.values() for v in state.values()),
+    }
+
+
 def main(rank: int, world_size: int, store: str, limit: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -98,7 +137,7 @@ def main(rank: int, world_size: int, store: str, limit: str, out: str) -> None:
     started = time.perf_counter()
     result: dict[str, Any]
     try:
-        result = report(limit)
+        result = {**report(limit), "zero": zero_report()}
     except BaseException as error:
         result = {
             "error": type(error).__name__,

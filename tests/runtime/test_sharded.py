@@ -1,5 +1,5 @@
-"""A model sharded by FSDP2 (``fully_shard``), searched by 2 real gloo ranks on capped CPUs
-(marker ``distributed``)."""
+"""A model sharded by FSDP2 (``fully_shard``) and an optimizer sharded by ZeRO, searched by 2 real
+gloo ranks on capped CPUs (marker ``distributed``)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,15 @@ def test_a_sharded_parameter_counts_its_local_shard(reports: list[dict[str, Any]
     report = reports[0]
     assert report["counted_bytes"] == report["local_bytes"]
     assert report["local_bytes"] * 2 >= report["global_bytes"] > report["local_bytes"]
+
+
+def test_a_zero_sharded_optimizer_s_local_state_is_counted_and_put_back(
+    reports: list[dict[str, Any]],
+) -> None:
+    # ZeroRedundancyOptimizer keeps each rank's AdamW state in a local optimizer of its own (its
+    # ``optim``): the search left that state as the trials made it, moments and steps, and counted
+    # none of it as resident. The ranks hold different shares of the parameters.
+    zero = [report["zero"] for report in reports]
+    assert all(each["restored"] for each in zero)
+    assert all(each["counted_bytes"] == each["local_bytes"] > 0 for each in zero)
+    assert sum(each["local_parameters"] for each in zero) == 10  # 5 layers: a weight and a bias each

@@ -22,6 +22,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from batchfit.runtime.sharded import reshard
+from batchfit.runtime.tracker import wrapped_optimizers
 
 #: How far ``reachable`` follows references from a step: the step's closure, defaults and
 #: globals, then the attributes of what it finds there (``self.scaler`` of a trainer object).
@@ -371,7 +372,11 @@ class TrainingSnapshot:
                     grad = parameter.grad
                     snap.other_grads.append((parameter, None if grad is None else _host_copy(grad)))
         optimizers = [optimizer, *(other for other in others if isinstance(other, torch.optim.Optimizer))]
-        snap.optimizers = [_OptimizerState.capture(each) for each in optimizers if each is not None]
+        held: dict[int, torch.optim.Optimizer] = {}
+        for each in optimizers:
+            if each is not None:
+                held.update((id(inner), inner) for inner in wrapped_optimizers(each))
+        snap.optimizers = [_OptimizerState.capture(each) for each in held.values()]
         return snap
 
     def set_gradients_aside(self) -> None:

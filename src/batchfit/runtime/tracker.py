@@ -58,12 +58,24 @@ def resident_tensors(*objects: Any) -> Iterator[torch.Tensor]:
             for buffer in obj.buffers():
                 yield from dense_parts(buffer)
         elif isinstance(obj, torch.optim.Optimizer):
-            for state in obj.state.values():  # tensors, and lists of them (L-BFGS's history)
-                yield from resident_tensors(*state.values())
+            for each in wrapped_optimizers(obj):
+                for state in each.state.values():  # tensors, and lists of them (L-BFGS's history)
+                    yield from resident_tensors(*state.values())
         elif isinstance(obj, (list, tuple, set)):
             yield from resident_tensors(*obj)
         elif isinstance(obj, dict):
             yield from resident_tensors(*obj.values())
+
+
+def wrapped_optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """``optimizer`` and the optimizers it holds as attributes, whose state may be its own:
+    ``ZeroRedundancyOptimizer``'s local optimizer over this rank's shard, the optimizer inside
+    accelerate's or Lightning's wrapper (whose state is the wrapped one's: the same dict)."""
+    found = [optimizer]
+    for value in vars(optimizer).values():
+        if isinstance(value, torch.optim.Optimizer) and all(value is not each for each in found):
+            found.append(value)
+    return found
 
 
 class StorageTracker(TorchDispatchMode):
