@@ -91,25 +91,89 @@ def report(limit: str) -> dict[str, Any]:
     }
 
 
-def zero_report() -> dict[str, Any]:
-    """find on an MLP in DDP whose AdamW is sharded by ``ZeroRedundancyOptimizer``, after one real
-    step (so each rank's local optimizer holds state for its shard): whether that state is as it
-    was, and the bytes batchfit counts for the optimizer beside the local state's."""
+def zero_mlp(wrap: bool = True) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The MLP (as ``sharded_mlp``, unsharded) in DDP (unless not ``wrap``), its AdamW sharded by
+    ZeroRedundancyOptimizer."""
     # Imported here: its import warns of torch.jit's deprecation, in the test process too.
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        nn.Sequential(
-            *(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()) for _ in range(4)), nn.Linear(WIDTH, 10)
-        )
+    model = nn.Sequential(
+        *(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()) for _ in range(4)), nn.Linear(WIDTH, 10)
     )
     optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    return (DistributedDataParallel(model) if wrap else model), optimizer
+
+
+def _everyone(fits: bool) -> bool:
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, fits)
+    return all(outcomes)
+
+
+def zero_trains_capped(size: int, budget_bytes: int) -> bool:
+    """Whether every rank trains 2 steps of a fresh ``zero_mlp`` at ``size`` under ``budget_bytes``,
+    with DDP's gradient all-reduce and ZeRO's broadcast, the DDP built inside the cap. The ranks'
+    shares of AdamW's state differ, so one rank can run out of memory where the other goes on into
+    a collective: each collective runs once every rank is known to have got there (the gradients
+    all-reduced in place after a backward in ``no_sync``, as DDP's buckets would; ZeRO's step split
+    where its broadcast, in place too, begins). None of them allocates."""
+    model, optimizer = zero_mlp(wrap=False)
+    zero: Any = optimizer
+    batch = make_batch(size)
+    with memory_limit(budget_bytes, resident=[model, optimizer]):
+        network = DistributedDataParallel(model)
+        for _ in range(2):
+            fits = True
+            try:
+                inputs, target = (tensor.clone() for tensor in batch)
+                optimizer.zero_grad(set_to_none=True)
+                with network.no_sync():
+                    nn.functional.cross_entropy(network(inputs), target).backward()
+                del inputs, target
+            except torch.OutOfMemoryError:
+                fits = False
+            if not _everyone(fits):
+                return False
+            for parameter in model.parameters():
+                dist.all_reduce(parameter.grad)
+                parameter.grad.div_(dist.get_world_size())
+            try:
+                zero._local_step()
+            except torch.OutOfMemoryError:
+                fits = False
+            if not _everyone(fits):
+                return False
+            zero._sync_params()
+    return True
+
+
+def zero_search_report(limit: str) -> dict[str, Any]:
+    """find on ``zero_mlp`` under ``limit``, where the ranks' shards of AdamW's state differ and
+    some trials run out of memory; the answer and the next size trained by force."""
+    model, optimizer = zero_mlp()
+    workload = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+    found = find_batch_size(workload, device="cpu", memory_limit=limit, max_batch_size=4096)
+    return {
+        "batch_size": found.batch_size,
+        "trials": [[trial.batch_size, trial.outcome] for trial in found.trials],
+        "by_force": [
+            zero_trains_capped(size, found.budget_bytes) for size in (found.batch_size, found.batch_size + 1)
+        ],
+    }
+
+
+def zero_report() -> dict[str, Any]:
+    """find on an MLP in DDP whose AdamW is sharded by ``ZeroRedundancyOptimizer``, after one real
+    step (so each rank's local optimizer holds state for its shard): whether that state is as it
+    was, and the bytes batchfit counts for the optimizer beside the local state's."""
+    model, optimizer = zero_mlp()
+    zero: Any = optimizer
     inputs, target = make_batch(8)
     nn.functional.cross_entropy(model(inputs), target).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    local = optimizer.optim.state
+    local = zero.optim.state
     before = {id(key): {name: value.clone() for name, value in state.items()} for key, state in local.items()}
     workload = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
     tracker = StorageTracker()
@@ -137,7 +201,7 @@ def main(rank: int, world_size: int, store: str, limit: str, out: str) -> None:
     started = time.perf_counter()
     result: dict[str, Any]
     try:
-        result = {**report(limit), "zero": zero_report()}
+        result = {**report(limit), "zero": zero_report(), "zero_search": zero_search_report("8MiB")}
     except BaseException as error:
         result = {
             "error": type(error).__name__,

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     folder = tmp_path_factory.mktemp("fsdp")
-    run_ranks(sharded_workers.main, (str(folder / "store"), "16MiB", str(folder)), "the FSDP search")
+    run_ranks(
+        sharded_workers.main, (str(folder / "store"), "16MiB", str(folder)), "the FSDP and ZeRO searches"
+    )
     return [json.loads((folder / f"{rank}.json").read_text()) for rank in range(2)]
 
 
@@ -58,3 +60,16 @@ def test_a_zero_sharded_optimizer_s_local_state_is_counted_and_put_back(
     assert all(each["restored"] for each in zero)
     assert all(each["counted_bytes"] == each["local_bytes"] > 0 for each in zero)
     assert sum(each["local_parameters"] for each in zero) == 10  # 5 layers: a weight and a bias each
+
+
+def test_a_rank_out_of_memory_in_its_zero_shard_s_step_leaves_no_rank_waiting(
+    reports: list[dict[str, Any]],
+) -> None:
+    # ZeroRedundancyOptimizer steps each rank's shard, then broadcasts every shard. The ranks hold
+    # different shares of AdamW's state, so near the boundary one rank ran out of memory in its
+    # shard's step while the other went on into the broadcast, and both waited until the group's
+    # timeout. A trial steps the shard alone: the search ends, every rank with the same trials,
+    # and its answer trains by force with the broadcast; the next size does not.
+    first, second = (report["zero_search"] for report in reports)
+    assert first["trials"] == second["trials"] and "oom" in [outcome for _, outcome in first["trials"]]
+    assert first["by_force"] == [True, False]

@@ -1,9 +1,11 @@
-"""A model sharded by FSDP: how to recognise one, and how to put it back in its sharded state
-after a step that stopped midway (an out-of-memory inside a trial).
+"""A model sharded by FSDP, an optimizer sharded by ZeRO: what a trial runs of them.
 
 FSDP2's ``fully_shard`` swaps a module's parameters for their gathered copies before its forward
 and back after; a step that raises in between leaves the gathered copies registered and FSDP's
-state saying so, and the next forward would run on the shards as if they were whole.
+state saying so, and the next forward would run on the shards as if they were whole: ``reshard``
+puts it back. ``ZeroRedundancyOptimizer`` steps this rank's shard, then broadcasts every shard
+from its rank; a rank that ran out of memory in its shard's step would leave the others waiting
+in that broadcast, so a trial steps the shard alone (``local_step``), as DDP's module runs alone.
 """
 
 from __future__ import annotations
@@ -51,3 +53,24 @@ def reshard(model: torch.nn.Module) -> None:
 
 def _inside(name: str, root: str) -> bool:
     return root == "" or name.startswith(f"{root}.")
+
+
+def local_step(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer a trial steps: for a ``ZeroRedundancyOptimizer``, a view of it (the same
+    parameter groups, state and local optimizer) whose ``step`` updates this rank's shard and
+    broadcasts nothing (ZeRO's own ``_local_step``); the broadcast writes into the parameters in
+    place, so the step's memory is the same. Any other optimizer is returned as it is."""
+    kind: Any = getattr(sys.modules.get("torch.distributed.optim"), "ZeroRedundancyOptimizer", None)
+    if not isinstance(kind, type) or not isinstance(optimizer, kind):
+        return optimizer
+    zero: Any = optimizer
+    if zero._overlap_with_ddp:  # DDP's comm hook steps it, and a trial runs no DDP hook
+        return optimizer
+    view = object.__new__(type(optimizer))
+    view.__dict__.update(zero.__dict__)
+
+    def step(closure: Any = None, **kwargs: Any) -> Any:
+        return zero._local_step(closure=closure, **kwargs)
+
+    view.__dict__["step"] = step
+    return view

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from batchfit.errors import ConfigurationError
 from batchfit.runtime.data_parallel import bucket_bytes, unwrapped
 from batchfit.runtime.micro_batches import plain
+from batchfit.runtime.sharded import local_step
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 #: Items scanned to find the largest samples of a dataset; larger datasets are sampled.
@@ -196,9 +197,13 @@ class Workload:
         return tuple(step_state(self.module, optimizer, self.functions))
 
     def build_optimizer(self) -> torch.optim.Optimizer | None:
-        if self.optimizer is None or isinstance(self.optimizer, torch.optim.Optimizer):
-            return self.optimizer
-        return self.optimizer(self.module.parameters())
+        """The optimizer a trial steps: the workload's, or a new one from its factory (a ZeRO
+        optimizer's view that steps its shard alone: ``runtime.sharded.local_step``)."""
+        if self.optimizer is None:
+            return None
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            return local_step(self.optimizer)
+        return local_step(self.optimizer(self.module.parameters()))
 
     def run_train_step(self, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
         if self.train_step is not None:
