@@ -3,6 +3,7 @@ test_lockstep.py), searching a tiny MLP on a capped CPU that plays its own devic
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -140,7 +141,18 @@ def ddp_report(limit: str) -> dict[str, Any]:
         too_small = ""
     except DoesNotFitError as error:
         too_small = str(error)
+    # A train_step written for DDP: it accumulates over two micro-batches, all-reducing the
+    # gradients only at the last (DDP's no_sync), and reads the module through model.module.
+    accumulating = dataclasses.replace(wrapped, loss_fn=None, train_step=accumulating_step)
+    accumulated = find_batch_size(accumulating, device="cpu", memory_limit=limit, max_batch_size=4096)
     return {
+        "accumulated": [
+            accumulated.batch_size,
+            *(
+                _ddp_trains_capped(size, accumulated.budget_bytes, accumulating_step)
+                for size in (accumulated.batch_size, accumulated.batch_size + 1)
+            ),
+        ],
         "batch_size": found.batch_size,
         "unwrapped_batch_size": unwrapped.batch_size,
         "trials": [trial.batch_size for trial in found.trials],
@@ -167,15 +179,40 @@ def ddp_report(limit: str) -> dict[str, Any]:
     }
 
 
-def _ddp_trains_capped(size: int, budget_bytes: int) -> bool:
+def accumulating_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+    """One optimizer step over two micro-batches, DDP's way: the first backward in ``no_sync``, the
+    gradients all-reduced at the last; ``model.module`` as a DDP user reaches the module."""
+    inputs, target = batch
+    optimizer.zero_grad(set_to_none=True)
+    halves = list(zip(inputs.chunk(2), target.chunk(2), strict=True))
+    for index, (micro_inputs, micro_target) in enumerate(halves):
+        with model.no_sync() if index < len(halves) - 1 else contextlib.nullcontext():
+            loss = nn.functional.cross_entropy(model(micro_inputs), micro_target) / len(halves)
+            loss.backward()
+    assert isinstance(model.module, nn.Sequential)
+    optimizer.step()
+
+
+def _ddp_trains_capped(
+    size: int,
+    budget_bytes: int,
+    step: Callable[[nn.Module, torch.optim.Optimizer, Any], None] | None = None,
+) -> bool:
     """Whether every rank trains 2 steps of a fresh MLP in DDP at ``size`` under a cap at
-    ``budget_bytes`` on the CPU, the DDP built inside the cap: its buckets are among the block's
-    own allocations."""
+    ``budget_bytes`` on the CPU (with ``step``, each batch a copy held to the step's end), the DDP
+    built inside the cap: its buckets are among the block's own allocations."""
     model, optimizer, make_batch = _fresh()
     batch = make_batch(size)
     try:
         with memory_limit(budget_bytes, resident=[model, optimizer]):
-            _train(DistributedDataParallel(model), optimizer, batch, 2)
+            network = DistributedDataParallel(model)
+            if step is None:
+                _train(network, optimizer, batch, 2)
+            else:
+                for _ in range(2):
+                    copies = tuple(tensor.clone() for tensor in batch)
+                    step(network, optimizer, copies)
+                    del copies
         fits = True
     except torch.OutOfMemoryError:
         fits = False

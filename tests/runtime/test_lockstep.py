@@ -140,6 +140,17 @@ def test_a_model_in_ddp_is_searched_with_its_gradient_buckets_and_its_answer_tra
     assert behind == held and behind[-2] < plain[-2]
 
 
+def test_a_train_step_written_for_ddp_runs_in_the_trials_and_its_answer_trains_in_ddp(
+    ddp_reports: list[dict[str, Any]],
+) -> None:
+    # It accumulates over two micro-batches with DDP's no_sync and reads model.module: a trial
+    # gives it a stand-in with DDP's interface and no collective (before, the DDP's module,
+    # which has neither: AttributeError). By force, in DDP with its all-reduce, the answer trains
+    # and the next size does not.
+    first, second = (report["accumulated"] for report in ddp_reports)
+    assert first == second and first[1:] == [True, False]
+
+
 def test_ranks_that_search_a_plain_model_are_told_once_to_pass_the_wrapped_one(
     ddp_reports: list[dict[str, Any]],
 ) -> None:

@@ -10,9 +10,11 @@ wrapper's life, into which each backward copies the gradients to all-reduce them
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -28,6 +30,24 @@ _TOLD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The module a trial runs: a ``DistributedDataParallel``'s own module, else ``model``."""
     return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+class DataParallelStandIn(torch.nn.Module):
+    """What the user's ``train_step`` and ``eval_step`` are given in a trial in place of a
+    ``DistributedDataParallel``: its module, under DDP's own interface (``.module``,
+    ``no_sync()``, the ``module.`` prefix of its names), with no collective. A trial reduces no
+    gradients, so ``no_sync`` (a step that accumulates over micro-batches) holds nothing back."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        yield
 
 
 def bucket_bytes(model: torch.nn.Module) -> int:

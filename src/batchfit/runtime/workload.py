@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves, tree_map
 
 from batchfit.errors import ConfigurationError
-from batchfit.runtime.data_parallel import bucket_bytes, unwrapped
+from batchfit.runtime.data_parallel import DataParallelStandIn, bucket_bytes, unwrapped
 from batchfit.runtime.micro_batches import plain
 from batchfit.runtime.sharded import local_step
 
@@ -55,6 +55,9 @@ class Workload:
     # What the model's wrapper holds on the device beside the tensors a step reaches (DDP's
     # gradient buckets), read once: a variant that replaces the model (compiled) keeps it.
     _wrapper_bytes: int = field(default=0, init=False, repr=False)
+    # What the user's steps are given: the model as a trial runs it (``step_model``), made once.
+    _data_parallel: bool = field(default=False, init=False, repr=False)
+    _step_model: torch.nn.Module | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -87,6 +90,7 @@ class Workload:
                 "and counts DDP's gradient buckets."
             )
         self._wrapper_bytes = bucket_bytes(self.model)
+        self._data_parallel = isinstance(self.model, DistributedDataParallel)
 
     # -- batches -------------------------------------------------------------------------
 
@@ -159,6 +163,16 @@ class Workload:
         return unwrapped(self.model)
 
     @property
+    def step_model(self) -> torch.nn.Module:
+        """What ``train_step`` and ``eval_step`` are given: ``module``, or for a model in DDP a
+        stand-in with DDP's interface and no collective (``DataParallelStandIn``)."""
+        if not self._data_parallel:
+            return self.module
+        if self._step_model is None or self._step_model.module is not self.module:
+            self._step_model = DataParallelStandIn(self.module)
+        return self._step_model
+
+    @property
     def wrapper_bytes(self) -> int:
         """Bytes the model's wrapper holds on the device beside the tensors a step reaches (DDP's
         gradient buckets; 0 for a plain model): resident in every trial. A device that counts
@@ -170,6 +184,7 @@ class Workload:
         what the original model's wrapper holds still held, unless the new model is a wrapper too."""
         variant = dataclasses.replace(self, **changes)
         variant._wrapper_bytes = variant._wrapper_bytes or self._wrapper_bytes
+        variant._data_parallel = variant._data_parallel or self._data_parallel
         return variant
 
     @property
@@ -207,7 +222,7 @@ class Workload:
 
     def run_train_step(self, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
         if self.train_step is not None:
-            self.train_step(self.module, optimizer, batch)
+            self.train_step(self.step_model, optimizer, batch)
             return
         if optimizer is None:
             raise ConfigurationError(
@@ -219,7 +234,7 @@ class Workload:
     def run_eval_step(self, batch: Any) -> None:
         with torch.no_grad():
             if self.eval_step is not None:
-                self.eval_step(self.module, batch)
+                self.eval_step(self.step_model, batch)
             elif self.loss_fn is not None:
                 self._loss(batch)
             else:
