@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -80,24 +81,7 @@ def sharded(name: str) -> batchfit.Workload:
 
 def trains_sharded(name: str, size: int, budget_bytes: int) -> bool:
     """Whether every rank trains 2 steps of a fresh sharded ``name`` at ``size`` under ``budget_bytes``."""
-    workload = sharded(name)
-    optimizer, make_batch, loss_fn = workload.build_optimizer(), workload.make_batch, workload.loss_fn
-    assert optimizer is not None and make_batch is not None and loss_fn is not None
-    inputs, target = make_batch(size)
-    fits = True
-    try:
-        with batchfit.memory_limit(budget_bytes, resident=[workload.model, optimizer]):
-            for _ in range(2):
-                copies = inputs.clone(), target.clone()
-                optimizer.zero_grad(set_to_none=True)
-                loss_fn(workload.model(copies[0]), copies[1]).backward()
-                optimizer.step()
-                del copies
-    except torch.OutOfMemoryError:
-        fits = False
-    outcomes: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(outcomes, fits)
-    return all(outcomes)
+    return trains_by_force(sharded(name), size, budget_bytes, lambda model: model)
 
 
 def measure_sharded(name: str, limit: str, fraction: float) -> dict[str, Any]:
@@ -131,14 +115,21 @@ def measure_sharded(name: str, limit: str, fraction: float) -> dict[str, Any]:
 
 def trains_in_ddp(name: str, size: int, budget_bytes: int) -> bool:
     """Whether every rank trains 2 DDP steps of a fresh ``name`` at ``size`` under ``budget_bytes``."""
-    workload = build(name)
+    return trains_by_force(build(name), size, budget_bytes, DistributedDataParallel)
+
+
+def trains_by_force(
+    workload: batchfit.Workload, size: int, budget_bytes: int, network_of: Callable[[nn.Module], nn.Module]
+) -> bool:
+    """Whether every rank trains 2 steps of ``network_of(workload.model)``, built inside the cap (a
+    DDP's buckets are among its allocations), at ``size`` under ``budget_bytes``."""
     optimizer, make_batch, loss_fn = workload.build_optimizer(), workload.make_batch, workload.loss_fn
     assert optimizer is not None and make_batch is not None and loss_fn is not None
     inputs, target = make_batch(size)  # on the host, as a loader makes it: outside the cap
     fits = True
     try:
         with batchfit.memory_limit(budget_bytes, resident=[workload.model, optimizer]):
-            network = DistributedDataParallel(workload.model)
+            network = network_of(workload.model)
             for _ in range(2):
                 copies = inputs.clone(), target.clone()
                 optimizer.zero_grad(set_to_none=True)
