@@ -3,11 +3,13 @@ deadline, the way a rank leaves the group, and a DDP model that counts its all-r
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -35,6 +37,21 @@ def run_ranks(target: Callable[..., None], args: tuple[Any, ...], what: str) -> 
             process.kill()
     assert not hung, f"ranks {hung} still running after {TIMEOUT_SECONDS} s: {what} hung"
     assert [process.exitcode for process in ranks] == [0, 0]
+
+
+def report_and_leave(out: str, rank: int, make: Callable[[], dict[str, Any]]) -> None:
+    """Write ``make()``'s report (or the error it raised, its notes too) with the seconds it took to
+    ``out/<rank>.json``, then leave the group (``leave_group``)."""
+    started = time.perf_counter()
+    report: dict[str, Any]
+    try:
+        report = make()
+    except BaseException as error:
+        notes = getattr(error, "__notes__", [])
+        report = {"error": type(error).__name__, "message": str(error), "notes": notes}
+    report["seconds"] = time.perf_counter() - started
+    Path(out, f"{rank}.json").write_text(json.dumps(report))
+    leave_group()
 
 
 def leave_group() -> None:

@@ -6,12 +6,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import logging
-import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +16,7 @@ import torch.distributed as dist
 from tiny_workloads import build, classification_batch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from two_ranks import leave_group
+from two_ranks import report_and_leave
 
 from batchfit import (
     ConfigurationError,
@@ -373,16 +370,4 @@ def main(rank: int, world_size: int, store: str, scenario: str, limits: list[str
     dist.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
     )
-    started = time.perf_counter()
-    report: dict[str, Any]
-    try:
-        report = run(rank, scenario, limits)
-    except BaseException as error:
-        report = {
-            "error": type(error).__name__,
-            "message": str(error),
-            "notes": getattr(error, "__notes__", []),
-        }
-    report["seconds"] = time.perf_counter() - started
-    Path(out, f"{rank}.json").write_text(json.dumps(report))
-    leave_group()
+    report_and_leave(out, rank, lambda: run(rank, scenario, limits))

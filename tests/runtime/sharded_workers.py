@@ -3,10 +3,7 @@ test_sharded.py), searching an MLP sharded by FSDP2's ``fully_shard`` on a cappe
 
 from __future__ import annotations
 
-import json
-import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
-from two_ranks import leave_group
+from two_ranks import report_and_leave
 
 from batchfit import Workload, find_batch_size, memory_limit
 from batchfit.runtime.tracker import StorageTracker, resident_tensors
@@ -198,16 +195,6 @@ def main(rank: int, world_size: int, store: str, limit: str, out: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
     )
-    started = time.perf_counter()
-    result: dict[str, Any]
-    try:
-        result = {**report(limit), "zero": zero_report(), "zero_search": zero_search_report("8MiB")}
-    except BaseException as error:
-        result = {
-            "error": type(error).__name__,
-            "message": str(error),
-            "notes": getattr(error, "__notes__", []),
-        }
-    result["seconds"] = time.perf_counter() - started
-    Path(out, f"{rank}.json").write_text(json.dumps(result))
-    leave_group()
+    report_and_leave(
+        out, rank, lambda: {**report(limit), "zero": zero_report(), "zero_search": zero_search_report("8MiB")}
+    )
