@@ -10,10 +10,16 @@ in that broadcast, so a trial steps the shard alone (``local_step``), as DDP's m
 
 from __future__ import annotations
 
+import logging
 import sys
+import weakref
 from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
+#: The FSDP roots warned already that this torch cannot reset them (once is enough).
+_TOLD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def _fsdp_kinds() -> tuple[type, ...]:
@@ -44,6 +50,14 @@ def reshard(model: torch.nn.Module) -> None:
         roots.append(name)
         sharded: Any = module
         if not hasattr(sharded, "reset_iter_state"):
+            if sharded not in _TOLD:
+                _TOLD.add(sharded)
+                logger.warning(
+                    "torch %s has no FSDPModule.reset_iter_state: after a trial that runs out of "
+                    "memory inside FSDP's forward or backward, the next trial may fail (torch 2.13 "
+                    "has it).",
+                    torch.__version__,
+                )
             shards: list[Any] = [each for each in sharded.modules() if isinstance(each, kind)]
             for each in shards:
                 each.reshard()
