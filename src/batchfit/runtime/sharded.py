@@ -38,8 +38,8 @@ def reshard(model: torch.nn.Module) -> None:
     """Put the FSDP2 modules of ``model`` back as a step that completed leaves them: after a step
     that raised midway, each root's ``reset_iter_state`` waits on its collectives in flight,
     registers the shards again and clears the iteration's bookkeeping. A root that has not run
-    yet has nothing to reset; a torch without ``reset_iter_state`` (before 2.13) gets each
-    module's ``reshard``, which registers the shards but leaves the bookkeeping."""
+    yet has nothing to reset. A torch without ``reset_iter_state`` gets each module's ``reshard``,
+    which registers the shards but leaves the bookkeeping, and a warning, once per root."""
     kind: Any = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
     if not isinstance(kind, type):
         return
