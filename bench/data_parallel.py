@@ -95,7 +95,8 @@ def measure_sharded(name: str, limit: str, fraction: float) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     tracker = StorageTracker()
     tracker.track(resident_tensors(workload.model))
-    local = {id(s): s.nbytes() for s in (p.to_local().untyped_storage() for p in parameters)}
+    shards: list[Any] = parameters  # DTensors, whose local shard to_local() gives
+    local = {s._cdata: s.nbytes() for s in (p.to_local().untyped_storage() for p in shards)}
     return {
         "case": name,
         "limit": limit,

@@ -72,7 +72,7 @@ def report(limit: str) -> dict[str, Any]:
     )
     tracker = StorageTracker()
     tracker.track(resident_tensors(model))
-    local = {id(s): s.nbytes() for s in (p.to_local().untyped_storage() for p in model.parameters())}
+    local = {s._cdata: s.nbytes() for s in (p.to_local().untyped_storage() for p in model.parameters())}
     return {
         "batch_size": found.batch_size,
         "trials": [[trial.batch_size, trial.outcome] for trial in found.trials],
