@@ -22,15 +22,16 @@ logger = logging.getLogger(__name__)
 _TOLD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
-def _fsdp_kinds() -> tuple[type, ...]:
-    fsdp = sys.modules.get("torch.distributed.fsdp")  # no model is sharded before FSDP is imported
-    names = ("FullyShardedDataParallel", "FSDPModule")
-    return tuple(kind for kind in (getattr(fsdp, name, None) for name in names) if isinstance(kind, type))
+def _imported(module: str, name: str) -> type | None:
+    """``module.name`` where ``module`` was imported (no model is sharded before it is), else None."""
+    kind = getattr(sys.modules.get(module), name, None)
+    return kind if isinstance(kind, type) else None
 
 
 def is_fully_sharded(model: torch.nn.Module) -> bool:
     """Whether any of ``model``'s modules is sharded by FSDP (FSDP1's wrapper, FSDP2's ``fully_shard``)."""
-    kinds = _fsdp_kinds()
+    names = ("FullyShardedDataParallel", "FSDPModule")
+    kinds = tuple(kind for kind in (_imported("torch.distributed.fsdp", name) for name in names) if kind)
     return bool(kinds) and any(isinstance(module, kinds) for module in model.modules())
 
 
@@ -40,8 +41,8 @@ def reshard(model: torch.nn.Module) -> None:
     registers the shards again and clears the iteration's bookkeeping. A root that has not run
     yet has nothing to reset. A torch without ``reset_iter_state`` gets each module's ``reshard``,
     which registers the shards but leaves the bookkeeping, and a warning, once per root."""
-    kind: Any = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
-    if not isinstance(kind, type):
+    kind = _imported("torch.distributed.fsdp", "FSDPModule")
+    if kind is None:
         return
     roots: list[str] = []
     for name, module in model.named_modules():
@@ -74,8 +75,8 @@ def local_step(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     parameter groups, state and local optimizer) whose ``step`` updates this rank's shard and
     broadcasts nothing (ZeRO's own ``_local_step``); the broadcast writes into the parameters in
     place, so the step's memory is the same. Any other optimizer is returned as it is."""
-    kind: Any = getattr(sys.modules.get("torch.distributed.optim"), "ZeroRedundancyOptimizer", None)
-    if not isinstance(kind, type) or not isinstance(optimizer, kind):
+    kind = _imported("torch.distributed.optim", "ZeroRedundancyOptimizer")
+    if kind is None or not isinstance(optimizer, kind):
         return optimizer
     zero: Any = optimizer
     if zero._overlap_with_ddp:  # DDP's comm hook steps it, and a trial runs no DDP hook
