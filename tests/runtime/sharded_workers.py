@@ -3,6 +3,7 @@ test_sharded.py), searching an MLP sharded by FSDP2's ``fully_shard`` on a cappe
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -85,6 +86,39 @@ def report(limit: str) -> dict[str, Any]:
         "counted_bytes": tracker.live_bytes,
         "local_bytes": sum(local.values()),
         "global_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
+
+
+def older_torch_report(limit: str) -> dict[str, Any]:
+    """find on the sharded MLP as a torch from before ``FSDPModule.reset_iter_state`` (2.13) runs
+    it, that method hidden for the search (torch 2.11, our GPU machines', has none): its trials,
+    answer and restore, and whether batchfit warned that it could not reset FSDP's state."""
+    from torch.distributed.fsdp import FSDPModule
+
+    hidden = FSDPModule.__dict__.get("reset_iter_state")
+    if hidden is not None:
+        delattr(FSDPModule, "reset_iter_state")
+    warnings: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = warnings.append  # type: ignore[method-assign]
+    logging.getLogger("batchfit.runtime.sharded").addHandler(handler)
+    try:
+        model, optimizer = sharded_mlp()
+        weights = [parameter.full_tensor().clone() for parameter in model.parameters()]
+        workload = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
+        found = find_batch_size(workload, device="cpu", memory_limit=limit, max_batch_size=4096)
+    finally:
+        logging.getLogger("batchfit.runtime.sharded").removeHandler(handler)
+        if hidden is not None:
+            FSDPModule.reset_iter_state = hidden  # type: ignore[attr-defined]
+    return {
+        "batch_size": found.batch_size,
+        "trials": [[trial.batch_size, trial.outcome] for trial in found.trials],
+        "restored": all(
+            torch.equal(weight, parameter.full_tensor())
+            for weight, parameter in zip(weights, model.parameters(), strict=True)
+        ),
+        "warned": [record.getMessage() for record in warnings],
     }
 
 
@@ -196,5 +230,12 @@ def main(rank: int, world_size: int, store: str, limit: str, out: str) -> None:
         "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
     )
     report_and_leave(
-        out, rank, lambda: {**report(limit), "zero": zero_report(), "zero_search": zero_search_report("8MiB")}
+        out,
+        rank,
+        lambda: {
+            **report(limit),
+            "older_torch": older_torch_report(limit),
+            "zero": zero_report(),
+            "zero_search": zero_search_report("8MiB"),
+        },
     )

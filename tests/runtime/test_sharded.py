@@ -37,6 +37,23 @@ def test_a_sharded_model_s_answer_is_what_it_trains_with_after_trials_that_ran_o
     assert first["by_force"] == [True, False]
 
 
+def test_a_torch_without_reset_iter_state_searches_a_sharded_model_all_the_same(
+    reports: list[dict[str, Any]],
+) -> None:
+    # torch 2.13 resets FSDP2 after a step that raised (reset_iter_state); before it (2.11, on our
+    # GPU machines), re-registering the shards left FSDP's iteration state mid-step, and the trial
+    # after the second out-of-memory raised "got mixed torch.Tensor and DTensor". batchfit now
+    # does that reset itself there: the answer of torch's own reset (which trains by force), after
+    # as many out-of-memory trials, and no warning.
+    first, second = (report["older_torch"] for report in reports)
+    assert first["trials"] == second["trials"]
+    for report in reports:
+        older = report["older_torch"]
+        assert older["batch_size"] == report["batch_size"]
+        assert sum(outcome == "oom" for _, outcome in older["trials"]) >= 2
+        assert older["restored"] and older["warned"] == []
+
+
 def test_a_sharded_model_is_left_as_it_was(reports: list[dict[str, Any]]) -> None:
     for report in reports:
         assert report["restored"] and report["optimizer_state"] == 0 and report["gradients"] == 0

@@ -39,8 +39,10 @@ def reshard(model: torch.nn.Module) -> None:
     """Put the FSDP2 modules of ``model`` back as a step that completed leaves them: after a step
     that raised midway, each root's ``reset_iter_state`` waits on its collectives in flight,
     registers the shards again and clears the iteration's bookkeeping. A root that has not run
-    yet has nothing to reset. A torch without ``reset_iter_state`` gets each module's ``reshard``,
-    which registers the shards but leaves the bookkeeping, and a warning, once per root."""
+    yet has nothing to reset. A torch from before ``reset_iter_state`` (2.13) gets the same reset
+    done on the state it keeps (``_reset_by_hand``); where that state is not as expected, each
+    module's ``reshard``, which registers the shards but leaves the bookkeeping, and a warning,
+    once per root."""
     kind = _imported("torch.distributed.fsdp", "FSDPModule")
     if kind is None:
         return
@@ -50,20 +52,111 @@ def reshard(model: torch.nn.Module) -> None:
             continue
         roots.append(name)
         sharded: Any = module
-        if not hasattr(sharded, "reset_iter_state"):
+        state = sharded._get_fsdp_state()
+        if state._is_root is None:  # set by its first forward: nothing ran, nothing to reset
+            continue
+        if hasattr(sharded, "reset_iter_state"):
+            sharded.reset_iter_state()
+        elif not _reset_by_hand(state):
             if sharded not in _TOLD:
                 _TOLD.add(sharded)
                 logger.warning(
-                    "torch %s has no FSDPModule.reset_iter_state: after a trial that runs out of "
-                    "memory inside FSDP's forward or backward, the next trial may fail (torch 2.13 "
-                    "has it).",
+                    "torch %s keeps FSDP's iteration state where batchfit does not expect it: "
+                    "after a trial that runs out of memory inside FSDP's forward or backward, the "
+                    "next trial may fail (torch 2.13 resets it itself: reset_iter_state).",
                     torch.__version__,
                 )
             shards: list[Any] = [each for each in sharded.modules() if isinstance(each, kind)]
             for each in shards:
                 each.reshard()
-        elif sharded._get_fsdp_state()._is_root is not None:  # set by its first forward
-            sharded.reset_iter_state()
+
+
+#: What ``_reset_by_hand`` reads of an FSDP2 root's state and of each parameter group's (torch
+#: 2.6-2.12 keep them under these names); any one missing, it leaves the state untouched.
+_ROOT_STATE = ("_comm_ctx", "_state_ctx", "_device_handle")
+_GROUP_STATE = (
+    "_all_gather_result",
+    "_post_reduce_event",
+    "_all_reduce_state",
+    "_reshard_after_forward_event",
+    "_wait_all_gather_streams_on_event",
+    "_partial_reduce_output",
+    "_post_forward_indices",
+    "_training_state",
+    "_to_sharded",
+)
+
+
+def _reset_by_hand(root: Any) -> bool:
+    """What FSDP2's ``reset_iter_state`` does (torch 2.13), for a torch from before it: wait on
+    the collectives in flight, forget the reductions and all-gathers, set every state and
+    parameter group idle, register the shards again, and clear the iteration's trackers, so the
+    next forward starts a new iteration at the root. False, and nothing changed, where this torch
+    keeps that state otherwise."""
+    states = list(getattr(getattr(root, "_state_ctx", None), "all_states", ()))
+    groups = [group for state in states for group in _param_groups(state)]
+    if (
+        not states
+        or not all(hasattr(root, name) for name in _ROOT_STATE)
+        or not all(hasattr(state, "_modules_to_run_forward") for state in states)
+        or not all(hasattr(group, name) for group in groups for name in _GROUP_STATE)
+    ):
+        return False
+    stream = root._device_handle.current_stream()
+    comm, context = root._comm_ctx, root._state_ctx
+    # torch 2.11 keeps one reduce-scatter in flight, 2.13 a list of them
+    pending = [getattr(comm, "all_gather_state", None), getattr(comm, "reduce_scatter_state", None)]
+    pending += list(getattr(comm, "reduce_scatter_states", ()))
+    for each in pending:
+        event = getattr(each, "event", None)
+        if event is not None:
+            stream.wait_event(event)
+    for name in ("all_gather_state", "reduce_scatter_state"):
+        if hasattr(comm, name):
+            setattr(comm, name, None)
+    for name in ("reduce_scatter_states", "post_forward_order"):
+        if hasattr(comm, name):
+            getattr(comm, name).clear()
+    for group in groups:
+        _reset_group(group, stream)
+    for state in states:
+        state._modules_to_run_forward.clear()
+        state._training_state = type(state._training_state).IDLE
+    context.iter_forward_root = None
+    context.post_backward_final_callback_queued = False
+    return True
+
+
+def _param_groups(state: Any) -> list[Any]:
+    """A state's FSDP parameter groups: one or none (torch 2.11), or a list (2.13)."""
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [group] if group is not None else []
+
+
+def _reset_group(group: Any, stream: Any) -> None:
+    gathered = group._all_gather_result
+    if gathered is not None:
+        if getattr(gathered, "all_gather_event", None) is not None:
+            stream.wait_event(gathered.all_gather_event)
+        work = getattr(gathered, "all_gather_work", None)
+        if work is not None and hasattr(work, "wait"):
+            work.wait()
+        group._all_gather_result = None
+    if group._post_reduce_event is not None:
+        stream.wait_event(group._post_reduce_event)
+        group._post_reduce_event = None
+    if getattr(group._all_reduce_state, "event", None) is not None:
+        stream.wait_event(group._all_reduce_state.event)
+    group._all_reduce_state = None
+    if group._reshard_after_forward_event is not None:
+        group._wait_all_gather_streams_on_event(group._reshard_after_forward_event)
+        group._reshard_after_forward_event = None
+    group._partial_reduce_output = None
+    group._post_forward_indices.clear()
+    group._training_state = type(group._training_state).IDLE
+    group._to_sharded()
 
 
 def _inside(name: str, root: str) -> bool:
