@@ -61,8 +61,9 @@ def test_steps_marked_after_the_last_entry_are_empty_steps() -> None:
 
 
 def test_a_torch_without_the_allocator_history_records_nothing_and_raises_nothing() -> None:
-    # This CPU-only build has torch.cuda.memory._record_memory_history but not its C++ half: the
-    # CUDA device's recording is then None, and find runs without the forecast.
+    # This CPU-only build has torch.cuda.memory._record_memory_history but not its C++ half (and
+    # a CUDA build without a driver raises asking for the allocator's backend): the CUDA device's
+    # recording is then None, and find runs without the forecast.
     if torch.cuda.is_available():
         pytest.skip("a CUDA build: tests/test_gpu.py checks the recording there")
     with _CudaAllocator(torch.device("cuda", 0)).recording() as recording:

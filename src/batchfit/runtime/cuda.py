@@ -153,8 +153,12 @@ def _history_free() -> bool:
     enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)  # absent from CPU-only builds too
     if enabled is None or not (hasattr(memory, "_record_memory_history") and hasattr(memory, "_snapshot")):
         return False
-    backend = getattr(memory, "get_allocator_backend", lambda: "native")()
-    return backend == "native" and not enabled()
+    try:  # a CUDA build on a machine without a driver raises here (torch.AcceleratorError)
+        backend = getattr(memory, "get_allocator_backend", lambda: "native")()
+        return backend == "native" and not enabled()
+    except RuntimeError as error:
+        logger.debug("no allocator history: %s", error)
+        return False
 
 
 class _HistoryRecording(Recording):
