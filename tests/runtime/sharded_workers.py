@@ -9,13 +9,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.fsdp
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from two_ranks import report_and_leave
 
 from batchfit import Workload, find_batch_size, memory_limit
 from batchfit.runtime.tracker import StorageTracker, resident_tensors
+
+#: FSDP2's ``fully_shard`` runs on the CPU from torch 2.6, where it became public.
+FULLY_SHARD = hasattr(torch.distributed.fsdp, "fully_shard")
+if FULLY_SHARD:
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
 WIDTH = 256
 
@@ -93,8 +98,6 @@ def older_torch_report(limit: str) -> dict[str, Any]:
     """find on the sharded MLP as a torch from before ``FSDPModule.reset_iter_state`` (2.13) runs
     it, that method hidden for the search (torch 2.11, our GPU machines', has none): its trials,
     answer and restore, and whether batchfit warned that it could not reset FSDP's state."""
-    from torch.distributed.fsdp import FSDPModule
-
     hidden = FSDPModule.__dict__.get("reset_iter_state")
     if hidden is not None:
         delattr(FSDPModule, "reset_iter_state")
@@ -233,8 +236,7 @@ def main(rank: int, world_size: int, store: str, limit: str, out: str) -> None:
         out,
         rank,
         lambda: {
-            **report(limit),
-            "older_torch": older_torch_report(limit),
+            "fsdp": {**report(limit), "older_torch": older_torch_report(limit)} if FULLY_SHARD else None,
             "zero": zero_report(),
             "zero_search": zero_search_report("8MiB"),
         },

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import sharded_workers
+import torch
 from two_ranks import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -19,18 +20,27 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     run_ranks(
         sharded_workers.main, (str(folder / "store"), "16MiB", str(folder)), "the FSDP and ZeRO searches"
     )
-    return [json.loads((folder / f"{rank}.json").read_text()) for rank in range(2)]
+    reports = [json.loads((folder / f"{rank}.json").read_text()) for rank in range(2)]
+    assert all("error" not in report for report in reports), reports
+    return reports
+
+
+@pytest.fixture(scope="module")
+def fsdp(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rank's report of the FSDP2 searches, where this torch runs ``fully_shard`` on the CPU."""
+    if not sharded_workers.FULLY_SHARD:
+        pytest.skip(f"torch {torch.__version__}: FSDP2's fully_shard runs on the CPU from torch 2.6")
+    return [report["fsdp"] for report in reports]
 
 
 def test_a_sharded_model_s_answer_is_what_it_trains_with_after_trials_that_ran_out_of_memory(
-    reports: list[dict[str, Any]],
+    fsdp: list[dict[str, Any]],
 ) -> None:
     # A trial that runs out of memory stops midway through FSDP's forward or backward, its gathered
     # parameters registered; the next trial starts from the sharded state all the same (before,
     # it ran its layers on the shards and raised). The answer trains by force, 2 steps with FSDP's
     # all-gathers and reduce-scatters, on every rank; the next size does not.
-    assert all("error" not in report for report in reports), reports
-    first, second = reports
+    first, second = fsdp
     assert first["trials"] == second["trials"]
     outcomes = [outcome for _, outcome in first["trials"]]
     assert "oom" in outcomes[:-1] and "ok" in outcomes[outcomes.index("oom") :]
@@ -38,31 +48,31 @@ def test_a_sharded_model_s_answer_is_what_it_trains_with_after_trials_that_ran_o
 
 
 def test_a_torch_without_reset_iter_state_searches_a_sharded_model_all_the_same(
-    reports: list[dict[str, Any]],
+    fsdp: list[dict[str, Any]],
 ) -> None:
     # torch 2.13 resets FSDP2 after a step that raised (reset_iter_state); before it (2.11, on our
     # GPU machines), re-registering the shards left FSDP's iteration state mid-step, and the trial
     # after the second out-of-memory raised "got mixed torch.Tensor and DTensor". batchfit now
     # does that reset itself there: the answer of torch's own reset (which trains by force), after
     # as many out-of-memory trials, and no warning.
-    first, second = (report["older_torch"] for report in reports)
+    first, second = (report["older_torch"] for report in fsdp)
     assert first["trials"] == second["trials"]
-    for report in reports:
+    for report in fsdp:
         older = report["older_torch"]
         assert older["batch_size"] == report["batch_size"]
         assert sum(outcome == "oom" for _, outcome in older["trials"]) >= 2
         assert older["restored"] and older["warned"] == []
 
 
-def test_a_sharded_model_is_left_as_it_was(reports: list[dict[str, Any]]) -> None:
-    for report in reports:
+def test_a_sharded_model_is_left_as_it_was(fsdp: list[dict[str, Any]]) -> None:
+    for report in fsdp:
         assert report["restored"] and report["optimizer_state"] == 0 and report["gradients"] == 0
 
 
-def test_a_sharded_parameter_counts_its_local_shard(reports: list[dict[str, Any]]) -> None:
+def test_a_sharded_parameter_counts_its_local_shard(fsdp: list[dict[str, Any]]) -> None:
     # Each rank holds half of every parameter (FSDP2 pads the shards to equal sizes); a DTensor's
     # wrapper reports the global size, which counted would double the fixed part.
-    report = reports[0]
+    report = fsdp[0]
     assert report["counted_bytes"] == report["local_bytes"]
     assert report["local_bytes"] * 2 >= report["global_bytes"] > report["local_bytes"]
 

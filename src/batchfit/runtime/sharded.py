@@ -28,10 +28,17 @@ def _imported(module: str, name: str) -> type | None:
     return kind if isinstance(kind, type) else None
 
 
+def _fully_shard_module() -> type | None:
+    """FSDP2's module class: public from torch 2.6, in ``_composable`` before (2.4-2.5)."""
+    return _imported("torch.distributed.fsdp", "FSDPModule") or _imported(
+        "torch.distributed._composable.fsdp", "FSDPModule"
+    )
+
+
 def is_fully_sharded(model: torch.nn.Module) -> bool:
     """Whether any of ``model``'s modules is sharded by FSDP (FSDP1's wrapper, FSDP2's ``fully_shard``)."""
-    names = ("FullyShardedDataParallel", "FSDPModule")
-    kinds = tuple(kind for kind in (_imported("torch.distributed.fsdp", name) for name in names) if kind)
+    found = (_imported("torch.distributed.fsdp", "FullyShardedDataParallel"), _fully_shard_module())
+    kinds = tuple(kind for kind in found if kind)
     return bool(kinds) and any(isinstance(module, kinds) for module in model.modules())
 
 
@@ -43,7 +50,7 @@ def reshard(model: torch.nn.Module) -> None:
     done on the state it keeps (``_reset_by_hand``); where that state is not as expected, each
     module's ``reshard``, which registers the shards but leaves the bookkeeping, and a warning,
     once per root."""
-    kind = _imported("torch.distributed.fsdp", "FSDPModule")
+    kind = _fully_shard_module()
     if kind is None:
         return
     roots: list[str] = []
