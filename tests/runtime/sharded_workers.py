@@ -17,8 +17,9 @@ from two_ranks import report_and_leave
 from batchfit import Workload, find_batch_size, memory_limit
 from batchfit.runtime.tracker import StorageTracker, resident_tensors
 
-#: FSDP2's ``fully_shard`` runs on the CPU from torch 2.6, where it became public.
-FULLY_SHARD = hasattr(torch.distributed.fsdp, "fully_shard")
+#: FSDP2's ``fully_shard`` runs on the CPU from torch 2.7 (public from 2.6, where its CPU streams
+#: lacked ``record_event``; before, ``torch.distributed._composable``, calling CUDA).
+FULLY_SHARD = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 7)
 if FULLY_SHARD:
     from torch.distributed.fsdp import FSDPModule, fully_shard
 

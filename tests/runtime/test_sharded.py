@@ -29,7 +29,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def fsdp(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each rank's report of the FSDP2 searches, where this torch runs ``fully_shard`` on the CPU."""
     if not sharded_workers.FULLY_SHARD:
-        pytest.skip(f"torch {torch.__version__}: FSDP2's fully_shard runs on the CPU from torch 2.6")
+        pytest.skip(f"torch {torch.__version__}: FSDP2's fully_shard runs on the CPU from torch 2.7")
     return [report["fsdp"] for report in reports]
 
 
