@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +56,17 @@ def report_and_leave(out: str, rank: int, make: Callable[[], dict[str, Any]]) ->
 
 
 def leave_group() -> None:
-    """Leave together, then exit without C++ teardown: a rank that tears gloo down while the other
-    still talks to it aborts, and torch 2.13's CPU build sometimes aborts at interpreter exit after
-    a gloo group ("terminate called without an active exception", about 1 run in 8 on 2 cores),
-    after the rank's work is done and reported."""
+    """Leave together, then exit without C++ teardown. No rank exits before every rank is done
+    with the group (told through its store, not gloo): a rank that tears gloo down while the other
+    still talks to it aborts. Nor is the group destroyed: on torch 2.4 ``destroy_process_group``
+    sometimes never returned (1 run of the lockstep tests in 5), and torch 2.13's CPU build
+    sometimes aborts at interpreter exit after a gloo group ("terminate called without an active
+    exception", about 1 run in 8 on 2 cores), both after the rank's work is done and reported."""
+    store = dist.distributed_c10d._get_default_store()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     dist.barrier()
-    dist.destroy_process_group()
+    store.set(f"left/{rank}", "1")
+    store.wait([f"left/{each}" for each in range(world_size)], timedelta(seconds=TIMEOUT_SECONDS))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

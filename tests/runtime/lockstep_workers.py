@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import inspect
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -318,8 +319,11 @@ def _bucket_cases() -> list[nn.Module]:
     return [Tied(), ignored]
 
 
-def _ddp_allocates(module: nn.Module) -> int:
-    """The bytes a DDP of ``module`` holds for its life: counted while it is built, and freed with it."""
+def _ddp_allocates(module: nn.Module) -> int | None:
+    """The bytes a DDP of ``module`` holds for its life: counted while it is built, and freed with
+    it (None on a torch whose DDP cannot be built without its broadcast: before 2.5)."""
+    if "init_sync" not in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return None
     tracker = StorageTracker()
     with tracker:
         # Without the broadcast of the module's state, whose small tensors the tracker counts or not
