@@ -33,10 +33,11 @@ def launched_world_size() -> int:
 
 @contextmanager
 def launched_process_group(device: str | None) -> Iterator[int | None]:
-    """Join the launcher's process group for the block and leave it afterwards; yields this rank,
-    or None when the process runs alone. On CUDA every rank takes the GPU of its LOCAL_RANK (unless
-    ``device`` names one) and the group uses NCCL; on the CPU it uses gloo. A group the caller
-    initialised already is used as it is and left alone."""
+    """Join the launcher's process group for the block, and after it wait for every rank (the
+    process then exits: ``exit_launched``); yields this rank, or None when the process runs alone.
+    On CUDA every rank takes the GPU of its LOCAL_RANK (unless ``device`` names one) and the group
+    uses NCCL; on the CPU it uses gloo. A group the caller initialised already is used as it is
+    and left alone."""
     if dist.is_available() and dist.is_initialized():
         yield dist.get_rank() if dist.get_world_size() > 1 else None
         return
@@ -54,13 +55,11 @@ def launched_process_group(device: str | None) -> Iterator[int | None]:
     if cuda and (device is None or torch.device(device).index is None):
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # "cuda" is then this rank's GPU
     dist.init_process_group("nccl" if cuda else "gloo")
-    try:
-        yield dist.get_rank()
-    except BaseException:
-        dist.destroy_process_group()  # every rank raises after the same collective: none waits
-        raise
-    dist.barrier()  # leave together: a rank that tears gloo down while another still talks to it aborts
-    dist.destroy_process_group()
+    yield dist.get_rank()  # an error: every rank raises after the same collective, none waits
+    # Leave together: a rank that tears gloo down while another still talks to it aborts. The group
+    # is not destroyed, as the process exits next without C++ teardown (``exit_launched``): on
+    # torch 2.4, destroy_process_group after a search sometimes never returned (1 run in 4).
+    dist.barrier()
 
 
 def exit_launched(code: int) -> NoReturn:
