@@ -637,6 +637,17 @@ def test_an_answer_holds_the_optimizer_state_when_the_first_fp16_steps_overflow(
     assert not trains(fresh, result.batch_size + 1, "2200KiB", 20)
 
 
+def test_an_eval_search_beside_a_grad_scaler_whose_first_steps_overflow() -> None:
+    # The eval step never steps the optimizer, so the steps meant for a train step whose overflow
+    # skipped it ran on into a comparison of the scaler's scale with none: ValueError at batch 2
+    # (seen on an H200 with AMP; here float16 on the CPU from a fresh scaler). Eval runs its steps.
+    result = find_batch_size(
+        overflowing_workload(1e3), "eval", device="cpu", memory_limit="2200KiB", memory_fraction=1.0
+    )
+    assert result.stop_reason in ("boundary", "max_batch_size") and result.batch_size > 1
+    assert all(trial.steps == result.trials[0].steps for trial in result.trials)
+
+
 def test_a_lazy_module_waiting_for_its_first_batch_is_named() -> None:
     model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 10))
     workload = Workload(model, lambda p: torch.optim.SGD(p, lr=0.1), make_batch=classification_batch((4,)))

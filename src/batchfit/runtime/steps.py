@@ -106,8 +106,9 @@ def run_steps(
         workload.module.train(mode == "train")
         scales = [scaler.get_scale() for scaler in scalers] if mode == "train" else []
         step = 0
-        while step < steps or (
-            step < steps + OVERFLOW_STEPS
+        while step < steps or (  # a train step whose overflowing gradients skipped the optimizer
+            mode == "train"
+            and step < steps + OVERFLOW_STEPS
             and measurement.optimizer_steps == 0
             and _scaled_down(scalers, scales)
         ):
