@@ -641,11 +641,33 @@ def test_an_eval_search_beside_a_grad_scaler_whose_first_steps_overflow() -> Non
     # The eval step never steps the optimizer, so the steps meant for a train step whose overflow
     # skipped it ran on into a comparison of the scaler's scale with none: ValueError at batch 2
     # (seen on an H200 with AMP; here float16 on the CPU from a fresh scaler). Eval runs its steps.
+    # Its training step, which makes the optimizer's state resident, steps on while overflow skips
+    # the optimizer: without Adam's state the answer was 680 where the scaler that never
+    # overflowed (the same memory) answers 386.
     result = find_batch_size(
         overflowing_workload(1e3), "eval", device="cpu", memory_limit="2200KiB", memory_fraction=1.0
     )
-    assert result.stop_reason in ("boundary", "max_batch_size") and result.batch_size > 1
+    prompt = find_batch_size(
+        overflowing_workload(1.0), "eval", device="cpu", memory_limit="2200KiB", memory_fraction=1.0
+    )
+    assert result.stop_reason == prompt.stop_reason == "boundary"
+    assert result.batch_size == prompt.batch_size > 1
     assert all(trial.steps == result.trials[0].steps for trial in result.trials)
+
+
+def test_behind_a_caching_allocator_a_search_whose_first_fp16_steps_overflow_is_replayed() -> None:
+    # The first trial skipped steps for overflow: it ran other steps than the later trials, which
+    # start from the scale it reached, and the replay of its requests beside theirs forecast
+    # nothing (an H200's AMP search replayed no size and took 14 trials). It runs again from the
+    # scale it reached: the search is the one whose scaler never overflowed.
+    def search(loss_scale: float) -> batchfit.SearchResult:
+        return find_on(CachingCpuDevice(16 * 2**20), overflowing_workload(loss_scale), max_batch_size=4096)
+
+    late, prompt = search(1e3), search(1.0)
+    assert prompt.replays > 0 and late.replays == prompt.replays
+    sizes = [(trial.batch_size, trial.outcome) for trial in late.trials]
+    assert sizes == [(trial.batch_size, trial.outcome) for trial in prompt.trials]
+    assert late.batch_size == prompt.batch_size and len(late.trials) <= 5
 
 
 def test_a_lazy_module_waiting_for_its_first_batch_is_named() -> None:

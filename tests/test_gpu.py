@@ -59,9 +59,10 @@ def find(workload: Workload, mode: str, device: str, cap: int, **options: Any) -
     return find_batch_size(workload, mode, device=device, memory_limit=cap, **options)  # type: ignore[arg-type]
 
 
-def cnn_workload(device: str, *, amp: bool = False) -> Workload:
+def cnn_workload(device: str, *, amp: bool = False, loss_scale: float = 1.0) -> Workload:
     """A BatchNorm CNN on 3x32x32 images with SGD and momentum; with ``amp``, its step runs under
-    autocast (fp16 on CUDA, bf16 on the CPU) with a GradScaler, as mixed-precision training does."""
+    autocast (fp16 on CUDA, bf16 on the CPU) with a GradScaler, as mixed-precision training does,
+    its loss multiplied by ``loss_scale`` (in fp16, 1e3 overflows a fresh scaler's first steps)."""
     torch.manual_seed(0)
     target = target_for(device, None).torch_device
     model = nn.Sequential(
@@ -98,7 +99,7 @@ def cnn_workload(device: str, *, amp: bool = False) -> Workload:
             inputs, labels = batch
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(target.type, dtype=dtype):
-                loss = nn.functional.cross_entropy(model(inputs), labels)
+                loss = nn.functional.cross_entropy(model(inputs), labels) * loss_scale
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
@@ -201,6 +202,23 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
     if device == "cpu-caching":  # the opening's requests, replayed, place the answer and the next
         assert [t.batch_size for t in result.trials] == [2, 4, truth, truth + 1]
         assert 0 < result.replays <= 20 and "placed by replaying the allocator's requests" in result.summary()
+
+
+@pytest.mark.gpu
+def test_on_cuda_an_amp_search_whose_first_steps_overflow_is_placed_by_the_replay() -> None:
+    # A fresh GradScaler's first fp16 steps overflow (ResNet-50's did on an H200): the first trial
+    # steps on until the optimizer steps, then runs again from the scale it reached, so that its
+    # requests align with the later trials' and the replay places the answer.
+    probe = cnn_workload("cuda", amp=True, loss_scale=1e3)
+    (scaler,) = grad_scalers(probe.train_step)
+    probe.run_train_step(probe.build_optimizer(), tuple(t.cuda() for t in probe.host_batch(2)))
+    assert scaler.get_scale() < 65536.0  # it overflowed
+    workload = cnn_workload("cuda", amp=True, loss_scale=1e3)
+    cap = reference_cap(workload, "cuda", 48)
+    result = find(workload, "train", "cuda", cap, memory_fraction=1.0)
+    assert result.replays > 0 and result.trials[0].steps == 2
+    truth = truth_near(workload, "train", "cuda", cap, result.batch_size, result.max_batch_size)
+    assert result.batch_size == truth
 
 
 @pytest.mark.parametrize("device", CACHING_DEVICES)

@@ -3,6 +3,7 @@ timing windows (explore's meter)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from tiny_workloads import build, overflowing_workload, skipping_workload
 
 from batchfit import Workload
+from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.trial import Trial
 from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.cuda import WINDOW_STEPS, CudaDevice
@@ -81,17 +83,72 @@ def skipped_steps(workload: Workload, batch_size: int) -> int:
     raise AssertionError("the scaler never stopped skipping")
 
 
-@pytest.mark.parametrize("device", [CpuDevice(), CachingCpuDevice(2**40)], ids=["cpu", "caching"])
-def test_a_trial_whose_scaler_skipped_every_step_steps_on_until_the_optimizer_has(device: Device) -> None:
+def counting_steps(workload: Workload) -> list[int]:
+    """``workload``'s train step, counting its calls in the list returned (one item per call)."""
+    calls: list[int] = []
+    step = workload.train_step
+    assert step is not None
+
+    def counted(*args: Any) -> None:
+        calls.append(1)
+        step(*args)
+
+    workload.train_step = counted
+    return calls
+
+
+@pytest.mark.parametrize("device", [CpuDevice, lambda: CachingCpuDevice(2**40)], ids=["cpu", "caching"])
+def test_a_trial_whose_scaler_skipped_every_step_steps_on_until_the_optimizer_has(
+    device: Callable[[], Device],
+) -> None:
     # Its 2 steps both overflow (8 do at batch 16): without Adam's state the trial would read
-    # less than the same step that never overflows, and say fits where training runs out.
-    (late,) = trials(overflowing_workload(1e3), device, 2, [16])
-    (prompt,) = trials(overflowing_workload(1.0), device, 2, [16])
-    assert (late.steps, prompt.steps) == (skipped_steps(overflowing_workload(1e3), 16) + 1, 2)
-    assert late.steps > 2 and late.peak_bytes == prompt.peak_bytes
-    # A scaler that never stops overflowing is not waited on for ever.
-    (never,) = trials(overflowing_workload(1e30), device, 2, [16])
-    assert never.steps == 2 + OVERFLOW_STEPS and never.peak_bytes < prompt.peak_bytes
+    # less than the same step that never overflows, and say fits where training runs out. It steps
+    # on until the optimizer has stepped, then runs again from the scale it reached, as every
+    # later trial starts: its steps and peak are those of a step that never overflowed.
+    skipped = skipped_steps(overflowing_workload(1e3), 16)
+    workload = overflowing_workload(1e3)
+    calls = counting_steps(workload)
+    (late,) = trials(workload, device(), 2, [16])
+    # (Each on a device of its own, and the second trial: the first makes the scaler's state.)
+    prompt = trials(overflowing_workload(1.0), device(), 2, [16, 16])[-1]
+    assert skipped > 2 and len(calls) == (skipped + 1) + 2
+    assert late.steps == prompt.steps == 2 and late.peak_bytes == prompt.peak_bytes
+    # A scaler that never stops overflowing is not waited on for ever, nor run again.
+    never_workload = overflowing_workload(1e30)
+    never_calls = counting_steps(never_workload)
+    (never,) = trials(never_workload, device(), 2, [16])
+    assert never.steps == len(never_calls) == 2 + OVERFLOW_STEPS and never.peak_bytes < prompt.peak_bytes
+
+
+@pytest.mark.parametrize("device", [CpuDevice, lambda: CachingCpuDevice(2**40)], ids=["cpu", "caching"])
+def test_an_eval_trial_s_training_step_steps_on_until_the_optimizer_has(device: Callable[[], Device]) -> None:
+    # Validation inside training has the optimizer's state resident. Its warm-up training step
+    # overflowed and skipped the optimizer: Adam's state was missing, and an eval search answered
+    # 680 where 386 fits.
+    (late,) = trials(overflowing_workload(1e3), device(), 2, [16], "eval")
+    prompt = trials(overflowing_workload(1.0), device(), 2, [16, 16], "eval")[-1]
+    assert late.peak_bytes == prompt.peak_bytes
+    assert late.reserved_peak_bytes == prompt.reserved_peak_bytes
+
+
+def test_a_trial_run_again_from_the_scale_it_reached_records_requests_that_align_with_the_next() -> None:
+    # The first attempt's skipped steps make other requests than the steps every later trial runs
+    # (from the scale it reached): a replay of its record beside theirs forecast nothing.
+    device = CachingCpuDevice(2**40)
+    workload = overflowing_workload(1e3)
+    optimizer = workload.build_optimizer()
+    snapshot = TrainingSnapshot.capture(workload.model, optimizer, (workload.train_step,))
+    snapshot.set_gradients_aside()
+    runner = TrialRunner(workload, device, "train", 2, 2**40, snapshot, None, record=True)
+    try:
+        runner.run(16)
+        runner.run(32)
+    finally:
+        snapshot.restore()
+    assert sorted(runner.records) == [16, 32]
+    assert [len(record.steps) for record in runner.records.values()] == [3, 3]  # before, and 2 steps
+    replay = AllocationReplay.of(runner.records[16], runner.records[32])
+    assert replay is not None and replay.fits(24, 2**40, 10) is True
 
 
 @pytest.mark.parametrize(

@@ -97,14 +97,20 @@ def run_steps(
         if started is not None:
             started.append(measurement)
         measurement.recording = recording
+        scales = [scaler.get_scale() for scaler in scalers]
         if mode == "eval" and warm_batch is not None and optimizer is not None:
-            # Validation inside training runs with gradients and optimizer state resident.
+            # Validation inside training runs with gradients and optimizer state resident: the
+            # training step steps on while overflow skips its optimizer (up to OVERFLOW_STEPS),
+            # else no optimizer state is there (an overflowing fp16 scaler's eval answer was 680
+            # where 386 holds it).
             workload.module.train()
-            workload.run_train_step(
-                optimizer, to_device(workload.host_batch(warm_batch), device.torch_device)
-            )
+            warm = to_device(workload.host_batch(warm_batch), device.torch_device)
+            for _ in range(1 + OVERFLOW_STEPS):
+                workload.run_train_step(optimizer, warm)
+                if measurement.optimizer_steps or not _scaled_down(scalers, scales):
+                    break
+            del warm
         workload.module.train(mode == "train")
-        scales = [scaler.get_scale() for scaler in scalers] if mode == "train" else []
         step = 0
         while step < steps or (  # a train step whose overflowing gradients skipped the optimizer
             mode == "train"
@@ -182,8 +188,24 @@ class TrialRunner:
         self.scalers = [state.scaler for state in snapshot.scalers]
 
     def run(self, batch_size: int) -> Trial:
+        host_batch = self.workload.host_batch(batch_size)  # outside the measurement: data-loader memory
+        scales = [scaler.get_scale() for scaler in self.scalers]
+        trial, stepped = self._attempt(batch_size, host_batch)
+        if trial.fits and stepped and _scaled_down(self.scalers, scales):
+            # Its GradScaler skipped steps for overflow (a fresh scaler's first steps do) before
+            # the optimizer stepped, and every later trial starts from the scale it came down to
+            # (the scale is not put back): their steps hold the optimizer's state from the first.
+            # Run again from there, so that this trial's peak and recorded requests are theirs.
+            # The first attempt's ran other steps, and its requests do not align with theirs:
+            # replayed, they forecast nothing (an AMP search on an H200 replayed no size). The
+            # same steps on the same batch from the same weights do not overflow again.
+            self.records.pop(batch_size, None)
+            trial, _ = self._attempt(batch_size, host_batch)
+        return trial
+
+    def _attempt(self, batch_size: int, host_batch: Any) -> tuple[Trial, bool]:
+        """The trial, and whether an optimizer stepped in it."""
         workload = self.workload
-        host_batch = workload.host_batch(batch_size)  # outside the measurement: data-loader memory
         self.device.release()  # nothing an earlier trial (or the caller) left cached counts here
         started: list[Measurement] = []
         step_seconds, failure = None, ""
@@ -227,12 +249,13 @@ class TrialRunner:
                 reserved_peak_bytes=measurement.reserved_peak_bytes,
                 steps=self.steps,
                 failed_at_step=measurement.steps,
-            )
+            ), measurement.optimizer_steps > 0
         trial = judge(batch_size, measurement, step_seconds, self.budget_bytes)
         record = measurement.recording.record(batch_size) if measurement.recording is not None else None
         if record is not None and trial.fits:
             self.records[batch_size] = record
-        return replace(trial, steps=measurement.steps, steady_from=measurement.steady_from)
+        trial = replace(trial, steps=measurement.steps, steady_from=measurement.steady_from)
+        return trial, measurement.optimizer_steps > 0
 
 
 @contextmanager
