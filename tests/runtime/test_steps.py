@@ -16,7 +16,7 @@ from batchfit.policy.trial import Trial
 from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.cuda import WINDOW_STEPS, CudaDevice
 from batchfit.runtime.device import CappedCpuDevice, CpuDevice, Device
-from batchfit.runtime.state import TrainingSnapshot
+from batchfit.runtime.state import TrainingSnapshot, grad_scalers
 from batchfit.runtime.steps import OVERFLOW_STEPS, StepTimer, TrialRunner
 
 MiB = 2**20
@@ -183,6 +183,30 @@ def test_a_window_is_at_least_the_devices_fewest_steps(min_window_steps: int | N
         assert timer.unrestored_steps == 1 + expected  # the warm-up step, then the discarded window
         timer.window(16)
         assert timer.unrestored_steps == 1 + 2 * expected
+
+
+def test_a_window_does_not_time_the_steps_a_fresh_scaler_skips_for_overflow() -> None:
+    # A skipped step runs no optimizer: timed, it made the first batch size look faster than
+    # training runs it. The warm-up steps on until the scale stops coming down.
+    workload = overflowing_workload(1e3)
+    skipped: list[bool] = []  # per step: whether the scaler skipped it
+    (scaler,) = grad_scalers(workload.train_step)
+    step = workload.train_step
+    assert step is not None
+
+    def watched(*args: Any) -> None:
+        scale = scaler.get_scale()
+        step(*args)
+        skipped.append(scaler.get_scale() < scale)
+
+    workload.train_step = watched
+    with StepTimer(workload, CpuDevice(), min_window_seconds=1e-9, min_window_steps=2) as timer:
+        timer.first_visit(16)
+        warm_up = len(skipped) - 2  # the discarded window is the last 2
+        timer.window(16)
+        timer.window(16)
+    assert warm_up == skipped_steps(overflowing_workload(1e3), 16) + 1
+    assert not any(skipped[warm_up:])  # neither the discarded window nor a timed one
 
 
 def test_the_cuda_device_asks_for_longer_windows_than_the_cpu() -> None:

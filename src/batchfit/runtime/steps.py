@@ -297,6 +297,7 @@ class StepTimer:
         self.min_window_seconds, self.restore_every = min_window_seconds, restore_every
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
         self.snapshot = TrainingSnapshot.capture(workload.module, optimizer, workload.functions)
+        self.scalers = [state.scaler for state in self.snapshot.scalers]
         self.compiled = bool(workload.compiled)  # read once: it walks the model
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()
@@ -309,10 +310,16 @@ class StepTimer:
 
     def first_visit(self, batch_size: int) -> None:
         """A warm-up step for this shape, then a first window that is discarded and sets the
-        window's length in steps."""
+        window's length in steps. The warm-up steps on while a GradScaler's scale comes down (up
+        to ``OVERFLOW_STEPS``): a fresh scaler's first fp16 steps overflow and skip the optimizer,
+        faster than training's steps, and the window would time them."""
         self.workload.module.train()
         self.batches[batch_size] = self.workload.host_batch(batch_size)
-        self._run(batch_size, 1)
+        for _ in range(1 + OVERFLOW_STEPS):
+            scales = [scaler.get_scale() for scaler in self.scalers]
+            self._run(batch_size, 1)
+            if not _scaled_down(self.scalers, scales):
+                break
         first = self.fixed_steps or self.min_window_steps
         seconds = self._run(batch_size, first)
         self.steps[batch_size] = self.fixed_steps or max(
