@@ -33,6 +33,7 @@ from torch import nn
 
 from batchfit import ConfigurationError, DataCheck, LoaderSetting, Workload, check_data
 from batchfit.policy.loader_settings import WAIT_SHARE_THRESHOLD
+from batchfit.runtime import data_loop
 
 #: Long enough for several batches of the slow datasets (about 70 ms each at 0 workers).
 WINDOW_SECONDS = 0.5
@@ -166,6 +167,41 @@ def test_in_memory_data_with_a_heavier_step_is_not_the_bottleneck(one_thread: No
     assert result.recommendation is None and result.stop_reason == "not_bottleneck"
     assert [row.setting for row in result.settings] == [LoaderSetting()]  # nothing else tried
     assert result.summary().startswith("the loader is not the bottleneck at batch_size=128: ")
+
+
+def test_no_timed_step_is_one_a_fresh_scaler_skips_for_overflow(
+    one_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Skipped for overflow, a step runs no optimizer: timed, it made the step alone look faster
+    # than training's. The step's warm-up steps on until the scale stops coming down.
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    scaler = torch.amp.GradScaler("cpu")
+    skipped: list[bool] = []  # per step: whether the scaler skipped it
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        scale = scaler.get_scale()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(batch[0]), batch[1]) * 1e3  # overflows at first
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        skipped.append(scaler.get_scale() < scale)
+
+    workload = Workload(
+        model, torch.optim.Adam(model.parameters()), dataset=InMemoryItems(), train_step=train_step
+    )
+    timed_from: list[int] = []  # the steps run before each timed run of steps
+    real_timed_steps = data_loop.timed_steps
+
+    def spied(*args: Any, **kwargs: Any) -> float:
+        timed_from.append(len(skipped))
+        return real_timed_steps(*args, **kwargs)
+
+    monkeypatch.setattr(data_loop, "timed_steps", spied)
+    check_data(workload, 32, device="cpu", window_seconds=0.05, max_num_workers=0)
+    assert timed_from and sum(skipped[: timed_from[0]]) > 2  # the warm-up met them
+    assert not any(skipped[timed_from[0] :])
 
 
 def test_a_factory_is_given_only_the_knobs_it_takes(one_thread: None) -> None:

@@ -16,7 +16,7 @@ from batchfit.policy.loader_settings import LoaderSetting, SettingRow
 from batchfit.runtime.device import Device
 from batchfit.runtime.loaders import LoaderSource, batches_per_epoch
 from batchfit.runtime.state import TrainingSnapshot
-from batchfit.runtime.steps import timed_steps
+from batchfit.runtime.steps import step_until_settled, timed_steps
 from batchfit.runtime.workload import Workload, to_device
 
 #: A timed window holds at least this many batches, however long they take.
@@ -110,6 +110,7 @@ class DataLoop:
         self.window_seconds = window_seconds
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
         self.snapshot = TrainingSnapshot.capture(workload.module, optimizer, workload.functions)
+        self.scalers = [state.scaler for state in self.snapshot.scalers]
         self.snapshot.set_gradients_aside()
         self.optimizer = workload.build_optimizer()
         self.host_batch: Any = None  # the first batch the loader gave, for the step alone
@@ -133,7 +134,7 @@ class DataLoop:
         samples = self.source.samples(self.host_batch)
         try:
             self.workload.module.train()
-            self._steps(1)  # warm-up
+            step_until_settled(self.scalers, lambda: self._train(self.host_batch))  # warm-up
             count = max(MIN_TIMED_BATCHES, math.ceil(self.window_seconds / self._steps(1)))
             return samples * count / self._steps(count)
         finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
@@ -131,6 +131,17 @@ def run_steps(
                 if measurement.steady_from is not None:
                     break
     return measurement, step_seconds
+
+
+def step_until_settled(scalers: Sequence[torch.amp.GradScaler], step: Callable[[], object]) -> None:
+    """Run ``step`` (a training step) once, and again while a GradScaler's scale comes down, up to
+    ``OVERFLOW_STEPS`` more: a fresh scaler's first fp16 steps overflow and skip the optimizer,
+    cheaper than training's steps, so a meter warms up past them before it times any."""
+    for _ in range(1 + OVERFLOW_STEPS):
+        scales = [scaler.get_scale() for scaler in scalers]
+        step()
+        if not _scaled_down(scalers, scales):
+            return
 
 
 def _scaled_down(scalers: Sequence[torch.amp.GradScaler], before: list[float]) -> bool:
@@ -315,11 +326,7 @@ class StepTimer:
         faster than training's steps, and the window would time them."""
         self.workload.module.train()
         self.batches[batch_size] = self.workload.host_batch(batch_size)
-        for _ in range(1 + OVERFLOW_STEPS):
-            scales = [scaler.get_scale() for scaler in self.scalers]
-            self._run(batch_size, 1)
-            if not _scaled_down(self.scalers, scales):
-                break
+        step_until_settled(self.scalers, lambda: self._run(batch_size, 1))
         first = self.fixed_steps or self.min_window_steps
         seconds = self._run(batch_size, first)
         self.steps[batch_size] = self.fixed_steps or max(
