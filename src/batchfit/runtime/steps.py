@@ -97,20 +97,16 @@ def run_steps(
         if started is not None:
             started.append(measurement)
         measurement.recording = recording
-        scales = [scaler.get_scale() for scaler in scalers]
         if mode == "eval" and warm_batch is not None and optimizer is not None:
             # Validation inside training runs with gradients and optimizer state resident: the
-            # training step steps on while overflow skips its optimizer (up to OVERFLOW_STEPS),
-            # else no optimizer state is there (an overflowing fp16 scaler's eval answer was 680
-            # where 386 holds it).
+            # training step steps on while overflow skips its optimizer, else no optimizer state
+            # is there (an overflowing fp16 scaler's eval answer was 680 where 386 holds it).
             workload.module.train()
             warm = to_device(workload.host_batch(warm_batch), device.torch_device)
-            for _ in range(1 + OVERFLOW_STEPS):
-                workload.run_train_step(optimizer, warm)
-                if measurement.optimizer_steps or not _scaled_down(scalers, scales):
-                    break
+            step_until_settled(scalers, lambda: workload.run_train_step(optimizer, warm))
             del warm
         workload.module.train(mode == "train")
+        scales = [scaler.get_scale() for scaler in scalers]
         step = 0
         while step < steps or (  # a train step whose overflowing gradients skipped the optimizer
             mode == "train"
