@@ -252,19 +252,51 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
     del wrapped  # its buckets go with it: the DDP trained by force holds its own
     gc.collect()
     torch.cuda.empty_cache()
-    batch = make_batch(found.batch_size)
-    fits = True
-    try:
-        with memory_limit(found.budget_bytes, resident=[model, optimizer], device=device):
-            _train(DistributedDataParallel(model, device_ids=[0]), optimizer, batch, 10, device)
-    except torch.OutOfMemoryError:
-        fits = False
-    return {
+
+    def trains(size: int, wrapped: bool = True) -> tuple[bool, dict[str, Any]]:
+        """Whether 10 steps at ``size`` train by force under the search's budget on every rank:
+        in DDP (built inside the cap), or unwrapped beside a tensor of the buckets' bytes (what
+        the search's trials hold); what this rank saw of its allocator."""
+        seen: dict[str, Any] = {}
+        batch = make_batch(size)  # on the host, outside the cap, as a data loader makes it
+        try:
+            with memory_limit(found.budget_bytes, resident=[model, optimizer], device=device):
+                held = None if wrapped else torch.empty(wrapper_bytes, dtype=torch.uint8, device=device)
+                network = DistributedDataParallel(model, device_ids=[0]) if wrapped else model
+                _train(network, optimizer, batch, 10, device, seen)
+                del network, held
+            fits = True
+        except torch.OutOfMemoryError as error:
+            fits, seen["failure"] = False, str(error).splitlines()[0][:300]
+        optimizer.state.clear()
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+        return _everyone(fits), seen
+
+    fits, seen = trains(found.batch_size)
+    report: dict[str, Any] = {
         "batch_size": found.batch_size,
         "unwrapped_batch_size": unwrapped.batch_size,
         "wrapper_bytes": wrapper_bytes,
-        "by_force": _everyone(fits),
+        "by_force": fits,
     }
+    if not fits:  # what the next GPU run needs to tell why (the answer did not train on the H200)
+        answer = [trial for trial in found.trials if trial.batch_size == found.batch_size][-1]
+        low, high = found.batch_size // 2, found.batch_size  # DDP's own largest, by bisection
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if trains(middle)[0] else (low, middle)
+        report["diagnosis"] = {
+            "budget_bytes": found.budget_bytes,
+            "trials": [(t.batch_size, t.outcome, t.peak_bytes, t.reserved_peak_bytes) for t in found.trials],
+            "answer_peaks": (answer.peak_bytes, answer.reserved_peak_bytes),
+            "ddp_by_force": seen,
+            "unwrapped_beside_buckets_by_force": trains(found.batch_size, wrapped=False),
+            "ddp_truth": low,
+            "ddp_truth_by_force": trains(low)[1],
+        }
+    return report
 
 
 def _fresh() -> tuple[nn.Module, torch.optim.Optimizer, Callable[[int], Any]]:
@@ -280,16 +312,25 @@ def _train(
     batch: Any,
     steps: int,
     device: str | torch.device = "cpu",
+    seen: dict[str, Any] | None = None,
 ) -> None:
     """``steps`` training steps, each on a copy of ``batch`` on ``device`` held to the step's end,
     as a training loop holds the batch it copied (``batch`` is made on the host outside any cap, as
-    a data loader makes it; the search's trials do the same)."""
-    for _ in range(steps):
+    a data loader makes it; the search's trials do the same). On CUDA, ``seen`` takes each step's
+    allocated and reserved peaks, and the steps that ran."""
+    cuda = torch.device(device).type == "cuda"
+    for step in range(steps):
+        if seen is not None and cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         inputs, target = (tensor.to(device, copy=True) for tensor in batch)
         optimizer.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(network(inputs), target).backward()
         optimizer.step()
         del inputs, target
+        if seen is not None and cuda:
+            seen["steps"] = step + 1
+            peaks = (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device))
+            seen.setdefault("peaks", []).append(peaks)
 
 
 def _everyone(fits: bool) -> bool:
