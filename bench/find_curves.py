@@ -13,7 +13,9 @@ and allocator retries:
   as ``find`` runs it: the caching allocator fragments over the first steps);
 - on a caching allocator, the allocator's requests in the trials of the opening's sizes (up to
   4), step by step, which ``find`` replays at other sizes to place its confirming trials
-  (``policy.allocation_replay``);
+  (``policy.allocation_replay``), and those of each confirming trial that fitted (its first
+  ``STEPS_PER_TRIAL`` steps, which the replay pairs with the opening's): ``find`` asks the replay
+  again on such a record where its first answer failed;
 - ``find_batch_size`` itself, once, from a fresh workload: its trials, for the replay to check
   itself against (on the CPU its fake-tensor forecast places them, which the replay does not model).
 
@@ -87,6 +89,8 @@ class Curve:
     seconds: float = 0.0
     # On a caching allocator, the allocator requests of the opening's sizes (policy.allocation_replay).
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The same of each confirming trial that fitted (near the boundary), cut to the opening's steps.
+    near_records: dict[str, dict[str, Any]] = field(default_factory=dict)
     soft_workspaces: bool = False  # the device's kernels do without a workspace that does not fit
 
 
@@ -119,7 +123,7 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
             workload, target, "train", STEPS_PER_TRIAL, budget, snapshot, None, record=recording
         )
         longer = (
-            TrialRunner(workload, target, "train", confirm_steps, budget, snapshot, None)
+            TrialRunner(workload, target, "train", confirm_steps, budget, snapshot, None, record=recording)
             if confirm_steps is not None and confirm_steps > STEPS_PER_TRIAL
             else None
         )
@@ -157,6 +161,11 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
             curve.points.append(point)
         opening = {size: record for size, record in short.records.items() if size <= OPENING}
         curve.records = {str(size): record.to_dict() for size, record in sorted(opening.items())}
+        if longer is not None:
+            curve.near_records = {
+                str(size): record.truncated(STEPS_PER_TRIAL).to_dict()
+                for size, record in sorted(longer.records.items())
+            }
         curve.soft_workspaces = target.soft_workspaces
     finally:
         snapshot.restore(gradients=True)

@@ -68,7 +68,9 @@ class Recorded:
     find_traces: int
     seconds: dict[tuple[int, bool], float] = field(default_factory=dict)  # (size, longer?): a trial's time
     modelled: set[int] = field(default_factory=set)  # sizes answered without a recorded trial
-    records: dict[int, AllocationRecord] = field(default_factory=dict)  # the opening's requests
+    # The requests of the opening's trials, and (recorded since 2026-11-26) of the confirming
+    # trials that fitted near the boundary.
+    records: dict[int, AllocationRecord] = field(default_factory=dict)
     soft_workspaces: bool = False  # as the recording device's kernels are (CUDA's cuDNN)
 
     @classmethod
@@ -92,7 +94,8 @@ class Recorded:
             },
             records={
                 int(size): AllocationRecord.from_dict(record)
-                for size, record in data.get("records", {}).items()
+                for kind in ("records", "near_records")  # the opening's, the confirming trials'
+                for size, record in data.get(kind, {}).items()
             },
             soft_workspaces=data.get("soft_workspaces", False),
         )
@@ -169,21 +172,24 @@ class Replay:
 
 
 def replay_batchfit(recorded: Recorded, forecast: bool = True) -> Replay:
-    """``find``'s search on the recording; with ``forecast``, the opening's recorded allocator
-    requests replayed at other sizes place the confirming trials, as ``find`` does live."""
+    """``find``'s search on the recording; with ``forecast``, the recorded allocator requests of the
+    trials that fitted so far, replayed at other sizes, place the confirming trials, as ``find``
+    does live."""
     recorded.modelled.clear()
     candidates = Candidates.between(1, recorded.max_batch_size)
     confirming: list[Trial] = []
-    records: dict[int, AllocationRecord] = {}  # as the search's short trials run, as find's runner fills
+    records: dict[int, AllocationRecord] = {}  # as the search's trials run, as find's runners fill
 
-    def short(batch_size: int) -> Trial:
-        trial = recorded.short(batch_size)
-        if trial.fits and batch_size in recorded.records:
-            records[batch_size] = recorded.records[batch_size]
+    def noted(trial: Trial) -> Trial:
+        if trial.fits and trial.batch_size in recorded.records:
+            records[trial.batch_size] = recorded.records[trial.batch_size]
         return trial
 
+    def short(batch_size: int) -> Trial:
+        return noted(recorded.short(batch_size))
+
     def longer(batch_size: int) -> Trial:
-        confirming.append(recorded.long(batch_size))
+        confirming.append(noted(recorded.long(batch_size)))
         return confirming[-1]
 
     confirm_steps = recorded.confirm_steps

@@ -670,6 +670,51 @@ def test_behind_a_caching_allocator_a_search_whose_first_fp16_steps_overflow_is_
     assert late.batch_size == prompt.batch_size and len(late.trials) <= 5
 
 
+def large_batch_workspace(per_sample: int) -> Workload:
+    """An MLP whose step, from 64 samples up, makes and frees at once a workspace of
+    ``per_sample`` bytes a sample amid its activations: a kernel's algorithm that only large
+    batches take, so small batches' allocator requests do not show it."""
+    torch.manual_seed(0)
+    width = 300
+    model = nn.Sequential(
+        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+        if len(batch[0]) >= 64:
+            torch.empty(len(batch[0]) * per_sample, dtype=torch.uint8).zero_()
+        loss.backward()
+        optimizer.step()
+
+    optimizer = torch.optim.Adam(model.parameters())
+    return Workload(model, optimizer, make_batch=classification_batch((width,)), train_step=train_step)
+
+
+@pytest.mark.parametrize("per_sample", [1400, 1500, 1600])
+def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near_the_boundary(
+    per_sample: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The opening's requests (batches 2 and 4) lack the workspace: their replay overshoots the
+    # boundary by 3-6%, and the search gallops down from the failure. The first size that fits
+    # there is a confirming trial whose requests are recorded: the replay, asked again on them,
+    # places the answer, and the next trial is the candidate after it.
+    def search() -> batchfit.SearchResult:
+        return find_on(CachingCpuDevice(40 * 2**20), large_batch_workspace(per_sample), max_batch_size=8192)
+
+    asked_again = search()
+    sizes = [trial.batch_size for trial in asked_again.trials]
+    first_fit = next(i for i, trial in enumerate(asked_again.trials[3:], 3) if trial.fits)
+    assert not asked_again.trials[2].fits and sizes[2] > asked_again.batch_size * 1.02  # it overshot
+    assert sizes[first_fit + 1 :] == [asked_again.batch_size, asked_again.batch_size + 1]
+    assert asked_again.stop_reason == "boundary" and asked_again.trials[-1].outcome == "oom"
+    monkeypatch.setattr("batchfit.policy.search.REVISIONS", 0)  # not asked again: bisection
+    bisected = search()
+    assert bisected.batch_size == asked_again.batch_size
+    assert len(bisected.trials) >= len(asked_again.trials) + 3
+
+
 def test_a_lazy_module_waiting_for_its_first_batch_is_named() -> None:
     model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 10))
     workload = Workload(model, lambda p: torch.optim.SGD(p, lr=0.1), make_batch=classification_batch((4,)))

@@ -138,7 +138,7 @@ def find_batch_size(
     The opening trials run ``steps_per_trial`` steps; every later one, which may be the answer,
     runs ``confirm_steps`` (default: 10 on CUDA, whose caching allocator fragments over the first
     steps; none on the CPU); an answer not found by such a trial runs them once more and, if they
-    no longer fit, the search goes on below it. On CUDA the opening trials record their allocator
+    no longer fit, the search goes on below it. On CUDA the trials record their allocator
     requests, whose replay at other sizes places the later trials (``SearchResult.replays``).
     For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
     gradients and optimizer state resident, as when validation runs inside a training loop.
@@ -213,8 +213,9 @@ def find_on(
         capacity = prepare() if lockstep is None else min(lockstep.run(prepare))
         budget = int(memory_fraction * capacity)
         warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
-        # Behind a caching allocator the opening trials record their requests: replayed at other
-        # sizes (policy.allocation_replay), they place the confirming trials (on every rank alike).
+        # Behind a caching allocator the trials record their requests: replayed at other sizes
+        # (policy.allocation_replay), the opening's place the confirming trials, and a confirming
+        # trial's that fitted carry a batch near the boundary's requests (on every rank alike).
         record = confirming is not None
         runner = TrialRunner(
             workload, target, mode, steps_per_trial, budget, snapshot, warm_batch, record=record
@@ -235,7 +236,10 @@ def find_on(
         run = _Oracle(runner, budget, cache, on_trial, on_trial_start, lockstep)
         longer = None
         if confirming is not None:
-            confirmer = TrialRunner(workload, target, mode, confirming, budget, snapshot, warm_batch)
+            confirmer = TrialRunner(
+                workload, target, mode, confirming, budget, snapshot, warm_batch, record=record
+            )
+            confirmer.records = runner.records
             longer = _Oracle(confirmer, budget, None, on_trial, on_trial_start, lockstep)
         outcome = search_and_confirm(
             run,

@@ -198,6 +198,11 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
     assert curve.confirm_steps == CONFIRM_STEPS and any(point.long is not None for point in curve.points)
     points = {point.batch_size: point for point in curve.points}
     assert all(p.short["reserved_peak_bytes"] >= p.short["peak_bytes"] for p in points.values() if p.long)
+    # Each confirming trial that fitted left its requests, cut to the opening's steps, for the
+    # replay to be asked again on where its first answer failed.
+    fitted = {str(size) for size, p in points.items() if p.long is not None and p.long["outcome"] == "ok"}
+    assert fitted and set(curve.near_records) == fitted
+    assert all(len(record["steps"]) == STEPS_PER_TRIAL + 1 for record in curve.near_records.values())
     bench = Bench(case, find_curves.torch.device("cpu"), curve.cap_bytes, CPU_CACHING)
     workload, state = bench.workload()
     state.reset()
@@ -213,12 +218,13 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
                 workload, target, "train", steps, curve.budget_bytes, snapshot, None, record=True
             )
 
-        short = runner(STEPS_PER_TRIAL)
+        short, confirmer = runner(STEPS_PER_TRIAL), runner(CONFIRM_STEPS)
+        confirmer.records = short.records  # one set of records, as find's runners share
         live = search_and_confirm(
             short.run,
             Candidates.between(1, 512),
             curve.budget_bytes,
-            longer=runner(CONFIRM_STEPS).run,
+            longer=confirmer.run,
             forecast=ReplayForecast(short.records, curve.budget_bytes, CONFIRM_STEPS),
         )
     finally:
@@ -253,6 +259,9 @@ class _Forecast:
 
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.boundary
+
+    def evidence(self) -> int:
+        return self.boundary  # it never changes
 
 
 def _h100(name: str) -> find_replay.Recorded:

@@ -10,7 +10,7 @@ trial count is never worse than a binary search's by more than a couple.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -33,6 +33,9 @@ NEAR = 0.875
 NEAR_RISE = 1 / 32
 #: How far below a forecast's answer that failed the search gallops down before the line decides.
 DESCENT = 1 / 8
+#: How many times a forecast whose answer failed is asked again, on new evidence (a trial below
+#: it that fitted and was recorded), before the bisection alone goes on.
+REVISIONS = 2
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,11 @@ class Forecast(Protocol):
 
     def fits(self, batch_size: int) -> bool | None: ...
 
+    def evidence(self) -> Hashable:
+        """What the answers rest on now (the replay: its pair of recorded trials); where it
+        changes, the answers may have."""
+        ...
+
 
 @dataclass(frozen=True)
 class SearchOutcome:
@@ -105,7 +113,10 @@ def search(
     the next trials at the boundary it predicts and the candidate after it, until a real trial
     refutes it. Where its answer failed, the search gallops down from there (1, 2, 4, ... below the
     last failure) and bisects once a size fits, for up to ``DESCENT`` below that answer; where the
-    one after fitted, or past that, the line decides.
+    one after fitted, or past that, the line decides. Once a size below its failed answer has
+    fitted, the forecast is asked again where its evidence changed (the replay's records now hold
+    that trial, near the boundary), up to ``REVISIONS`` times: its new answer and the candidate
+    after it are tried before the bisection goes on.
     """
     trials: list[Trial] = []
     at: dict[int, Trial] = {}
@@ -153,7 +164,10 @@ def search(
     predicted = None
     descent = 0  # after the forecast's answer failed: how far below the last failure to try next (-1: bisect)
     floor = 0  # the lowest index that descent tries
+    evidence: Hashable = None  # what the forecast's last answer rested on
+    revisions = 0
     if forecast is not None and not forecast_only:
+        evidence = forecast.evidence()
         predicted = _forecast_boundary(forecast, candidates, low, high)
     while True:
         if high is None and low == candidates.count - 1:
@@ -162,6 +176,14 @@ def search(
         if high is not None and high == low + 1:
             reason = "boundary"
             break
+        if descent < 0 and predicted is None and forecast is not None and revisions < REVISIONS:
+            # Below the forecast's failed answer a size fitted: where the forecast now rests on
+            # other evidence (that trial's allocator requests, a batch near the boundary), its
+            # answer in the bracket is worth a trial before the bisection's.
+            now = forecast.evidence()
+            if now != evidence:
+                evidence, revisions = now, revisions + 1
+                predicted = _forecast_boundary(forecast, candidates, low, high)
         if predicted is not None:  # the forecast's answer, then the candidate after it
             index = max(predicted, low + 1)
             if probe(index).fits:

@@ -91,6 +91,10 @@ class LockstepForecast:
         answers = self.lockstep.run(lambda: self.local.fits(batch_size))
         return None if any(answer is None for answer in answers) else all(answers)
 
+    def evidence(self) -> tuple[tuple[int, int] | None, ...]:
+        """Every rank's pair of records, in rank order (so every rank sees the same change)."""
+        return tuple(self.lockstep.run(self.local.evidence))
+
 
 class LockstepMeter:
     """Explore's meter on every rank at once: each rank times the same window on its own device,
