@@ -6,6 +6,7 @@ import collections
 import copy
 import dataclasses
 import gc
+import itertools
 import random
 import re
 import warnings
@@ -692,21 +693,28 @@ def large_batch_workspace(per_sample: int) -> Workload:
     return Workload(model, optimizer, make_batch=classification_batch((width,)), train_step=train_step)
 
 
-@pytest.mark.parametrize("per_sample", [1400, 1500, 1600])
+@pytest.mark.parametrize("per_sample", [1300, 1500, 1700])
 def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near_the_boundary(
     per_sample: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The opening's requests (batches 2 and 4) lack the workspace: their replay overshoots the
-    # boundary by 3-6%, and the search gallops down from the failure. The first size that fits
-    # there is a confirming trial whose requests are recorded: the replay, asked again on them,
-    # places the answer, and the next trial is the candidate after it.
+    # boundary by 1.7-8%, and the search gallops down from the failure, from 1/512 of it (7 below
+    # 3,495), doubling, and at most to an eighth below it. The first size that fits there is a
+    # confirming trial whose requests are recorded: the replay, asked again on them, places the
+    # answer, and the next trial is the candidate after it.
     def search() -> batchfit.SearchResult:
         return find_on(CachingCpuDevice(40 * 2**20), large_batch_workspace(per_sample), max_batch_size=8192)
 
     asked_again = search()
     sizes = [trial.batch_size for trial in asked_again.trials]
     first_fit = next(i for i, trial in enumerate(asked_again.trials[3:], 3) if trial.fits)
-    assert not asked_again.trials[2].fits and sizes[2] > asked_again.batch_size * 1.02  # it overshot
+    assert not asked_again.trials[2].fits and sizes[2] > asked_again.batch_size * 1.015  # it overshot
+    galloped = sizes[2 : first_fit + 1]  # the failed forecast, the gallop's failures, the first fit
+    steps = [above - below for above, below in itertools.pairwise(galloped)]
+    floor = sizes[2] * 7 // 8
+    assert steps[0] == round(sizes[2] / 512)
+    assert all(later == 2 * earlier for earlier, later in itertools.pairwise(steps[:-1]))
+    assert steps[-1] == 2 * steps[-2] or sizes[first_fit] == floor  # the floor itself, not past it
     assert sizes[first_fit + 1 :] == [asked_again.batch_size, asked_again.batch_size + 1]
     assert asked_again.stop_reason == "boundary" and asked_again.trials[-1].outcome == "oom"
     monkeypatch.setattr("batchfit.policy.search.REVISIONS", 0)  # not asked again: bisection

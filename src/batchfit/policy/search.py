@@ -33,6 +33,14 @@ NEAR = 0.875
 NEAR_RISE = 1 / 32
 #: How far below a forecast's answer that failed the search gallops down before the line decides.
 DESCENT = 1 / 8
+#: The first step down from a forecast's answer that failed, as a share of it (at least one
+#: candidate): the overshoots are shares of the batch (0-5% on the H100, at 124-243 samples, where
+#: this is one sample), so at 3,500 samples the gallop starts 7 below, not 1.
+FIRST_DESCENT = 1 / 512
+#: Where the gallop's next step would pass DESCENT below the forecast's answer, it tries that floor
+#: itself before the line decides, if the floor lies more than this many candidates below the last
+#: failure (nearer, as at small batches, the line's next trial is as good).
+FLOOR_GAP = 16
 #: How many times a forecast whose answer failed is asked again, on new evidence (a trial below
 #: it that fitted and was recorded), before the bisection alone goes on.
 REVISIONS = 2
@@ -112,8 +120,9 @@ def search(
     trial costs more only where it fits. A ``forecast``, asked once the opening has run, places
     the next trials at the boundary it predicts and the candidate after it, until a real trial
     refutes it. Where its answer failed, the search gallops down from there (1, 2, 4, ... below the
-    last failure) and bisects once a size fits, for up to ``DESCENT`` below that answer; where the
-    one after fitted, or past that, the line decides. Once a size below its failed answer has
+    last failure, from ``FIRST_DESCENT`` of the batch at large ones) and bisects once a size fits,
+    for up to ``DESCENT`` below that answer; where the one after fitted, or past that, the line
+    decides. Once a size below its failed answer has
     fitted, the forecast is asked again where its evidence changed (the replay's records now hold
     that trial, near the boundary), up to ``REVISIONS`` times: its new answer and the candidate
     after it are tried before the bisection goes on.
@@ -192,16 +201,21 @@ def search(
             else:
                 high = index
                 if index <= predicted:  # the forecast's answer failed: the boundary is close below
-                    predicted, descent = None, 1
+                    predicted = None
+                    descent = max(1, round(candidates.batch(index) * FIRST_DESCENT / candidates.step))
                     floor = candidates.index_at_most(candidates.batch(index) * (1 - DESCENT))
             continue
         if descent and high is not None:
             # The forecasts that overshot on the H100 did so by 0 to 5%, and the line, which a
             # caching allocator's overhead holds back, restarted 10% below and crept up over 8-9
-            # trials: gallop down from the failure, doubling the step, then bisect once a size
-            # fits. Past DESCENT below the forecast's answer (a forecast far off), the line decides.
+            # trials: gallop down from the failure, doubling the step (from FIRST_DESCENT of it),
+            # then bisect once a size fits. Past DESCENT below the forecast's answer (a forecast
+            # far off), the line decides; the doubling stops at that floor rather than past it
+            # (at 3,495 samples, 1, 2, ... 256 below passed it where 7.7% below fitted).
             bisecting = descent < 0  # a size has fitted since: the boundary is bracketed
             index = (low + high) // 2 if bisecting else max(high - descent, (low + high + 1) // 2)
+            if not bisecting and index < floor < high - FLOOR_GAP:
+                index = max(floor, (low + high + 1) // 2)  # the gallop's last step: the floor itself
             if bisecting or index >= floor:
                 if probe(index).fits:
                     low, descent = index, -1
