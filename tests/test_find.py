@@ -21,6 +21,7 @@ from tiny_workloads import (
     build,
     classification_batch,
     float16_scaled,
+    large_batch_workspace,
     lbfgs_mlp,
     overflowing_workload,
     queue_workload,
@@ -669,28 +670,6 @@ def test_behind_a_caching_allocator_a_search_whose_first_fp16_steps_overflow_is_
     sizes = [(trial.batch_size, trial.outcome) for trial in late.trials]
     assert sizes == [(trial.batch_size, trial.outcome) for trial in prompt.trials]
     assert late.batch_size == prompt.batch_size and len(late.trials) <= 5
-
-
-def large_batch_workspace(per_sample: int) -> Workload:
-    """An MLP whose step, from 64 samples up, makes and frees at once a workspace of
-    ``per_sample`` bytes a sample amid its activations: a kernel's algorithm that only large
-    batches take, so small batches' allocator requests do not show it."""
-    torch.manual_seed(0)
-    width = 300
-    model = nn.Sequential(
-        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
-    )
-
-    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
-        if len(batch[0]) >= 64:
-            torch.empty(len(batch[0]) * per_sample, dtype=torch.uint8).zero_()
-        loss.backward()
-        optimizer.step()
-
-    optimizer = torch.optim.Adam(model.parameters())
-    return Workload(model, optimizer, make_batch=classification_batch((width,)), train_step=train_step)
 
 
 @pytest.mark.parametrize("per_sample", [1300, 1500, 1700])

@@ -128,6 +128,28 @@ def float16_scaled(workload: Workload, scaler: torch.amp.GradScaler, loss_scale:
     return workload
 
 
+def large_batch_workspace(per_sample: int) -> Workload:
+    """An MLP whose step, from 64 samples up, makes and frees at once a workspace of
+    ``per_sample`` bytes a sample amid its activations: a kernel's algorithm that only large
+    batches take, so small batches' allocator requests do not show it."""
+    torch.manual_seed(0)
+    width = 300
+    model = nn.Sequential(
+        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+        if len(batch[0]) >= 64:
+            torch.empty(len(batch[0]) * per_sample, dtype=torch.uint8).zero_()
+        loss.backward()
+        optimizer.step()
+
+    optimizer = torch.optim.Adam(model.parameters())
+    return Workload(model, optimizer, make_batch=classification_batch((width,)), train_step=train_step)
+
+
 def lbfgs_mlp() -> Workload:
     """The tiny MLP trained by L-BFGS for three steps: its history of directions is full."""
     torch.manual_seed(0)

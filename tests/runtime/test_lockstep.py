@@ -10,7 +10,7 @@ from typing import Any
 import lockstep_workers
 import pytest
 import torch
-from tiny_workloads import build, classification_batch
+from tiny_workloads import build, classification_batch, large_batch_workspace
 from two_ranks import run_ranks
 
 from batchfit import find_batch_size
@@ -43,6 +43,17 @@ def test_ranks_with_different_capacities_agree_on_the_smaller_one(tmp_path: Path
     pairs = zip(reports[0]["outcomes"], reports[0]["details"], strict=True)
     failed = [detail for outcome, detail in pairs if outcome != "ok"]
     assert failed and all(detail.startswith("rank 0: ") for detail in failed)
+
+
+def test_ranks_ask_a_failed_forecast_again_together(tmp_path: Path) -> None:
+    # The replay's answer fails, a size below it fits, and the forecast is asked again on that
+    # trial's records: whether to ask is every rank's evidence at once (a collective), so the
+    # ranks place the same trials as one process does, and none waits on another.
+    reports = spawn("caching-revised", ["40MiB", "40MiB"], tmp_path)
+    assert all("error" not in report for report in reports), reports
+    alone = find_on(CachingCpuDevice(40 * 2**20), large_batch_workspace(1500), max_batch_size=8192)
+    assert reports[0]["trials"] == reports[1]["trials"] == [t.batch_size for t in alone.trials]
+    assert reports[0]["batch_size"] == alone.batch_size < alone.trials[2].batch_size  # it overshot
 
 
 def test_behind_caching_allocators_every_rank_places_its_trials_by_the_replay_of_all(tmp_path: Path) -> None:
