@@ -122,10 +122,10 @@ def search(
     refutes it. Where its answer failed, the search gallops down from there (1, 2, 4, ... below the
     last failure, from ``FIRST_DESCENT`` of the batch at large ones) and bisects once a size fits,
     for up to ``DESCENT`` below that answer; where the one after fitted, or past that, the line
-    decides. Once a size below its failed answer has
-    fitted, the forecast is asked again where its evidence changed (the replay's records now hold
-    that trial, near the boundary), up to ``REVISIONS`` times: its new answer and the candidate
-    after it are tried before the bisection goes on.
+    decides. Once a size below its failed answer has fitted, the forecast is asked again where its
+    evidence changed (the replay's records now hold that trial, near the boundary), up to
+    ``REVISIONS`` times: its new answer and the candidate after it are tried before the bisection
+    goes on.
     """
     trials: list[Trial] = []
     at: dict[int, Trial] = {}
