@@ -123,7 +123,17 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
             workload, target, "train", STEPS_PER_TRIAL, budget, snapshot, None, record=recording
         )
         longer = (
-            TrialRunner(workload, target, "train", confirm_steps, budget, snapshot, None, record=recording)
+            TrialRunner(
+                workload,
+                target,
+                "train",
+                confirm_steps,
+                budget,
+                snapshot,
+                None,
+                record=recording,
+                record_steps=STEPS_PER_TRIAL,  # as find records a confirming trial
+            )
             if confirm_steps is not None and confirm_steps > STEPS_PER_TRIAL
             else None
         )
@@ -163,8 +173,7 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
         curve.records = {str(size): record.to_dict() for size, record in sorted(opening.items())}
         if longer is not None:
             curve.near_records = {
-                str(size): record.truncated(STEPS_PER_TRIAL).to_dict()
-                for size, record in sorted(longer.records.items())
+                str(size): record.to_dict() for size, record in sorted(longer.records.items())
             }
         curve.soft_workspaces = target.soft_workspaces
     finally:

@@ -236,8 +236,17 @@ def find_on(
         run = _Oracle(runner, budget, cache, on_trial, on_trial_start, lockstep)
         longer = None
         if confirming is not None:
+            # Its record pairs with the opening's, of steps_per_trial steps: only those are taken.
             confirmer = TrialRunner(
-                workload, target, mode, confirming, budget, snapshot, warm_batch, record=record
+                workload,
+                target,
+                mode,
+                confirming,
+                budget,
+                snapshot,
+                warm_batch,
+                record=record,
+                record_steps=steps_per_trial,
             )
             confirmer.records = runner.records
             longer = _Oracle(confirmer, budget, None, on_trial, on_trial_start, lockstep)

@@ -151,6 +151,28 @@ def test_a_trial_run_again_from_the_scale_it_reached_records_requests_that_align
     assert replay is not None and replay.fits(24, 2**40, 10) is True
 
 
+def test_a_confirming_trial_records_its_first_steps_alone_as_an_opening_trial_records_them() -> None:
+    # A confirming trial's record pairs with the opening's 2-step records: it takes down its first
+    # 2 steps only (on CUDA each step's mark reads the allocator's history), and they are the
+    # requests a 2-step trial at that size makes, while all 10 steps still run under the cap.
+    device = CachingCpuDevice(2**40)
+    workload = build("mlp", "adam")
+    optimizer = workload.build_optimizer()
+    snapshot = TrainingSnapshot.capture(workload.model, optimizer, (workload.train_step,))
+    snapshot.set_gradients_aside()
+    short = TrialRunner(workload, device, "train", 2, 2**40, snapshot, None, record=True)
+    confirming = TrialRunner(
+        workload, device, "train", 10, 2**40, snapshot, None, until_steady=False, record=True, record_steps=2
+    )
+    try:
+        short.run(16)
+        ten = confirming.run(16)
+    finally:
+        snapshot.restore()
+    assert ten.steps == 10 and len(confirming.records[16].steps) == 3  # before, and 2 steps
+    assert confirming.records[16] == short.records[16]
+
+
 @pytest.mark.parametrize(
     "device", [CachingCpuDevice(20 * MiB), CappedCpuDevice(20 * MiB)], ids=["caching", "capped"]
 )

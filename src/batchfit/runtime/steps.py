@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -72,6 +72,7 @@ def run_steps(
     until_steady: bool = False,
     record: bool = False,
     scalers: Sequence[torch.amp.GradScaler] = (),
+    record_steps: int | None = None,
 ) -> tuple[Measurement, float | None]:
     """Run ``steps`` steps of ``mode`` on copies of ``host_batch`` under a hard cap of ``cap_bytes``
     (none when None); the measurement of the last step and its seconds. With ``warm_batch``, an
@@ -79,7 +80,8 @@ def run_steps(
     same cap. The measurement is also appended to ``started`` as it begins, so a failure can
     read it. With ``until_steady``, the steps end early where the device's allocator state after a
     step recurs (``policy.steady``): the steps left would repeat steps that ran. With ``record``,
-    the allocator's requests are taken down step by step (``measurement.recording``). Where the
+    the allocator's requests are taken down step by step (``measurement.recording``), over the
+    first ``record_steps`` steps (None: all; on CUDA reading the history costs, each step). Where the
     step's GradScalers (``scalers``) skipped every optimizer step for overflow, more steps run, up
     to ``OVERFLOW_STEPS``, until one is taken: the optimizer's state is part of a training step."""
     # What the steps start with, counted as the block opens and not kept: a tensor they replace
@@ -92,8 +94,9 @@ def run_steps(
     with (
         device.measure(resident, cap_bytes, compiled=compiled, wrapper_bytes=wrapper_bytes) as measurement,
         _optimizer_phases(measurement),
-        device.recording() if record else nullcontext(None) as recording,
+        ExitStack() as recorder,  # closed after ``record_steps`` steps: the recording ends there
     ):
+        recording = recorder.enter_context(device.recording()) if record else None
         if started is not None:
             started.append(measurement)
         measurement.recording = recording
@@ -115,6 +118,9 @@ def run_steps(
             and _scaled_down(scalers, scales)
         ):
             step += 1
+            if recording is not None and record_steps is not None and step > record_steps:
+                recorder.close()  # what it took down stays in measurement.recording
+                recording = None
             measurement.begin_step()
             if recording is not None:
                 recording.mark_step()
@@ -170,7 +176,8 @@ class TrialRunner:
     its real allocation, as it would in training on a device of ``budget_bytes``; allocator
     retries on the way are evidence (they cost speed), not a failure. On a caching allocator the
     steps end where its state recurs (``until_steady``): the steps left would repeat earlier ones.
-    With ``record``, each trial that fits leaves its allocator requests in ``records`` (by batch
+    With ``record``, each trial that fits leaves its allocator requests (of its first
+    ``record_steps`` steps, None: all) in ``records`` (by batch
     size), for ``policy.allocation_replay`` to forecast other sizes.
     """
 
@@ -186,10 +193,11 @@ class TrialRunner:
         *,
         until_steady: bool = True,
         record: bool = False,
+        record_steps: int | None = None,
     ) -> None:
         self.workload, self.device, self.mode, self.steps = workload, device, mode, steps
         self.budget_bytes, self.snapshot, self.warm_batch = budget_bytes, snapshot, warm_batch
-        self.until_steady, self.record = until_steady, record
+        self.until_steady, self.record, self.record_steps = until_steady, record, record_steps
         self.records: dict[int, AllocationRecord] = {}
         # The step's GradScalers, as the snapshot found them: it puts them back, the trials read them.
         self.scalers = [state.scaler for state in snapshot.scalers]
@@ -230,6 +238,7 @@ class TrialRunner:
                 self.until_steady,
                 self.record,
                 self.scalers,
+                self.record_steps,
             )
         except BaseException as error:
             refused = started[0].refused if started else ""
