@@ -702,6 +702,28 @@ def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near
     assert len(bisected.trials) >= len(asked_again.trials) + 3
 
 
+@pytest.mark.parametrize("per_sample", [1600, 3200])
+def test_behind_a_caching_allocator_a_forecast_that_was_low_is_asked_again_near_the_boundary(
+    per_sample: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Now the workspace is the small batches' (below 64 samples): the replay of 2 and 4 plays it
+    # at every size and answers 6-25% low. Its answer and the candidate after it fit; the latter's
+    # recorded requests, which lack the workspace, align with the opening's, and the replay asked
+    # again places the answer. The line alone took 17-18 trials there.
+    def search() -> batchfit.SearchResult:
+        workload = large_batch_workspace(per_sample, small=True)
+        return find_on(CachingCpuDevice(40 * 2**20), workload, max_batch_size=8192)
+
+    asked_again = search()
+    sizes = [trial.batch_size for trial in asked_again.trials]
+    answer = asked_again.batch_size
+    assert sizes[:2] == [2, 4] and sizes[3] == sizes[2] + 1 < answer * 0.95  # low, refuted
+    assert sizes[4:] == [answer, answer + 1] and asked_again.stop_reason == "boundary"
+    monkeypatch.setattr("batchfit.policy.search.REVISIONS", 0)
+    by_the_line = search()
+    assert by_the_line.batch_size == answer and len(by_the_line.trials) >= len(sizes) + 8
+
+
 def test_a_lazy_module_waiting_for_its_first_batch_is_named() -> None:
     model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 10))
     workload = Workload(model, lambda p: torch.optim.SGD(p, lr=0.1), make_batch=classification_batch((4,)))

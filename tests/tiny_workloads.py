@@ -128,10 +128,10 @@ def float16_scaled(workload: Workload, scaler: torch.amp.GradScaler, loss_scale:
     return workload
 
 
-def large_batch_workspace(per_sample: int) -> Workload:
-    """An MLP whose step, from 64 samples up, makes and frees at once a workspace of
-    ``per_sample`` bytes a sample amid its activations: a kernel's algorithm that only large
-    batches take, so small batches' allocator requests do not show it."""
+def large_batch_workspace(per_sample: int, small: bool = False) -> Workload:
+    """An MLP whose step, from 64 samples up (``small``: below 64 only), makes and frees at once a
+    workspace of ``per_sample`` bytes a sample amid its activations: a kernel's algorithm that only
+    large (or small) batches take, so the other batches' allocator requests do not show it."""
     torch.manual_seed(0)
     width = 300
     model = nn.Sequential(
@@ -141,7 +141,7 @@ def large_batch_workspace(per_sample: int) -> Workload:
     def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
-        if len(batch[0]) >= 64:
+        if (len(batch[0]) < 64) == small:
             torch.empty(len(batch[0]) * per_sample, dtype=torch.uint8).zero_()
         loss.backward()
         optimizer.step()

@@ -41,8 +41,8 @@ FIRST_DESCENT = 1 / 512
 #: itself before the line decides, if the floor lies more than this many candidates below the last
 #: failure (nearer, as at small batches, the line's next trial is as good).
 FLOOR_GAP = 16
-#: How many times a forecast whose answer failed is asked again, on new evidence (a trial below
-#: it that fitted and was recorded), before the bisection alone goes on.
+#: How many times a forecast that was refuted is asked again, on new evidence (a trial near its
+#: answer that fitted and was recorded), before the bisection or the line alone goes on.
 REVISIONS = 2
 
 
@@ -122,10 +122,10 @@ def search(
     refutes it. Where its answer failed, the search gallops down from there (1, 2, 4, ... below the
     last failure, from ``FIRST_DESCENT`` of the batch at large ones) and bisects once a size fits,
     for up to ``DESCENT`` below that answer; where the one after fitted, or past that, the line
-    decides. Once a size below its failed answer has fitted, the forecast is asked again where its
-    evidence changed (the replay's records now hold that trial, near the boundary), up to
-    ``REVISIONS`` times: its new answer and the candidate after it are tried before the bisection
-    goes on.
+    decides. Once a size below its failed answer has fitted, or the one after its answer has (it
+    was low), the forecast is asked again where its evidence changed (the replay's records now hold
+    that trial, near the boundary), up to ``REVISIONS`` times: its new answer and the candidate
+    after it are tried before the bisection or the line goes on.
     """
     trials: list[Trial] = []
     at: dict[int, Trial] = {}
@@ -175,6 +175,7 @@ def search(
     floor = 0  # the lowest index that descent tries
     evidence: Hashable = None  # what the forecast's last answer rested on
     revisions = 0
+    low_forecast = False  # the candidate after the forecast's answer fitted: its answer was low
     if forecast is not None and not forecast_only:
         evidence = forecast.evidence()
         predicted = _forecast_boundary(forecast, candidates, low, high)
@@ -185,10 +186,11 @@ def search(
         if high is not None and high == low + 1:
             reason = "boundary"
             break
-        if descent < 0 and predicted is None and forecast is not None and revisions < REVISIONS:
-            # Below the forecast's failed answer a size fitted: where the forecast now rests on
-            # other evidence (that trial's allocator requests, a batch near the boundary), its
-            # answer in the bracket is worth a trial before the bisection's.
+        asked_again = descent < 0 or low_forecast
+        if asked_again and predicted is None and forecast is not None and revisions < REVISIONS:
+            # Below the forecast's failed answer a size fitted, or above its answer one did: where
+            # the forecast now rests on other evidence (that trial's allocator requests, a batch
+            # near the boundary), its answer is worth a trial before the bisection's or the line's.
             now = forecast.evidence()
             if now != evidence:
                 evidence, revisions = now, revisions + 1
@@ -197,7 +199,8 @@ def search(
             index = max(predicted, low + 1)
             if probe(index).fits:
                 low = index
-                predicted = None if index > predicted else predicted  # it fitted past the forecast
+                if index > predicted:  # it fitted past the forecast: the forecast was low
+                    predicted, low_forecast = None, True
             else:
                 high = index
                 if index <= predicted:  # the forecast's answer failed: the boundary is close below
