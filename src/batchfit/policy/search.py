@@ -186,8 +186,8 @@ def search(
         if high is not None and high == low + 1:
             reason = "boundary"
             break
-        asked_again = descent < 0 or low_forecast
-        if asked_again and predicted is None and forecast is not None and revisions < REVISIONS:
+        refuted = descent < 0 or low_forecast  # a size below its failed answer fitted, or it was low
+        if refuted and predicted is None and forecast is not None and revisions < REVISIONS:
             # Below the forecast's failed answer a size fitted, or above its answer one did: where
             # the forecast now rests on other evidence (that trial's allocator requests, a batch
             # near the boundary), its answer is worth a trial before the bisection's or the line's.
