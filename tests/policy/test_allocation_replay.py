@@ -41,9 +41,10 @@ class Program:
     # Before activation i, at every step: a workspace of ``per_sample x (batch - from)`` bytes, made
     # and freed at once, and not requested at all where that is not positive.
     workspace: tuple[int, int, int] | None = None  # i, per_sample, from
+    expandable: bool = False  # the allocator's segments: expandable, or CUDA's default
 
     def start(self) -> tuple[CachingAllocator, list[Block]]:
-        allocator = CachingAllocator()
+        allocator = CachingAllocator(expandable=self.expandable)
         return allocator, [allocator.malloc(size) for size in self.weights]
 
     def run(
@@ -113,7 +114,7 @@ class Program:
 
     def record(self, batch_size: int, steps: int) -> AllocationRecord:
         allocator, _ = self.start()
-        recording = Recording(allocator.segments())
+        recording = Recording(allocator.segments(), self.expandable)
         assert self.run(batch_size, steps, None, recording) is not None
         record = recording.record(batch_size)
         assert record is not None
@@ -149,9 +150,12 @@ def random_program(seed: int) -> Program:
     )
 
 
+@pytest.mark.parametrize("expandable", [False, True], ids=["segments", "expandable"])
 @pytest.mark.parametrize("seed", range(40))
-def test_the_replay_of_two_records_places_every_size_as_the_program_itself_does(seed: int) -> None:
-    program = random_program(seed)
+def test_the_replay_of_two_records_places_every_size_as_the_program_itself_does(
+    seed: int, expandable: bool
+) -> None:
+    program = replace(random_program(seed), expandable=expandable)
     replay = AllocationReplay.of(program.record(2, 2), program.record(4, 2))
     assert replay is not None and replay.repeatable
     # Caps at what 8 and 64 samples reserve over 10 steps; sizes from half to twice that.
@@ -240,6 +244,28 @@ def test_records_that_do_not_align_give_no_replay() -> None:
     assert AllocationReplay.of(two, program.record(4, 3)) is None  # another number of steps
     # A request more, freed at the step's end: another code path, not something made once.
     assert AllocationReplay.of(replace(program, once=(0, 64, True)).record(2, 2), four) is None
+    # The same requests, recorded on an allocator with expandable segments: another allocator.
+    expandable = replace(program, expandable=True)
+    assert expandable.record(4, 2).steps == four.steps
+    assert AllocationReplay.of(two, expandable.record(4, 2)) is None
+    assert AllocationReplay.of(expandable.record(2, 2), expandable.record(4, 2)) is not None
+
+
+def test_expandable_segments_move_the_boundary_the_replay_places() -> None:
+    # The two allocators place the same requests differently: of the random programs' boundaries
+    # (caps at what 8 and 64 samples reserve), most move with expandable segments, either way
+    # (their pages come back from anywhere; their cap counts a whole new segment, and maps 20 MiB).
+    moved = []
+    for seed in range(20):
+        program = random_program(seed)
+        for limit_at in (8, 64):
+            limit = _reserved(program, limit_at)
+            plain, grown = (
+                max((n for n in range(1, 4 * limit_at) if variant.run(n, 10, limit) is not None), default=0)
+                for variant in (program, replace(program, expandable=True))
+            )
+            moved.append(grown - plain)
+    assert sum(1 for change in moved if change > 0) >= 10 and any(change < 0 for change in moved)
 
 
 def test_requests_made_once_by_the_first_trial_are_left_out() -> None:

@@ -9,6 +9,8 @@ import random
 import pytest
 
 from batchfit.policy.caching_allocator import (
+    LARGE_PAGE,
+    SMALL_PAGE,
     AllocatorOutOfMemory,
     Block,
     CachingAllocator,
@@ -176,4 +178,164 @@ def test_random_requests_keep_every_invariant_and_take_the_best_fit(seed: int) -
         allocator.free(block)
     allocator.empty_cache()
     assert allocator.reserved_bytes == 0 and allocator.retries >= failures
+    assert failures == 0 or allocator.limit_bytes is not None
+
+
+# With expandable segments: each pool one segment of address space, mapped by pages as it grows.
+
+
+def test_an_expandable_pool_grows_by_whole_pages_and_keeps_its_blocks_in_one_segment() -> None:
+    allocator = CachingAllocator(expandable=True)
+    first = allocator.malloc(30 * MiB)  # two 20 MiB pages; the 10 MiB past it is split off
+    assert allocator.reserved_bytes == 40 * MiB and first.size == 30 * MiB
+    # 15 MiB: the free 10 MiB at the end grows into the next page, so it lands right after.
+    second = allocator.malloc(15 * MiB)
+    assert second.address == first.address + 30 * MiB and allocator.reserved_bytes == 60 * MiB
+    small = allocator.malloc(KiB)  # the small pool's own segment, by 2 MiB pages
+    assert allocator.reserved_bytes == 62 * MiB
+    assert allocator.segments() == (
+        ((KiB, True), (2 * MiB - KiB, False)),
+        ((30 * MiB, True), (15 * MiB, True), (15 * MiB, False)),
+    )
+    # Any remainder of 512 bytes or more is split off, in the large pool too (not past 1 MiB only).
+    third = allocator.malloc(15 * MiB - 512)
+    assert third.size == 15 * MiB - 512 and allocator.segments()[1][-1] == (512, False)
+    allocator.free(small)
+    assert allocator.segments()[0] == ((2 * MiB, False),)
+
+
+def test_an_expandable_allocator_checks_its_cap_against_a_new_segment_but_maps_whole_pages() -> None:
+    allocator = CachingAllocator(limit_bytes=64 * MiB, expandable=True)
+    held = allocator.malloc(40 * MiB)  # two pages, exactly
+    # 23 MiB takes a 24 MiB segment in the cap's reckoning: 40 + 24 is within 64; the pool maps two
+    # more 20 MiB pages, so what it reserves passes the cap.
+    allocator.malloc(23 * MiB)
+    assert allocator.reserved_bytes == 80 * MiB and allocator.peak_reserved_bytes == 80 * MiB
+    with pytest.raises(AllocatorOutOfMemory):  # 18 MiB: the free 17 MiB does not hold it; 80 + 18 > 64
+        allocator.malloc(18 * MiB)
+    assert allocator.retries == 1 and allocator.reserved_bytes == 80 * MiB  # no free page to unmap
+    allocator.free(held)
+    allocator.empty_cache()  # the two pages under the freed 40 MiB are unmapped
+    assert allocator.reserved_bytes == 40 * MiB
+    again = allocator.malloc(18 * MiB)  # 40 + 18 is within 64: one page mapped, at the lowest address
+    assert again.address == held.address and allocator.reserved_bytes == 60 * MiB
+
+
+def test_freeing_the_cache_unmaps_whole_pages_and_the_next_request_maps_them_at_the_lowest_address() -> None:
+    allocator = CachingAllocator(expandable=True)
+    a = allocator.malloc(10 * MiB)
+    b = allocator.malloc(45 * MiB)
+    c = allocator.malloc(5 * MiB)
+    assert allocator.reserved_bytes == 60 * MiB  # three pages, filled
+    allocator.free(b)  # free from 10 MiB to 55 MiB: only the page from 20 to 40 MiB lies wholly inside
+    allocator.empty_cache()
+    assert allocator.reserved_bytes == 40 * MiB
+    blocks = ((10 * MiB, True), (10 * MiB, False), (20 * MiB, None), (15 * MiB, False), (5 * MiB, True))
+    assert allocator.segments() == ((), blocks)
+    # 25 MiB: the free 10 MiB, then the hole, hold it: the hole is mapped again, not new pages at the end.
+    d = allocator.malloc(25 * MiB)
+    assert d.address == a.address + 10 * MiB and allocator.reserved_bytes == 60 * MiB
+    assert c.address == a.address + 55 * MiB
+
+
+def test_the_best_fit_passes_over_a_block_that_could_grow_where_another_holds_the_request() -> None:
+    allocator = CachingAllocator(expandable=True)
+    blocks = [allocator.malloc(size * MiB) for size in (6, 2, 8)]  # one 20 MiB page, 4 MiB free at its end
+    allocator.free(blocks[0])  # a 6 MiB hole at the start; the 4 MiB at the end could grow
+    chosen = allocator.malloc(3 * MiB)
+    assert chosen.address == blocks[0].address  # the hole, though the end's 4 MiB is the smaller
+    again = allocator.malloc(MiB + 512)  # now the hole's 3 MiB and the end's 4 MiB: the hole
+    assert again.address == blocks[0].address + 3 * MiB
+
+
+def test_an_expandable_allocator_started_from_its_segments_places_requests_as_the_original() -> None:
+    rng = random.Random(1)
+    original = CachingAllocator(expandable=True)
+    blocks = [
+        original.malloc(rng.choice([rng.randrange(1, MiB), rng.randrange(MiB, 50 * MiB)])) for _ in range(40)
+    ]
+    for block in rng.sample(blocks, 25):
+        original.free(block)
+    original.empty_cache()
+    copy = CachingAllocator.starting_from(original.segments(), expandable=True)
+    assert copy.segments() == original.segments()
+    assert (copy.allocated_bytes, copy.reserved_bytes) == (original.allocated_bytes, original.reserved_bytes)
+    for _ in range(60):
+        nbytes = rng.choice([rng.randrange(1, MiB), rng.randrange(MiB, 50 * MiB)])
+        original.malloc(nbytes)
+        copy.malloc(nbytes)
+        assert copy.segments() == original.segments()
+    with pytest.raises(ValueError, match="2 segments"):
+        CachingAllocator.starting_from((), expandable=True)
+
+
+def _expandable_free_blocks(allocator: CachingAllocator) -> list[tuple[int, int, bool, int]]:
+    """Every free mapped block's size, address, pool and reach (itself and the unmapped space right
+    after it, the address space past the last mapped block counted as unbounded), and the invariants
+    of the layout: whole pages unmapped, no two free or two unmapped neighbours, the statistics
+    the sums of the blocks."""
+    found = []
+    mapped = allocated = 0
+    for small, (address, blocks) in zip((True, False), allocator.layout(), strict=True):
+        page = SMALL_PAGE if small else LARGE_PAGE
+        offset = 0
+        for position, (size, state) in enumerate(blocks):
+            if state is None:
+                assert offset % page == 0 and size % page == 0, "unmapped space not whole pages"
+            else:
+                mapped += size
+                allocated += size if state else 0
+            if position + 1 < len(blocks):
+                assert state is True or state != blocks[position + 1][1], "two free or unmapped neighbours"
+            if state is False:
+                after = blocks[position + 1] if position + 1 < len(blocks) else None
+                reach = size + (1 << 60 if after is None else after[0] if after[1] is None else 0)
+                found.append((size, address + offset, small, reach))
+            offset += size
+    assert (allocator.allocated_bytes, allocator.reserved_bytes) == (allocated, mapped)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_requests_keep_an_expandable_allocators_invariants_and_its_fit(seed: int) -> None:
+    rng = random.Random(seed)
+    allocator = CachingAllocator(limit_bytes=rng.choice([None, 96 * MiB, 160 * MiB]), expandable=True)
+    live: list[Block] = []
+    failures = 0
+    for _ in range(400):
+        if live and rng.random() < 0.45:
+            allocator.free(live.pop(rng.randrange(len(live))))
+        elif rng.random() < 0.05:
+            allocator.empty_cache()
+        else:
+            sizes = (rng.randint(1, 64 * KiB), rng.randint(MiB, 9 * MiB), rng.randint(10, 40) * MiB)
+            size = rng.choice(sizes)
+            free_before = _expandable_free_blocks(allocator)
+            try:
+                block = allocator.malloc(size)
+            except AllocatorOutOfMemory:
+                failures += 1
+                continue
+            live.append(block)
+            # Brute force: the smallest free block of its pool that holds it (the lowest address
+            # among equals), passed over for the next in that order while that one reaches less far.
+            small = rounded(size) <= MiB
+            holding = sorted(
+                (b, address, reach)
+                for b, address, pool, reach in free_before
+                if b >= rounded(size) and pool == small
+            )
+            if holding:
+                chosen = 0
+                while chosen + 1 < len(holding) and holding[chosen + 1][2] < holding[chosen][2]:
+                    chosen += 1
+                assert block.address == holding[chosen][1]
+        _expandable_free_blocks(allocator)
+        assert sum(block.size for block in live) == allocator.allocated_bytes
+        if allocator.limit_bytes is not None:  # past the cap by less than a page, at most
+            assert allocator.reserved_bytes < allocator.limit_bytes + LARGE_PAGE
+    for block in live:
+        allocator.free(block)
+    allocator.empty_cache()
+    assert allocator.reserved_bytes == 0 and allocator.segments() == ((), ())
     assert failures == 0 or allocator.limit_bytes is not None

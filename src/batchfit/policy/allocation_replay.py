@@ -18,7 +18,7 @@ its real trials, and only real trials decide.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator, Segments
@@ -32,11 +32,12 @@ Event = tuple[int, int]
 class AllocationRecord:
     """What one trial asked of a caching allocator: the segments it started from, and its requests
     and frees, step by step (``steps[0]``: what ran before the first step, such as an eval trial's
-    training step; often nothing)."""
+    training step; often nothing); ``expandable``: the allocator ran with expandable segments."""
 
     batch_size: int
     start: Segments
     steps: tuple[tuple[Event, ...], ...]
+    expandable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,14 +45,17 @@ class AllocationRecord:
     def truncated(self, steps: int) -> AllocationRecord:
         """The record of what ran before the steps and the first ``steps`` steps (a confirming
         trial's, to align with an opening trial's: each free names a request made before it)."""
-        return AllocationRecord(self.batch_size, self.start, self.steps[: steps + 1])
+        return replace(self, steps=self.steps[: steps + 1])
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AllocationRecord:
         """The record ``to_dict`` gave (its tuples as JSON's lists)."""
-        start = tuple(tuple((int(size), bool(used)) for size, used in blocks) for blocks in data["start"])
+        start = tuple(
+            tuple((int(size), None if state is None else bool(state)) for size, state in blocks)
+            for blocks in data["start"]
+        )
         steps = tuple(tuple((int(kind), int(value)) for kind, value in events) for events in data["steps"])
-        return cls(int(data["batch_size"]), start, steps)
+        return cls(int(data["batch_size"]), start, steps, bool(data.get("expandable", False)))
 
 
 class Recording:
@@ -59,8 +63,8 @@ class Recording:
     steps); ``record`` makes the ``AllocationRecord``, or None where a free named a block the
     recording did not see requested (a resident tensor freed: the trials would not align)."""
 
-    def __init__(self, start: Segments) -> None:
-        self.start = start
+    def __init__(self, start: Segments, expandable: bool = False) -> None:
+        self.start, self.expandable = start, expandable
         self.steps: list[list[Event]] = [[]]
         self.requests = 0
         self.complete = True
@@ -88,16 +92,21 @@ class Recording:
     def record(self, batch_size: int) -> AllocationRecord | None:
         if not self.complete:
             return None
-        return AllocationRecord(batch_size, self.start, tuple(tuple(events) for events in self.steps))
+        steps = tuple(tuple(events) for events in self.steps)
+        return AllocationRecord(batch_size, self.start, steps, self.expandable)
 
 
 class AllocationReplay:
     """The requests of two aligned records, played at any batch size (see the module's docstring)."""
 
     def __init__(
-        self, start: Segments, steps: tuple[tuple[Event, ...], ...], lines: list[tuple[float, float]]
+        self,
+        start: Segments,
+        steps: tuple[tuple[Event, ...], ...],
+        lines: list[tuple[float, float]],
+        expandable: bool = False,
     ):
-        self.start, self.steps = start, steps
+        self.start, self.steps, self.expandable = start, steps, expandable
         self.lines = lines  # each request's bytes: intercept, bytes per sample
         self.handed_on = _handed_on(steps, lines)
         self.transient = _kinds(steps)[1]  # the workspaces: freed right after they are made
@@ -113,9 +122,12 @@ class AllocationReplay:
         either may have a request freed right after it is made that the other lacks (a kernel's
         workspace, which is not requested at all where the chosen algorithm needs none): the
         reference's takes the line through nothing at the other's batch, the other's is left out.
-        Any other difference (a request or a free more, a free out of place) leaves them unaligned.
+        Any other difference (a request or a free more, a free out of place, records of an allocator
+        with expandable segments and of one without) leaves them unaligned.
         """
         if first.batch_size == second.batch_size or len(first.steps) != len(second.steps):
+            return None
+        if first.expandable != second.expandable:  # recorded on two kinds of allocator
             return None
         if not _frees_are_valid(first.steps) or not _frees_are_valid(second.steps):
             return None
@@ -134,7 +146,7 @@ class AllocationReplay:
             match = matched[ordinal]
             slope = (size - (0 if match is None else other_sizes[match])) / span
             lines.append((size - slope * reference.batch_size, slope))
-        return cls(reference.start, reference.steps, lines)
+        return cls(reference.start, reference.steps, lines, reference.expandable)
 
     @property
     def repeatable(self) -> bool:
@@ -154,7 +166,7 @@ class AllocationReplay:
         if steps > recorded and not self.repeatable:
             return None
         sizes = [max(1, math.ceil(fixed + slope * batch_size)) for fixed, slope in self.lines]
-        player = _Player(CachingAllocator.starting_from(self.start, limit_bytes), sizes)
+        player = _Player(CachingAllocator.starting_from(self.start, limit_bytes, self.expandable), sizes)
         if soft_workspaces:
             player.soft = self.transient
         blocks: dict[int, Block | None] = {}
