@@ -42,20 +42,22 @@ from batchfit.runtime.tracker import resident_tensors
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 #: The devices with the CPU's stand-in for CUDA's caching allocator too.
 CACHING_DEVICES = [DEVICES[0], pytest.param("cpu-caching", id="cpu-caching"), DEVICES[1]]
+#: The stand-in for CUDA's caching allocator with expandable segments (``expandable_segments:True``).
+EXPANDABLE = pytest.param("cpu-expandable", id="cpu-expandable")
 #: Steps in a probe of the truth (a trial takes 2: the issue measured 2, 10 and 40 alike).
 TRUTH_STEPS = 10
 
 
 def target_for(device: str, limit: int | None) -> Device:
     """The device a test means: ``cpu-caching`` is the CPU with CUDA's caching allocator modelled."""
-    if device == "cpu-caching":
-        return CachingCpuDevice(2**40 if limit is None else limit)
+    if device in ("cpu-caching", "cpu-expandable"):
+        return CachingCpuDevice(2**40 if limit is None else limit, device == "cpu-expandable")
     return resolve_device(device, limit)
 
 
 def find(workload: Workload, mode: str, device: str, cap: int, **options: Any) -> SearchResult:
-    if device == "cpu-caching":
-        return find_on(CachingCpuDevice(cap), workload, mode, **options)  # type: ignore[arg-type]
+    if device in ("cpu-caching", "cpu-expandable"):
+        return find_on(target_for(device, cap), workload, mode, **options)  # type: ignore[arg-type]
     return find_batch_size(workload, mode, device=device, memory_limit=cap, **options)  # type: ignore[arg-type]
 
 
@@ -185,7 +187,7 @@ def benchmark_on() -> Any:
     torch.backends.cudnn.benchmark = before
 
 
-@pytest.mark.parametrize("device", CACHING_DEVICES)
+@pytest.mark.parametrize("device", [*CACHING_DEVICES, EXPANDABLE])
 @pytest.mark.parametrize(
     ("mode", "amp"), [("train", False), ("eval", False), pytest.param("train", True, id="train-amp")]
 )
@@ -199,7 +201,7 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
     truth = truth_near(workload, mode, device, cap, result.batch_size, result.max_batch_size)
     assert result.batch_size == truth
     assert result.answer.fits and result.answer.allocator_retries >= 0
-    if device == "cpu-caching":  # the opening's requests, replayed, place the answer and the next
+    if device.startswith("cpu-"):  # the opening's requests, replayed, place the answer and the next
         assert [t.batch_size for t in result.trials] == [2, 4, truth, truth + 1]
         assert 0 < result.replays <= 20 and "placed by replaying the allocator's requests" in result.summary()
 

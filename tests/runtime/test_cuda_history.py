@@ -1,16 +1,22 @@
-"""Reading CUDA's allocator history into a recording: the parser, on histories written as
-``torch.cuda.memory._snapshot()`` documents its trace entries (the recording on a real GPU is
-checked by tests/test_gpu.py under the ``gpu`` marker)."""
+"""Reading CUDA's allocator into the model: its history into a recording, on histories written as
+``torch.cuda.memory._snapshot()`` documents its trace entries; its segments into the state a
+trial starts from, on snapshots written as ``torch.cuda.memory_snapshot()`` documents them; its
+settings (expandable segments) as a user makes them (the recording on a real GPU is checked by
+tests/test_gpu.py under the ``gpu`` marker)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 import torch
 
 from batchfit.policy.allocation_replay import ALLOC, FREE, AllocationRecord, Recording
-from batchfit.runtime.cuda import _CudaAllocator, read_trace
+from batchfit.policy.caching_allocator import CachingAllocator
+from batchfit.runtime.cuda import _CudaAllocator, _start, read_trace
 
 
 def entry(action: str, addr: int | None = None, size: int = 0) -> dict[str, Any]:
@@ -68,3 +74,109 @@ def test_a_torch_without_the_allocator_history_records_nothing_and_raises_nothin
         pytest.skip("a CUDA build: tests/test_gpu.py checks the recording there")
     with _CudaAllocator(torch.device("cuda", 0)).recording() as recording:
         assert recording is None
+
+
+def segment(
+    address: int,
+    blocks: list[tuple[int, str]],
+    kind: str = "large",
+    expandable: bool = False,
+    stream: int = 0,
+) -> dict[str, Any]:
+    """A segment of ``torch.cuda.memory_snapshot()``, as torch documents it."""
+    return {
+        "device": 0,
+        "address": address,
+        "total_size": sum(size for size, _ in blocks),
+        "stream": stream,
+        "segment_type": kind,
+        "is_expandable": expandable,
+        "blocks": [{"size": size, "state": state} for size, state in blocks],
+    }
+
+
+MiB = 1 << 20
+USED, FREE_BLOCK = "active_allocated", "inactive"
+
+
+def test_a_snapshot_of_segments_is_the_model_s_start() -> None:
+    snapshot = [
+        segment(0x40000000, [(20 * MiB, FREE_BLOCK)]),
+        segment(0x10000000, [(MiB, USED), (MiB, FREE_BLOCK)], "small"),
+        segment(0x20000000, [(4 * MiB, USED), (16 * MiB, FREE_BLOCK)]),
+        segment(0x20000000, [(2 * MiB, USED)], "small") | {"device": 1},  # another device's
+    ]
+    assert _start(snapshot, 0, expandable=False) == (
+        (((MiB, True), (MiB, False)), ((4 * MiB, True), (16 * MiB, False)), ((20 * MiB, False),)),
+        False,
+    )
+
+
+def test_an_expandable_segment_s_mapped_stretches_are_one_segment_with_the_unmapped_space_between() -> None:
+    base = 0x7F0000000000
+    snapshot = [
+        segment(base, [(30 * MiB, USED), (10 * MiB, FREE_BLOCK)], expandable=True),
+        segment(base + 60 * MiB, [(20 * MiB, USED)], expandable=True),  # 20 MiB unmapped before it
+        segment(0x7E0000000000, [(KiB := 1024, USED), (2 * MiB - KiB, FREE_BLOCK)], "small", expandable=True),
+    ]
+    start = _start(snapshot, 0, expandable=True)
+    large = ((30 * MiB, True), (10 * MiB, False), (20 * MiB, None), (20 * MiB, True))
+    assert start == ((((KiB, True), (2 * MiB - KiB, False)), large), True)
+    # The model starts from it: a request that the free 10 MiB and the hole hold maps the hole.
+    allocator = CachingAllocator.starting_from(start[0], expandable=True)
+    assert allocator.reserved_bytes == 62 * MiB
+    allocator.malloc(25 * MiB)
+    assert allocator.reserved_bytes == 82 * MiB and allocator.segments()[1][1] == (25 * MiB, True)
+
+
+def test_a_start_the_model_cannot_take_is_none() -> None:
+    native, expandable = segment(0, [(20 * MiB, USED)]), segment(1 << 40, [(20 * MiB, USED)], expandable=True)
+    assert _start([native, expandable], 0, expandable=True) is None  # made before the setting changed
+    assert _start([native], 0, expandable=True) is None
+    assert _start([expandable], 0, expandable=False) is None
+    on_another_stream = segment(1 << 41, [(20 * MiB, USED)], expandable=True, stream=7)
+    assert _start([expandable, on_another_stream], 0, expandable=True) is None
+    assert _start([], 0, expandable=True) == (((), ()), True)  # nothing mapped yet
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({}, False),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, False),
+        ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}, True),
+        ({"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.6"}, False),
+    ],
+)
+def test_the_allocator_settings_are_read_as_torch_reads_them(
+    environment: dict[str, str], expected: bool
+) -> None:
+    # In a fresh interpreter, as a user sets them: torch's own account of its settings where this
+    # torch gives one, the environment where it does not (torch before 2.9, our GPUs' 2.11).
+    code = (
+        "import torch\n"
+        "from batchfit.runtime.caching import expandable_segments\n"
+        "with_getter = expandable_segments()\n"
+        "del torch._C._accelerator_getAllocatorSettings\n"
+        "print(with_getter, expandable_segments())\n"
+    )
+    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key} | environment
+    printed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert printed.stdout.split() == [str(expected)] * 2
+
+
+def test_settings_made_at_run_time_count_where_torch_reports_them() -> None:
+    code = (
+        "import torch\n"
+        "from batchfit.runtime.caching import allocator_settings, expandable_segments\n"
+        "torch.cuda.memory._set_allocator_settings('expandable_segments:True')\n"
+        "print(expandable_segments(), allocator_settings())\n"
+    )
+    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key}
+    printed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert printed.stdout.strip() == "True {'expandable_segments': 'True'}"

@@ -10,6 +10,7 @@ CUDA path's logic runs in CI, fragmentation included.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -29,6 +30,28 @@ from batchfit.units import format_bytes
 #: fragmentation builds over the first steps. On an H100 a small CNN at a 160 MiB cap trained 2
 #: steps at batch 50 and 53 and failed within 10 (docs/search.md); 10 is the truth's probe.
 CONFIRM_STEPS = 10
+
+
+def allocator_settings() -> dict[str, str]:
+    """The caching allocator's settings in force (``PYTORCH_CUDA_ALLOC_CONF``'s ``key:value`` pairs,
+    or ``torch.cuda.memory._set_allocator_settings``'), keys in lower case: torch's own account
+    where it gives one (2.9 on), else the environment it read them from (``PYTORCH_ALLOC_CONF``
+    before ``PYTORCH_CUDA_ALLOC_CONF``)."""
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    text = getter() if getter is not None else None
+    if not text:
+        text = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    settings = {}
+    for pair in text.split(","):
+        key, _, value = pair.partition(":")
+        if key.strip():
+            settings[key.strip().lower()] = value.strip()
+    return settings
+
+
+def expandable_segments() -> bool:
+    """Whether the caching allocator makes expandable segments (``expandable_segments:True``)."""
+    return allocator_settings().get("expandable_segments", "").lower() == "true"
 
 
 class Allocator(Protocol):
@@ -136,8 +159,8 @@ class ModelledAllocator:
     block of ``policy.caching_allocator``, and gives it back when the storage is freed (whenever
     that is: parameters keep theirs from trial to trial, as on a GPU)."""
 
-    def __init__(self) -> None:
-        self.model = CachingAllocator()
+    def __init__(self, expandable_segments: bool = False) -> None:
+        self.model = CachingAllocator(expandable=expandable_segments)
         self._blocks: dict[int, _Held] = {}  # storage key -> its block
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._recording: Recording | None = None
@@ -202,7 +225,7 @@ class ModelledAllocator:
 
     @contextmanager
     def recording(self) -> Iterator[Recording]:
-        self._recording = Recording(self.model.segments())
+        self._recording = Recording(self.model.segments(), self.model.expandable)
         try:
             yield self._recording
         finally:
@@ -279,18 +302,20 @@ class _AllocatingMode(TorchDispatchMode):
 
 
 class CachingCpuDevice(CachingDevice):
-    """The CPU standing in for a GPU of ``limit_bytes`` with CUDA's caching allocator: every tensor
-    the step allocates is placed by the modelled allocator, so segments, fragmentation, reserved
-    memory and retries behave as the allocator's rules make them (not a GPU's own kernels: cuDNN's
-    and cuBLAS's workspaces are not in the CPU's allocations)."""
+    """The CPU standing in for a GPU of ``limit_bytes`` with CUDA's caching allocator (with
+    ``expandable_segments``, as ``expandable_segments:True`` sets it): every tensor the step
+    allocates is placed by the modelled allocator, so segments, fragmentation, reserved memory and
+    retries behave as the allocator's rules make them (not a GPU's own kernels: cuDNN's and
+    cuBLAS's workspaces are not in the CPU's allocations)."""
 
     torch_device = torch.device("cpu")
     min_window_steps = 1  # nothing runs ahead of the host: a step is a step
 
-    def __init__(self, limit_bytes: int) -> None:
-        super().__init__(ModelledAllocator())
+    def __init__(self, limit_bytes: int, expandable_segments: bool = False) -> None:
+        super().__init__(ModelledAllocator(expandable_segments))
         self.limit_bytes = limit_bytes
-        self.name = f"cpu (capped at {format_bytes(limit_bytes)}, CUDA's caching allocator modelled)"
+        kind = " with expandable segments" if expandable_segments else ""
+        self.name = f"cpu (capped at {format_bytes(limit_bytes)}, CUDA's caching allocator{kind} modelled)"
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         return self.limit_bytes

@@ -13,7 +13,7 @@ import torch
 from batchfit.errors import DeviceUnavailableError
 from batchfit.policy.allocation_replay import Recording
 from batchfit.policy.caching_allocator import Segments
-from batchfit.runtime.caching import CachingDevice
+from batchfit.runtime.caching import CachingDevice, expandable_segments
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -110,10 +110,22 @@ class _CudaAllocator:
         torch.cuda.synchronize(self.device)
 
     def layout(self) -> Hashable:
-        # The allocator's own account of its segments and blocks, read on the host (no sync).
+        # The allocator's own account of its segments and blocks, read on the host (no sync). An
+        # expandable segment's mapped stretches are placed by their offsets from its first.
+        segments = _device_segments(torch.cuda.memory_snapshot(), self.device.index)
+        first: dict[tuple[Any, Any], int] = {}
+        for segment in segments:
+            if segment.get("is_expandable", False):
+                first.setdefault((segment["stream"], segment["segment_type"]), segment["address"])
         return tuple(
-            (segment["stream"], segment["segment_type"], _blocks(segment))
-            for segment in _device_segments(torch.cuda.memory_snapshot(), self.device.index)
+            (
+                segment["stream"],
+                segment["segment_type"],
+                segment["address"]
+                - first.get((segment["stream"], segment["segment_type"]), segment["address"]),
+                _blocks(segment),
+            )
+            for segment in segments
         )
 
     @contextmanager
@@ -127,7 +139,10 @@ class _CudaAllocator:
         if not _history_free():
             yield None
             return
-        start = _segments(torch.cuda.memory_snapshot(), self.device.index)
+        start = _start(torch.cuda.memory_snapshot(), self.device.index, expandable_segments())
+        if start is None:
+            yield None
+            return
         try:
             torch.cuda.memory._record_memory_history(
                 enabled="all", context=None, max_entries=MAX_TRACE_ENTRIES
@@ -137,7 +152,7 @@ class _CudaAllocator:
             yield None
             return
         try:
-            recording = _HistoryRecording(start, index)
+            recording = _HistoryRecording(*start, index)
             yield recording
             entries = _history(index)[recording.begin :]
             starts = [position - recording.begin for position in recording.starts]
@@ -165,8 +180,8 @@ class _HistoryRecording(Recording):
     """A ``Recording`` read from the allocator's history at the end; a step's mark notes where in
     the history it begins (``begin``: where the history stood when it was turned on)."""
 
-    def __init__(self, start: Segments, index: int) -> None:
-        super().__init__(start)
+    def __init__(self, start: Segments, expandable: bool, index: int) -> None:
+        super().__init__(start, expandable)
         self.index = index
         self.begin = len(_history(index))
         self.starts: list[int] = []
@@ -204,13 +219,40 @@ def read_trace(
         recording.next_step()
 
 
-def _segments(snapshot: Any, index: int | None) -> Segments:
-    """The segments of device ``index`` in a ``memory_snapshot()``, as ``policy.caching_allocator``
-    lists them: in address order, each block's size and whether it is in use."""
-    return tuple(
-        tuple((int(b["size"]), b["state"] != "inactive") for b in segment["blocks"])
-        for segment in _device_segments(snapshot, index)
-    )
+def _start(snapshot: Any, index: int | None, expandable: bool) -> tuple[Segments, bool] | None:
+    """The state of device ``index``'s allocator in a ``memory_snapshot()``, as
+    ``policy.caching_allocator`` lists it, and whether its segments are expandable (``expandable``:
+    the allocator makes expandable segments now); None where the model cannot start from it:
+    segments of both kinds, or expandable ones on several streams.
+
+    Each segment's blocks: their sizes and whether in use, in address order. The snapshot lists an
+    expandable segment as its mapped stretches; the unmapped space between two is taken from their
+    addresses (any before the first is not seen: the model starts at that stretch)."""
+    segments = _device_segments(snapshot, index)
+    kinds = {bool(segment.get("is_expandable", False)) for segment in segments}
+    if kinds and kinds != {expandable}:
+        return None  # made before the setting changed: the model has one kind at a time
+    if not expandable:
+        return tuple(_states(segment) for segment in segments), False
+    if len({segment["stream"] for segment in segments}) > 1:
+        return None  # an expandable segment a stream: the model has one
+    pools = []
+    for small in (True, False):
+        blocks: list[tuple[int, bool | None]] = []
+        end = None
+        for segment in segments:
+            if (segment["segment_type"] == "small") != small:
+                continue
+            if end is not None and segment["address"] > end:
+                blocks.append((int(segment["address"] - end), None))
+            blocks.extend(_states(segment))
+            end = segment["address"] + segment["total_size"]
+        pools.append(tuple(blocks))
+    return tuple(pools), True
+
+
+def _states(segment: Any) -> tuple[tuple[int, bool | None], ...]:
+    return tuple((int(b["size"]), b["state"] != "inactive") for b in segment["blocks"])
 
 
 def _device_segments(snapshot: Any, index: int | None) -> list[Any]:
