@@ -13,7 +13,7 @@ import torch
 
 import batchfit
 from batchfit.find import find_on
-from batchfit.runtime.caching import CachingCpuDevice
+from batchfit.runtime.caching import CachingCpuDevice, expandable_segments
 from batchfit.runtime.device import Device, Measurement
 from batchfit.runtime.resolve import parse_device, resolve_device
 from batchfit.runtime.tracker import resident_tensors
@@ -79,8 +79,8 @@ class Bench:
 
     def target(self, limit: int) -> Device:
         """The batchfit device every method's trials run on, capped at ``limit``."""
-        if self.kind == CPU_CACHING:
-            return CachingCpuDevice(limit)
+        if self.kind == CPU_CACHING:  # as CUDA's is set: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+            return CachingCpuDevice(limit, expandable_segments())
         return resolve_device(self.device, limit)
 
     def workload(self) -> tuple[Workload, FreshState]:

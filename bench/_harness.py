@@ -23,7 +23,8 @@ def parser(doc: str | None, *, quick: str, json_default: str) -> argparse.Argume
     parser.add_argument(
         "--device",
         default="cpu",
-        help="cpu (default), cuda[:N], or cpu-caching (CUDA's caching allocator modelled on the CPU)",
+        help="cpu (default), cuda[:N], or cpu-caching (CUDA's caching allocator modelled on the CPU; "
+        "with expandable segments where PYTORCH_CUDA_ALLOC_CONF says so, as on CUDA)",
     )
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--json", type=Path, default=None, help=f"results file (default {json_default})")
@@ -80,7 +81,9 @@ class Session:
             if self.device.type == "cuda"
             else f"{torch.get_num_threads()} threads"
         )
-        return f"{found}; {where}; load average {self.load_at_start} (1, 5, 15 min)"
+        settings = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        allocator = f"; allocator {settings}" if settings else ""
+        return f"{found}; {where}{allocator}; load average {self.load_at_start} (1, 5, 15 min)"
 
     def finish(self) -> str:
         """Stop the clock; a line with the total time and the load averages."""
@@ -94,6 +97,8 @@ class Session:
         """The results file's fields about the run (after ``finish``)."""
         return {
             "device": str(self.device),
+            "allocator_settings": os.environ.get("PYTORCH_ALLOC_CONF")
+            or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             "versions": self.versions,
             "total_seconds": self.total_seconds,
             "load_average_at_start": self.load_at_start,

@@ -223,6 +223,46 @@ def test_on_cuda_an_amp_search_whose_first_steps_overflow_is_placed_by_the_repla
     assert result.batch_size == truth
 
 
+EXPANDABLE_ON_CUDA = """
+import json, sys
+import torch
+sys.path.insert(0, "tests")
+import test_gpu
+workload = test_gpu.cnn_workload("cuda")
+cap = test_gpu.reference_cap(workload, "cuda", 48)
+result = test_gpu.find(workload, "train", "cuda", cap, memory_fraction=1.0)
+truth = test_gpu.truth_near(workload, "train", "cuda", cap, result.batch_size, result.max_batch_size)
+segments = torch.cuda.memory_snapshot()
+print(json.dumps({
+    "answer": result.batch_size, "truth": truth, "replays": result.replays,
+    "sizes": [trial.batch_size for trial in result.trials],
+    "expandable": bool(segments) and all(segment.get("is_expandable") for segment in segments),
+}))
+"""
+
+
+@pytest.mark.gpu
+def test_on_cuda_with_expandable_segments_the_replay_places_the_truth() -> None:
+    # A process whose allocator makes expandable segments, as PYTORCH_CUDA_ALLOC_CONF sets it
+    # (torchtitan's default; PyTorch's out-of-memory message suggests it): the records say so and
+    # the replay models that allocator (the CPU's stand-in: the cpu-expandable case above).
+    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key}
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", EXPANDABLE_ON_CUDA],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    print(found)  # the trials, for the record of a GPU run
+    assert found["expandable"] and found["answer"] == found["truth"] and found["replays"] > 0, found
+
+
 @pytest.mark.parametrize("device", CACHING_DEVICES)
 def test_a_discriminator_and_an_ema_the_step_updates_are_put_back_on_every_device(device: str) -> None:
     # Their tensors are resident in every trial (the modelled allocator holds them too), and they
