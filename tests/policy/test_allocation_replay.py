@@ -335,15 +335,19 @@ def test_a_free_of_a_block_requested_before_the_recording_spoils_it() -> None:
     assert recording.record(2) is None
 
 
-def test_an_allocator_started_from_segments_places_requests_as_the_original() -> None:
+@pytest.mark.parametrize("expandable", [False, True], ids=["segments", "expandable"])
+def test_an_allocator_started_from_segments_places_requests_as_the_original(expandable: bool) -> None:
     rng = random.Random(0)
-    original = CachingAllocator()
+    original = CachingAllocator(expandable=expandable)
     blocks = [
         original.malloc(rng.choice([rng.randrange(1, MiB), rng.randrange(MiB, 30 * MiB)])) for _ in range(40)
     ]
     for block in rng.sample(blocks, 25):
         original.free(block)
-    copy = CachingAllocator.starting_from(original.segments())
+    if expandable:
+        original.empty_cache()  # unmapped space among the blocks
+        assert any(state is None for blocks in original.segments() for _, state in blocks)
+    copy = CachingAllocator.starting_from(original.segments(), expandable=expandable)
     assert copy.segments() == original.segments()
     assert (copy.allocated_bytes, copy.reserved_bytes) == (original.allocated_bytes, original.reserved_bytes)
     for _ in range(60):
