@@ -180,3 +180,37 @@ def test_settings_made_at_run_time_count_where_torch_reports_them() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert printed.stdout.strip() == "True {'expandable_segments': 'True'}"
+
+
+def test_settings_the_model_does_not_have_are_named_and_a_bracketed_value_is_one() -> None:
+    code = (
+        "import torch\n"
+        "from batchfit.runtime.caching import allocator_settings, unmodelled_settings\n"
+        "print(allocator_settings())\n"
+        "print(unmodelled_settings())\n"
+    )
+    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key}
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:[256:1,512:2],expandable_segments:True"
+    printed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    settings, unmodelled = printed.stdout.splitlines()
+    assert settings == "{'roundup_power2_divisions': '[256:1,512:2]', 'expandable_segments': 'True'}"
+    assert unmodelled == "['roundup_power2_divisions:[256:1,512:2]']"
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,pinned_use_cuda_host_register:True"
+    printed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert printed.stdout.splitlines()[1] == "[]"  # the host's pinned memory: not the device's blocks
+
+
+def test_under_settings_the_model_does_not_have_the_cuda_device_takes_no_record(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Set after torch read its own (none here): batchfit reads the environment then, as on a torch
+    # without its own account. The record is refused before any CUDA call.
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    allocator = _CudaAllocator(torch.device("cuda", 0))
+    with caplog.at_level("DEBUG", logger="batchfit.runtime.cuda"), allocator.recording() as recording:
+        assert recording is None
+    assert "does not have max_split_size_mb:128" in caplog.text

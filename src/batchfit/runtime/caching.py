@@ -11,6 +11,7 @@ CUDA path's logic runs in CI, fragmentation included.
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -41,17 +42,26 @@ def allocator_settings() -> dict[str, str]:
     text = getter() if getter is not None else None
     if not text:
         text = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-    settings = {}
-    for pair in text.split(","):
-        key, _, value = pair.partition(":")
-        if key.strip():
-            settings[key.strip().lower()] = value.strip()
-    return settings
+    # A value may be a bracketed list with commas of its own: roundup_power2_divisions:[256:1,512:2].
+    pairs = re.findall(r"([^,:\[\]]+):(\[[^\]]*\]|[^,]*)", text)
+    return {key.strip().lower(): value.strip() for key, value in pairs if key.strip()}
 
 
 def expandable_segments() -> bool:
     """Whether the caching allocator makes expandable segments (``expandable_segments:True``)."""
     return allocator_settings().get("expandable_segments", "").lower() == "true"
+
+
+#: The caching allocator's settings that move where its blocks land and that its model does not
+#: have: under them the trials' requests are not replayed, and the real trials alone place the
+#: answer (the line, as without a forecast).
+UNMODELLED_SETTINGS = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold")
+
+
+def unmodelled_settings() -> list[str]:
+    """The settings in force that the model of the caching allocator does not have, as ``key:value``."""
+    settings = allocator_settings()
+    return [f"{key}:{settings[key]}" for key in UNMODELLED_SETTINGS if key in settings]
 
 
 class Allocator(Protocol):

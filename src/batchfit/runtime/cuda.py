@@ -13,7 +13,7 @@ import torch
 from batchfit.errors import DeviceUnavailableError
 from batchfit.policy.allocation_replay import Recording
 from batchfit.policy.caching_allocator import Segments
-from batchfit.runtime.caching import CachingDevice, expandable_segments
+from batchfit.runtime.caching import CachingDevice, expandable_segments, unmodelled_settings
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -134,8 +134,14 @@ class _CudaAllocator:
         traces) over the block, read back into a ``Recording`` at its end; the history is turned
         off after (which clears it). None where there is no such history to read: a torch without
         it, an allocator that keeps none (``cudaMallocAsync``), or a user who records one already
-        (theirs is left as it is)."""
+        (theirs is left as it is); and where the model could not replay it: allocator settings it
+        does not have (``runtime.caching.UNMODELLED_SETTINGS``), or a start it cannot take."""
         index = self.device.index or 0
+        unmodelled = unmodelled_settings()
+        if unmodelled:
+            logger.debug("no record: the model of CUDA's allocator does not have %s", ", ".join(unmodelled))
+            yield None
+            return
         if not _history_free():
             yield None
             return
