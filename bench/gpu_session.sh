@@ -7,12 +7,14 @@
 #              where one process takes longer than a device call may), the gpu tests left to
 #              gpu-tests (processes beside each other would move each other's free memory)
 #   find       bench/find.py --device cuda: the truth, Lightning and accelerate
+#   expandable the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the allocator the
+#              model then replays is that one)
 #   curves     bench/find_curves.py --device cuda: every trial near each boundary, then find_replay.py on
 #              them, with the opening's allocator requests replayed and without (--no-forecast)
 #   explore    bench/explore.py --device cuda
 #   compare    bench/compare.py --device cuda
 # Usage: bash bench/gpu_session.sh STAGE [STAGE ...]   (e.g. gpu-tests find curves)
-# find, curves, explore and compare take workloads after a colon, to split a long stage over calls:
+# find, expandable, curves, explore and compare take workloads after a colon, to split a long stage over calls:
 # curves:resnet50,gpt2 (their files are then named after them: find-curves-cuda-resnet50-gpt2.json).
 # Python: $PYTHON, else .venv/bin/python, else python3. Wheels in .whl/ (what the machine lacks:
 # ../shared/tools/gpu-wheels.sh builds omegaconf's) are installed into /tmp/site first, and src/ is
@@ -23,7 +25,7 @@ out=${OUT:-bench/results}
 mkdir -p "$out"
 if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
 export PYTHONUNBUFFERED=1
-stages="gpu-tests tests find curves explore compare"
+stages="gpu-tests tests find expandable curves explore compare"
 if [ $# -eq 0 ]; then
     echo "usage: bash bench/gpu_session.sh STAGE [STAGE ...]; stages: $stages" >&2
     exit 2
@@ -74,6 +76,8 @@ for stage in "$@"; do
         "$py" -m pytest -p no:cacheprovider -q "${parallel[@]}" 2>&1 | tee "$out/tests.log" | tail -n 60 ;;
     find) "$py" bench/find.py --device cuda "${only[@]}" --json "$out/find-cuda$suffix.json" 2>&1 |
         tee "$out/find$suffix.log" ;;
+    expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" bench/find.py --device cuda "${only[@]}" \
+        --json "$out/find-cuda-expandable$suffix.json" 2>&1 | tee "$out/find-expandable$suffix.log" ;;
     curves) # recorded, then replayed at once: find's search on those trials, beside Lightning's,
         # with the opening's allocator requests replayed and without (how well the model forecasts CUDA)
         recorded="$out/find-curves-cuda$suffix.json"

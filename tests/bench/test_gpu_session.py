@@ -19,10 +19,13 @@ def session(*stages: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 def test_it_names_its_stages_when_given_none_or_a_wrong_one(tmp_path: Path) -> None:
     none = session(tmp_path=tmp_path)
-    assert none.returncode == 2 and "stages: gpu-tests tests find curves explore compare" in none.stderr
+    assert (
+        none.returncode == 2
+        and "stages: gpu-tests tests find expandable curves explore compare" in none.stderr
+    )
     wrong = session("find", "curve", tmp_path=tmp_path)
     assert wrong.returncode == 2 and "unknown stage 'curve'" in wrong.stderr
-    split = session("curves:cnn", "explore:cnn", "gpu-tests:cnn", tmp_path=tmp_path)  # tests don't split
+    split = session("curves:cnn", "expandable:cnn", "gpu-tests:cnn", tmp_path=tmp_path)  # tests don't split
     assert split.returncode == 2 and "unknown stage 'gpu-tests:cnn'" in split.stderr
     assert list(tmp_path.iterdir()) == []  # nothing ran
 
