@@ -30,7 +30,7 @@ from batchfit.find import find_on
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.cache import TrialCache
 from batchfit.policy.trial import Trial
-from batchfit.runtime.caching import CachingCpuDevice
+from batchfit.runtime.caching import CachingCpuDevice, expandable_segments, set_allocator_settings
 from batchfit.runtime.cuda import CudaDevice, user_memory_fraction
 from batchfit.runtime.device import Device, GarbageCollector
 from batchfit.runtime.examples import build_example
@@ -261,6 +261,32 @@ def test_on_cuda_with_expandable_segments_the_replay_places_the_truth() -> None:
     found = json.loads(done.stdout.splitlines()[-1])
     print(found)  # the trials, for the record of a GPU run
     assert found["expandable"] and found["answer"] == found["truth"] and found["replays"] > 0, found
+
+
+@pytest.mark.gpu
+def test_on_cuda_compare_measures_expandable_segments_and_puts_the_setting_back() -> None:
+    # The row's search runs with new segments expandable (the workload's own stay as made); its
+    # answer is the truth by force with the setting made the same way, and the setting is back after.
+    workload = cnn_workload("cuda")
+    cap = reference_cap(workload, "cuda", 48)
+    comparison = batchfit.compare(
+        workload,
+        ["expandable-segments"],
+        device="cuda",
+        memory_limit=cap,
+        memory_fraction=1.0,
+        explore_seconds=0,
+    )
+    baseline, row = comparison.rows
+    assert row.applied and "expandable_segments:True" in row.note and row.batch_size is not None
+    assert not expandable_segments()
+    set_allocator_settings("expandable_segments:True")
+    try:
+        truth = truth_near(workload, "train", "cuda", cap, row.batch_size, 4096)
+    finally:
+        set_allocator_settings("expandable_segments:False")
+    print({"baseline": baseline.batch_size, "expandable": row.batch_size, "truth": truth})  # for the record
+    assert row.batch_size == truth
 
 
 @pytest.mark.parametrize("device", CACHING_DEVICES)

@@ -32,6 +32,7 @@ from batchfit.policy.techniques import (
     why_not,
 )
 from batchfit.policy.trial import Trial
+from batchfit.runtime.caching import expandable_segments
 from batchfit.runtime.device import Device
 from batchfit.runtime.lockstep import Lockstep, LockstepMeter
 from batchfit.runtime.resolve import resolve_device
@@ -133,7 +134,8 @@ def compare(
     on_trial: Callable[[str, Trial], None] | None = None,
 ) -> Comparison:
     """Apply each technique to ``workload`` (``techniques``: names such as ``amp`` (or ``amp-fp16``,
-    ``amp-bf16``), ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``, ``accumulation``;
+    ``amp-bf16``), ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``,
+    ``expandable-segments``, ``accumulation``;
     None: the defaults for the device) and measure it as ``find`` and ``explore`` would: the largest
     batch under a hard cap at ``memory_fraction``, its peak and memory line, the throughput at that
     batch (the median of ``windows`` rounds of one window per row) and at explore's recommendation
@@ -156,6 +158,7 @@ def compare(
         bfloat16=runs_bfloat16(target.torch_device),
         closure_optimizer=_needs_closure(workload),
         compiled=workload.compiled,
+        expandable_segments=expandable_segments(),
         compiler=(
             compiler_unavailable(target.torch_device.type)
             if any(COMPILE in name.split("+") for name in techniques or ())

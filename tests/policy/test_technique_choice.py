@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from batchfit.errors import ConfigurationError
@@ -26,8 +28,8 @@ def test_settings_start_with_the_baseline_once_and_drop_repeats() -> None:
             "amp+fp8",
             (
                 "technique 'amp+fp8': 'fp8' is not one of amp, amp-fp16, amp-bf16, checkpointing, compile, "
-                "cudnn-benchmark-on, cudnn-benchmark-off (combined with '+', e.g. amp+checkpointing), "
-                "baseline or accumulation."
+                "cudnn-benchmark-on, cudnn-benchmark-off, expandable-segments (combined with '+', e.g. "
+                "amp+checkpointing), baseline or accumulation."
             ),
         ),
         (
@@ -57,8 +59,25 @@ def test_the_defaults_follow_the_device_and_the_global_batch() -> None:
         ("amp", "checkpointing"),
     ]
     cuda = Facts(cuda=True, custom_train_step=False, repeated_block=None, global_batch_size=1024)
-    assert default_settings(cuda, cudnn_benchmark=False)[-2:] == [("cudnn-benchmark-on",), ("accumulation",)]
+    assert default_settings(cuda, cudnn_benchmark=False)[-3:] == [
+        ("cudnn-benchmark-on",),
+        ("expandable-segments",),
+        ("accumulation",),
+    ]
     assert ("cudnn-benchmark-off",) in default_settings(cuda, cudnn_benchmark=True)
+    # An allocator that makes expandable segments already: the baseline has them.
+    expandable = dataclasses.replace(cuda, expandable_segments=True)
+    assert ("expandable-segments",) not in default_settings(expandable, cudnn_benchmark=False)
+
+
+def test_expandable_segments_apply_on_cuda_where_the_allocator_does_not_make_them_already() -> None:
+    cuda = Facts(cuda=True, custom_train_step=True, repeated_block=None)
+    assert why_not(("expandable-segments",), cuda) is None  # the workload's own step: the allocator's setting
+    assert why_not(("expandable-segments",), CPU) == (
+        "expandable segments are CUDA's caching allocator's (PYTORCH_CUDA_ALLOC_CONF)"
+    )
+    reason = why_not(("amp", "expandable-segments"), dataclasses.replace(cuda, expandable_segments=True))
+    assert reason is not None and reason.endswith("so the baseline has them")
 
 
 def test_a_technique_that_cannot_apply_says_why() -> None:

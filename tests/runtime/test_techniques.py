@@ -5,8 +5,12 @@ cuDNN's flag comes back."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -118,3 +122,40 @@ def test_cudnn_benchmark_is_put_back() -> None:
     with applied(workload(), ("cudnn-benchmark-on",), CPU) as (_, how):
         assert torch.backends.cudnn.benchmark is True and how == "cudnn.benchmark=True"
     assert torch.backends.cudnn.benchmark == before
+
+
+EXPANDABLE_ROW = """
+import sys
+import torch
+from torch import nn
+import batchfit
+from batchfit.runtime.caching import expandable_segments
+from batchfit.runtime.techniques import applied
+if sys.argv[1] == "old":  # a torch before 2.9 keeps no account of its allocator's settings
+    del torch._C._accelerator_getAllocatorSettings
+model = nn.Linear(4, 2)
+workload = batchfit.Workload(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                             make_batch=lambda n: (torch.randn(n, 4), torch.randint(0, 2, (n,))),
+                             loss_fn=nn.functional.cross_entropy)
+seen = [expandable_segments()]
+try:
+    with applied(workload, ("expandable-segments",), torch.device("cpu")) as (_, how):
+        seen += [expandable_segments(), how]
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    pass
+seen.append(expandable_segments())
+print(seen)
+"""
+
+
+@pytest.mark.parametrize("torch_account", ["own", "old"])
+def test_expandable_segments_are_set_for_the_row_and_put_back_after_an_interrupt(torch_account: str) -> None:
+    # The allocator's setting is the process's: a fresh interpreter for it. On the CPU build the
+    # setting is taken and reported as on CUDA; what it changes there is tests/test_gpu.py's.
+    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key}
+    done = subprocess.run(
+        [sys.executable, "-c", EXPANDABLE_ROW, torch_account], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[False, True, 'expandable_segments:True', False]"

@@ -15,8 +15,18 @@ ACCUMULATION = "accumulation"
 MIXED_PRECISION = ("amp", "amp-fp16", "amp-bf16")
 #: ``torch.compile`` of the model (Inductor): not among the defaults, as it compiles at each row.
 COMPILE = "compile"
+#: CUDA's caching allocator with expandable segments (``expandable_segments:True``), against the
+#: fragmentation its default segments leave near the cap.
+EXPANDABLE_SEGMENTS = "expandable-segments"
 #: The techniques a setting combines with "+" (``amp+checkpointing``).
-TECHNIQUES = (*MIXED_PRECISION, "checkpointing", COMPILE, "cudnn-benchmark-on", "cudnn-benchmark-off")
+TECHNIQUES = (
+    *MIXED_PRECISION,
+    "checkpointing",
+    COMPILE,
+    "cudnn-benchmark-on",
+    "cudnn-benchmark-off",
+    EXPANDABLE_SEGMENTS,
+)
 
 
 def mixed_precision_of(parts: tuple[str, ...]) -> str | None:
@@ -36,6 +46,7 @@ class Facts:
     closure_optimizer: bool = False  # the optimizer's step needs a closure (L-BFGS)
     compiled: tuple[str, ...] = ()  # what of the workload runs torch.compile'd code already
     compiler: str | None = None  # why torch.compile cannot run on this device, None where it can
+    expandable_segments: bool = False  # CUDA's allocator makes expandable segments already
 
 
 def parse_settings(names: Sequence[str]) -> list[tuple[str, ...]]:
@@ -74,10 +85,13 @@ def setting_name(parts: tuple[str, ...]) -> str:
 
 def default_settings(facts: Facts, cudnn_benchmark: bool) -> list[tuple[str, ...]]:
     """The baseline, mixed precision, checkpointing and both; on CUDA cuDNN's auto-tuner flipped
-    from the baseline's; accumulation when a global batch is asked for."""
+    from the baseline's, and expandable segments where the allocator does not make them already;
+    accumulation when a global batch is asked for."""
     names = ["amp", "checkpointing", "amp+checkpointing"]
     if facts.cuda:
         names.append("cudnn-benchmark-off" if cudnn_benchmark else "cudnn-benchmark-on")
+        if not facts.expandable_segments:
+            names.append(EXPANDABLE_SEGMENTS)
     if facts.global_batch_size is not None:
         names.append(ACCUMULATION)
     return parse_settings(names)
@@ -113,6 +127,13 @@ def why_not(parts: tuple[str, ...], facts: Facts) -> str | None:
         reasons.append(f"compile: {facts.compiler}")
     if any(part.startswith("cudnn-benchmark") for part in parts) and not facts.cuda:
         reasons.append("cuDNN's benchmark needs CUDA")
+    if EXPANDABLE_SEGMENTS in parts and not facts.cuda:
+        reasons.append("expandable segments are CUDA's caching allocator's (PYTORCH_CUDA_ALLOC_CONF)")
+    elif EXPANDABLE_SEGMENTS in parts and facts.expandable_segments:
+        reasons.append(
+            "expandable segments: the allocator makes them already (PYTORCH_CUDA_ALLOC_CONF), so the "
+            "baseline has them"
+        )
     if ACCUMULATION in parts and facts.global_batch_size is None:
         reasons.append("accumulation needs global_batch_size, the global batch to reach")
     if ACCUMULATION in parts and facts.custom_train_step:

@@ -33,15 +33,38 @@ from batchfit.units import format_bytes
 CONFIRM_STEPS = 10
 
 
+#: What ``set_allocator_settings`` set last, for a torch that keeps no account of its own.
+_SET_HERE: list[str] = []
+
+
 def allocator_settings() -> dict[str, str]:
     """The caching allocator's settings in force (``PYTORCH_CUDA_ALLOC_CONF``'s ``key:value`` pairs,
     or ``torch.cuda.memory._set_allocator_settings``'), keys in lower case: torch's own account
     where it gives one (2.9 on), else the environment it read them from (``PYTORCH_ALLOC_CONF``
-    before ``PYTORCH_CUDA_ALLOC_CONF``)."""
+    before ``PYTORCH_CUDA_ALLOC_CONF``), updated by what ``set_allocator_settings`` set since."""
     getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
     text = getter() if getter is not None else None
-    if not text:
-        text = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    if text:
+        return _parsed(text)
+    settings = _parsed(
+        os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    )
+    for made in _SET_HERE:
+        settings.update(_parsed(made))
+    return settings
+
+
+def set_allocator_settings(text: str) -> None:
+    """Set the caching allocator's ``key:value`` settings now (torch's setter: the keys named
+    change, the rest stay), and keep the account that a torch before 2.9 does not."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(text)
+    _SET_HERE.append(text)
+
+
+def _parsed(text: str) -> dict[str, str]:
     # A value may be a bracketed list with commas of its own: roundup_power2_divisions:[256:1,512:2].
     pairs = re.findall(r"([^,:\[\]]+):(\[[^\]]*\]|[^,]*)", text)
     return {key.strip().lower(): value.strip() for key, value in pairs if key.strip()}

@@ -1,6 +1,7 @@
 """Techniques applied to a workload without the user rewriting their step: mixed precision,
-activation checkpointing, cuDNN's auto-tuner, gradient accumulation. Each is applied for a block and
-put back after it (the model's modules, the global cuDNN flag)."""
+activation checkpointing, cuDNN's auto-tuner, CUDA's expandable segments, gradient accumulation.
+Each is applied for a block and put back after it (the model's modules, the global cuDNN flag, the
+allocator's setting)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.techniques import ACCUMULATION, COMPILE, mixed_precision_of
+from batchfit.policy.techniques import ACCUMULATION, COMPILE, EXPANDABLE_SEGMENTS, mixed_precision_of
+from batchfit.runtime.caching import set_allocator_settings
 from batchfit.runtime.workload import Workload, model_loss, needs_closure, optimizer_step
 
 
@@ -88,6 +90,13 @@ def applied(
                 undo.callback(setattr, torch.backends.cudnn, "benchmark", previous)
                 torch.backends.cudnn.benchmark = part.endswith("-on")
                 notes.append(f"cudnn.benchmark={torch.backends.cudnn.benchmark}")
+        if EXPANDABLE_SEGMENTS in parts:
+            # New segments are expandable from here; what the workload holds stays where it is, in
+            # the segments it was made in (CUDA's allocator serves both; the search then runs
+            # without the allocator's replay, which models one kind at a time).
+            undo.callback(set_allocator_settings, "expandable_segments:False")
+            set_allocator_settings("expandable_segments:True")
+            notes.append("expandable_segments:True")
         if ACCUMULATION in parts:
             variant.train_step = _accumulated_step(workload, accumulation_steps)
             notes.append(f"{accumulation_steps} accumulation steps per optimizer step")
