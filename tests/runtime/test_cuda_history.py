@@ -214,3 +214,24 @@ def test_under_settings_the_model_does_not_have_the_cuda_device_takes_no_record(
     with caplog.at_level("DEBUG", logger="batchfit.runtime.cuda"), allocator.recording() as recording:
         assert recording is None
     assert "does not have max_split_size_mb:128" in caplog.text
+
+
+def test_a_setting_batchfit_makes_keeps_the_ones_the_environment_made() -> None:
+    # torch 2.9 on reports only the last string set; its keys change, the rest stay in force.
+    code = (
+        "import torch\n"
+        "from batchfit.runtime.caching import allocator_settings, set_allocator_settings\n"
+        "set_allocator_settings('expandable_segments:True')\n"
+        "print(allocator_settings())\n"
+        "torch._C._accelerator_setAllocatorSettings('garbage_collection_threshold:0.5')  # someone else's\n"
+        "print(allocator_settings())\n"
+    )
+    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key}
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128"
+    printed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert printed.stdout.splitlines() == [
+        "{'max_split_size_mb': '128', 'expandable_segments': 'True'}",
+        "{'max_split_size_mb': '128', 'expandable_segments': 'True', 'garbage_collection_threshold': '0.5'}",
+    ]

@@ -39,18 +39,18 @@ _SET_HERE: list[str] = []
 
 def allocator_settings() -> dict[str, str]:
     """The caching allocator's settings in force (``PYTORCH_CUDA_ALLOC_CONF``'s ``key:value`` pairs,
-    or ``torch.cuda.memory._set_allocator_settings``'), keys in lower case: torch's own account
-    where it gives one (2.9 on), else the environment it read them from (``PYTORCH_ALLOC_CONF``
-    before ``PYTORCH_CUDA_ALLOC_CONF``), updated by what ``set_allocator_settings`` set since."""
-    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    text = getter() if getter is not None else None
-    if text:
-        return _parsed(text)
-    settings = _parsed(
-        os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-    )
+    or ``torch.cuda.memory._set_allocator_settings``'), keys in lower case: those of the environment
+    torch read them from (``PYTORCH_ALLOC_CONF`` before ``PYTORCH_CUDA_ALLOC_CONF``), updated by what
+    ``set_allocator_settings`` set since, and by what someone else set last where torch tells
+    (2.9 on: its account is the last string set, each setting changing the keys it names)."""
+    environment = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    settings = _parsed(environment)
     for made in _SET_HERE:
         settings.update(_parsed(made))
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    last = getter() if getter is not None else ""
+    if last and last != (_SET_HERE[-1] if _SET_HERE else environment):
+        settings.update(_parsed(last))
     return settings
 
 
