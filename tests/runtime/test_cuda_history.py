@@ -139,6 +139,14 @@ def test_a_start_the_model_cannot_take_is_none() -> None:
     assert _start([], 0, expandable=True) == (((), ()), True)  # nothing mapped yet
 
 
+def _printed(code: str, environment: dict[str, str]) -> list[str]:
+    """The lines ``code`` prints in a fresh interpreter (the allocator's settings are the process's)
+    with the allocator's environment variables ``environment`` alone."""
+    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key} | environment
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
 @pytest.mark.parametrize(
     ("environment", "expected"),
     [
@@ -152,8 +160,8 @@ def test_a_start_the_model_cannot_take_is_none() -> None:
 def test_the_allocator_settings_are_read_as_torch_reads_them(
     environment: dict[str, str], expected: bool
 ) -> None:
-    # In a fresh interpreter, as a user sets them: torch's own account of its settings where this
-    # torch gives one, the environment where it does not (torch before 2.9, our GPUs' 2.11).
+    # As a user sets them, on a torch with its own account of its settings and on one without
+    # (torch before 2.9, our GPUs' 2.11).
     code = (
         "import torch\n"
         "from batchfit.runtime.caching import expandable_segments\n"
@@ -161,11 +169,7 @@ def test_the_allocator_settings_are_read_as_torch_reads_them(
         "del torch._C._accelerator_getAllocatorSettings\n"
         "print(with_getter, expandable_segments())\n"
     )
-    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key} | environment
-    printed = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert printed.stdout.split() == [str(expected)] * 2
+    assert _printed(code, environment)[0].split() == [str(expected)] * 2
 
 
 def test_settings_made_at_run_time_count_where_torch_reports_them() -> None:
@@ -175,33 +179,22 @@ def test_settings_made_at_run_time_count_where_torch_reports_them() -> None:
         "torch.cuda.memory._set_allocator_settings('expandable_segments:True')\n"
         "print(expandable_segments(), allocator_settings())\n"
     )
-    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key}
-    printed = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert printed.stdout.strip() == "True {'expandable_segments': 'True'}"
+    assert _printed(code, {}) == ["True {'expandable_segments': 'True'}"]
 
 
 def test_settings_the_model_does_not_have_are_named_and_a_bracketed_value_is_one() -> None:
     code = (
-        "import torch\n"
         "from batchfit.runtime.caching import allocator_settings, unmodelled_settings\n"
         "print(allocator_settings())\n"
         "print(unmodelled_settings())\n"
     )
-    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key}
-    env["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:[256:1,512:2],expandable_segments:True"
-    printed = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    settings, unmodelled = printed.stdout.splitlines()
-    assert settings == "{'roundup_power2_divisions': '[256:1,512:2]', 'expandable_segments': 'True'}"
-    assert unmodelled == "['roundup_power2_divisions:[256:1,512:2]']"
-    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,pinned_use_cuda_host_register:True"
-    printed = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert printed.stdout.splitlines()[1] == "[]"  # the host's pinned memory: not the device's blocks
+    conf = "roundup_power2_divisions:[256:1,512:2],expandable_segments:True"
+    assert _printed(code, {"PYTORCH_CUDA_ALLOC_CONF": conf}) == [
+        "{'roundup_power2_divisions': '[256:1,512:2]', 'expandable_segments': 'True'}",
+        "['roundup_power2_divisions:[256:1,512:2]']",
+    ]
+    conf = "expandable_segments:True,pinned_use_cuda_host_register:True"  # the host's pinned memory
+    assert _printed(code, {"PYTORCH_CUDA_ALLOC_CONF": conf})[1] == "[]"
 
 
 def test_under_settings_the_model_does_not_have_the_cuda_device_takes_no_record(
@@ -226,12 +219,7 @@ def test_a_setting_batchfit_makes_keeps_the_ones_the_environment_made() -> None:
         "torch._C._accelerator_setAllocatorSettings('garbage_collection_threshold:0.5')  # someone else's\n"
         "print(allocator_settings())\n"
     )
-    env = {key: value for key, value in os.environ.items() if "ALLOC_CONF" not in key}
-    env["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128"
-    printed = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert printed.stdout.splitlines() == [
+    assert _printed(code, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}) == [
         "{'max_split_size_mb': '128', 'expandable_segments': 'True'}",
         "{'max_split_size_mb': '128', 'expandable_segments': 'True', 'garbage_collection_threshold': '0.5'}",
     ]
