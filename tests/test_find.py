@@ -36,6 +36,7 @@ from batchfit import ConfigurationError, DeviceUnavailableError, DoesNotFitError
 from batchfit.find import find_on
 from batchfit.policy.trial import Trial
 from batchfit.runtime.caching import CachingCpuDevice
+from batchfit.runtime.examples import build_example
 
 
 def brute_force(
@@ -908,3 +909,21 @@ def test_a_discriminator_and_an_ema_the_step_updates_are_put_back_and_counted() 
     critic_weights = critic[0].weight.detach().clone()
     workload.run_train_step(workload.build_optimizer(), workload.host_batch(8))
     assert not torch.equal(critic[0].weight, critic_weights)  # the user's training moves it again
+
+
+@pytest.mark.parametrize(("cap_mib", "fragmented"), [(230, True), (64, False)])
+def test_the_summary_says_when_the_next_size_failed_with_room_in_the_allocator_s_cache(
+    cap_mib: int, fragmented: bool
+) -> None:
+    # Behind the modelled caching allocator the cnn's next size asks for a 20 MiB segment: under
+    # 230 MiB its cache holds more than that free, in pieces; under 64 MiB it does not.
+    workload = build_example("cnn", "cpu")
+    result = find_on(CachingCpuDevice(cap_mib << 20), workload, memory_fraction=1.0, max_batch_size=1024)
+    said = re.search(
+        r"Batch (\d+) ran out of memory asking for 20\.00 MiB while the allocator held ([\d.]+) MiB reserved "
+        r"but unallocated: room, not in one piece \(fragmentation\)\. Expandable segments may fit more",
+        result.summary(),
+    )
+    assert (said is not None) == fragmented, result.summary()
+    if said is not None:
+        assert int(said[1]) == result.batch_size + 1 and float(said[2]) > 20

@@ -20,6 +20,7 @@ from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.runtime.data_parallel import note_unwrapped
 from batchfit.runtime.device import Device
 from batchfit.runtime.lockstep import Lockstep, LockstepForecast
+from batchfit.runtime.oom import fragmented
 from batchfit.runtime.resolve import resolve_device
 from batchfit.runtime.state import TrainingSnapshot
 from batchfit.runtime.steps import TrialRunner
@@ -103,7 +104,26 @@ class SearchResult:
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
             f"{format_bytes(self.capacity_bytes)} on {self.device}{ranks}); "
             f"{format_count(len(self.trials), 'trial')}"
-            f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}.{retried}{compiled}"
+            f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}."
+            f"{self._fragmentation()}{retried}{compiled}"
+        )
+
+    def _fragmentation(self) -> str:
+        """Where the next larger candidate ran out of memory with room in the allocator's cache, not
+        in one piece: a sentence that says so (CUDA's allocator, or its model)."""
+        above = [t for t in self.trials if t.outcome == "oom" and t.batch_size > self.batch_size]
+        if self.stop_reason != "boundary" or not above:
+            return ""
+        nearest = min(above, key=lambda trial: trial.batch_size)
+        found = fragmented(nearest.detail)
+        if found is None:
+            return ""
+        asked, held = found
+        return (
+            f" Batch {nearest.batch_size} ran out of memory asking for {format_bytes(asked)} while the "
+            f"allocator held {format_bytes(held)} reserved but unallocated: room, not in one piece "
+            f"(fragmentation). Expandable segments may fit more: `batchfit compare --techniques "
+            f"expandable-segments` measures them."
         )
 
     @property

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from batchfit import is_out_of_memory
+from batchfit.runtime.oom import fragmented
+
+MiB = 1 << 20
 
 
 @pytest.mark.parametrize(
@@ -48,3 +54,34 @@ def test_recognised(error: BaseException) -> None:
 )
 def test_not_recognised(error: BaseException) -> None:
     assert not is_out_of_memory(error)
+
+
+H100_CURVES = (
+    Path(__file__).resolve().parents[2]
+    / "bench"
+    / "data"
+    / "h100-2026-11-25"
+    / "find-curves-cuda-cnn-transformer.json"
+)
+
+
+def _h100_failure(workload: str, batch_size: int, kind: str) -> str:
+    """The message of a trial that ran out of memory on the H100 (2026-11-25), as recorded."""
+    curves = json.loads(H100_CURVES.read_text())["curves"]
+    (curve,) = [curve for curve in curves if curve["workload"] == workload]
+    (point,) = [point for point in curve["points"] if point["batch_size"] == batch_size]
+    return str(point[kind]["detail"])
+
+
+def test_cuda_s_message_says_where_the_cache_had_room_in_pieces() -> None:
+    # The cnn's 156 asked for 40 MiB with 84.65 MiB of its cache free: fragmentation. Its 256
+    # asked for 32 MiB with 643.5 KiB free: the cap itself.
+    assert fragmented(_h100_failure("cnn", 156, "long")) == (40 * MiB, round(84.65 * MiB))
+    assert fragmented(_h100_failure("cnn", 256, "short")) is None
+    assert fragmented("CUDA out of memory. Tried to allocate 2.00 GiB") is None  # says nothing of the cache
+    assert fragmented(
+        "Tried to allocate 512 bytes. ... and 1.00 KiB is reserved by PyTorch but unallocated."
+    ) == (
+        512,
+        1024,
+    )

@@ -57,7 +57,12 @@ Segments = tuple[tuple[tuple[int, BlockState], ...], ...]
 
 
 class AllocatorOutOfMemory(Exception):
-    """A request the modelled allocator cannot place within its limit, even after freeing its cache."""
+    """A request (of ``nbytes``) the modelled allocator cannot place within its limit, even after
+    freeing its cache."""
+
+    def __init__(self, message: str, nbytes: int = 0) -> None:
+        super().__init__(message)
+        self.nbytes = nbytes
 
 
 @dataclass(eq=False)
@@ -165,7 +170,8 @@ class CachingAllocator:
         if block is None:
             raise AllocatorOutOfMemory(
                 f"tried to allocate {segment_size(size)} bytes with {self.reserved_bytes} reserved "
-                f"({self.allocated_bytes} allocated) and a limit of {self.limit_bytes} bytes"
+                f"({self.allocated_bytes} allocated) and a limit of {self.limit_bytes} bytes",
+                nbytes,
             )
         remaining = block.size - size
         if (remaining >= MIN_BLOCK) if small or self.expandable else (remaining > SMALL_REQUEST):

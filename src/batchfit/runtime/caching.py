@@ -22,7 +22,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from batchfit.policy.allocation_replay import Recording
-from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator
+from batchfit.policy.caching_allocator import (
+    AllocatorOutOfMemory,
+    Block,
+    CachingAllocator,
+    rounded,
+    segment_size,
+)
 from batchfit.runtime.device import GarbageCollector, Measurement, unique_storages
 from batchfit.runtime.tracker import output_storages
 from batchfit.units import format_bytes
@@ -224,10 +230,15 @@ class ModelledAllocator:
                 self._hold(storage)
             except AllocatorOutOfMemory as error:
                 # Opens as CUDA's own message does, so tools that match on it recognise this one.
+                # The phrases of CUDA's own message, which runtime.oom.fragmented reads alike.
+                model, asked = self.model, segment_size(rounded(error.nbytes))
                 self._refused = (
-                    f"CUDA out of memory. CUDA's caching allocator, modelled on the CPU by batchfit, "
-                    f"{error} ({format_bytes(self.model.reserved_bytes)} reserved, limit "
-                    f"{format_bytes(self.model.limit_bytes or 0)})."
+                    f"CUDA out of memory. Tried to allocate {format_bytes(asked)}. "
+                    f"CUDA's caching allocator, modelled on the CPU by batchfit: "
+                    f"{format_bytes(model.limit_bytes or 0)} allowed; Of the allocated memory "
+                    f"{format_bytes(model.allocated_bytes)} is allocated by PyTorch, and "
+                    f"{format_bytes(model.reserved_bytes - model.allocated_bytes)} is reserved by PyTorch "
+                    f"but unallocated."
                 )
                 return self._refused
         return None

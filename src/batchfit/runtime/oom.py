@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 # Substrings of the messages that backends raise when an allocation fails. Lower-cased.
@@ -41,3 +43,20 @@ def first_line(error: BaseException) -> str:
     """``Type: first line of the message``: a CUDA out-of-memory's message runs over many lines."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+_SIZE = r"([\d.]+) (bytes|B|KiB|MiB|GiB|TiB)"
+_UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def fragmented(message: str) -> tuple[int, int] | None:
+    """From a CUDA out-of-memory message (or the modelled allocator's, in the same phrases): what the
+    allocator tried to allocate and what it held reserved but unallocated, where the second is the
+    larger: the cache had room, not in one piece (fragmentation). None otherwise, or where the
+    message does not say."""
+    tried = re.search(r"Tried to allocate " + _SIZE, message)
+    free = re.search(_SIZE + r" is reserved by PyTorch but unallocated", message)
+    if tried is None or free is None:
+        return None
+    asked, held = (round(float(match[1]) * _UNITS[match[2]]) for match in (tried, free))
+    return (asked, held) if held >= asked else None
