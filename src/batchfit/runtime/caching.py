@@ -39,7 +39,7 @@ from batchfit.units import format_bytes
 CONFIRM_STEPS = 10
 
 
-#: What ``set_allocator_settings`` set last, for a torch that keeps no account of its own.
+#: Every string ``set_allocator_settings`` set, in order: an account a torch before 2.9 does not keep.
 _SET_HERE: list[str] = []
 
 
@@ -229,8 +229,8 @@ class ModelledAllocator:
             try:
                 self._hold(storage)
             except AllocatorOutOfMemory as error:
-                # Opens as CUDA's own message does, so tools that match on it recognise this one.
-                # The phrases of CUDA's own message, which runtime.oom.fragmented reads alike.
+                # In the phrases of CUDA's own message: tools that match on it recognise this one,
+                # and runtime.oom.fragmented reads both alike.
                 model, asked = self.model, segment_size(rounded(error.nbytes))
                 self._refused = (
                     f"CUDA out of memory. Tried to allocate {format_bytes(asked)}. "
