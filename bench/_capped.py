@@ -1,8 +1,10 @@
-"""The trial every method in ``bench/find.py`` runs: a workload from its freshly built state,
-``STEPS_PER_TRIAL`` training steps under a memory cap; and what a method's search returns."""
+"""The trial every method in ``bench/find.py`` runs: the case's one workload put back to its freshly
+built state, ``STEPS_PER_TRIAL`` training steps under a memory cap; and what a method's search
+returns."""
 
 from __future__ import annotations
 
+import copy
 import gc
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from batchfit.find import find_on
 from batchfit.runtime.caching import CachingCpuDevice, expandable_segments
 from batchfit.runtime.device import Device, Measurement
 from batchfit.runtime.resolve import parse_device, resolve_device
+from batchfit.runtime.state import grad_scalers
 from batchfit.runtime.tracker import resident_tensors
 from batchfit.runtime.workload import Workload, to_device
 
@@ -71,11 +74,13 @@ def bench_device(name: str) -> tuple[torch.device, str]:
 
 
 class Bench:
-    """One case on one device: a fresh workload per method, and the capped trial they all run."""
+    """One case on one device: its workload, put back as built for each method, and the capped
+    trial they all run."""
 
     def __init__(self, case: Case, device: torch.device, cap_bytes: int = 0, kind: str | None = None) -> None:
         self.case, self.device, self.cap_bytes = case, device, cap_bytes
         self.kind = kind or device.type
+        self._built: tuple[Workload, FreshState] | None = None
 
     def target(self, limit: int) -> Device:
         """The batchfit device every method's trials run on, capped at ``limit``."""
@@ -84,9 +89,24 @@ class Bench:
         return resolve_device(self.device, limit)
 
     def workload(self) -> tuple[Workload, FreshState]:
+        """The case's workload for a method (the reference cap, a search, a confirming run, the
+        truth), put back as built: weights, no gradients, no optimizer state, its GradScalers
+        unstepped, nothing cached.
+
+        One model for the case, built once, not one per method: every method trains the same
+        model in the same place. Where the allocator maps pages into one segment
+        (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), a model built anew sits elsewhere
+        in it, and the pages its weights share with a step's blocks move with it: on an H200 with
+        a model per method, the methods disagreed on one batch (the cnn's 138 fitted in
+        batchfit's trials and 134 failed in the truth's; the mlp's 256 fitted and 1 failed), while
+        a search and its truth on one model agreed (the GPU tests)."""
         torch.backends.cudnn.benchmark = self.case.cudnn_benchmark
-        workload = _workloads.build(self.case.workload, self.device)
-        return workload, FreshState(workload)
+        if self._built is None:
+            workload = _workloads.build(self.case.workload, self.device)
+            self._built = workload, FreshState(workload)
+        workload, state = self._built
+        state.restart()
+        return workload, state
 
     def train_steps(
         self, workload: Workload, optimizer: torch.optim.Optimizer, host: Any, steps: int
@@ -131,7 +151,6 @@ class Bench:
     def reserved_at(self, batch_size: int) -> int:
         """What a trial at ``batch_size`` reserved, uncapped: a cap near what it needs."""
         workload, state = self.workload()
-        state.reset()
         host = workload.host_batch(batch_size)
         with self.capped(state, 2**50) as measurement:
             self.train_steps(workload, state.optimizer, host, STEPS_PER_TRIAL)
@@ -141,7 +160,6 @@ class Bench:
         """One uncapped, untimed trial so no method pays for first-call setup (on CUDA: the context,
         library handles and cuBLAS's workspace, which stays allocated for every method alike)."""
         workload, state = self.workload()
-        state.reset()
         self.train_steps(workload, state.optimizer, workload.host_batch(4), STEPS_PER_TRIAL)
         state.reset()
 
@@ -161,6 +179,17 @@ class FreshState:
         # is more than a sample at the boundary).
         self.weights = {name: value.to("cpu", copy=True) for name, value in self.model.state_dict().items()}
         self.cuda = any(parameter.is_cuda for parameter in self.model.parameters())
+        # A mixed-precision step's scalers as built (unstepped: no scale yet), for each method to
+        # start from; within a method their scale carries from trial to trial, as in training.
+        scalers = grad_scalers(workload.train_step, workload.eval_step)
+        self.scalers = [(scaler, copy.deepcopy(vars(scaler))) for scaler in scalers]
+
+    def restart(self) -> None:
+        """Everything as built, the GradScalers too: where a method starts."""
+        for scaler, built in self.scalers:
+            vars(scaler).clear()
+            vars(scaler).update(copy.deepcopy(built))
+        self.reset()
 
     def reset(self) -> None:
         self.model.load_state_dict(self.weights)

@@ -165,8 +165,7 @@ def confirm(bench: Bench, answer: int | None) -> bool | None:
 
 
 def run_batchfit(bench: Bench) -> MethodResult:
-    workload, state = bench.workload()
-    state.reset()
+    workload, _ = bench.workload()
     with _harness.Stopwatch() as watch:
         result = bench.find(workload)
     peaks = {t.batch_size: t.peak_bytes for t in result.trials if t.fits}
@@ -344,11 +343,17 @@ def print_summary(rows: list[Row], device: str) -> None:
             print(f"  peaks minus the exhaustive scan's: {_peak_differences(rows, name)}")
 
 
-def resolve_cap(case: Case, device: torch.device, kind: str | None = None) -> int:
+def prepared(case: Case, device: torch.device, kind: str | None = None) -> Bench:
+    """The case's bench, warmed up, its cap resolved (``ref:B``: what a trial at ``B`` reserved, on
+    the model every method then trains)."""
+    bench = Bench(case, device, kind=kind)
+    bench.warm_up()
     if case.cap.startswith("ref:"):
-        reserved = Bench(case, device, kind=kind).reserved_at(int(case.cap.partition(":")[2]))
-        return int(math.ceil(reserved / 2**20) * 2**20)
-    return parse_bytes(case.cap, name="cap")
+        reserved = bench.reserved_at(int(case.cap.partition(":")[2]))
+        bench.cap_bytes = int(math.ceil(reserved / 2**20) * 2**20)
+    else:
+        bench.cap_bytes = parse_bytes(case.cap, name="cap")
+    return bench
 
 
 def select_cases(
@@ -393,8 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         if why is not None:
             print(f"{case.name}: skipped: {why}")
             continue
-        Bench(case, device, kind=kind).warm_up()
-        bench = Bench(case, device, resolve_cap(case, device, kind), kind)
+        bench = prepared(case, device, kind)
         print(f"{case.name} at {case.cap} ({format_bytes(bench.cap_bytes)}):", flush=True)
         rows.append(
             bench_one(bench, competitors, args.repeat, args.truth or ("scan" if kind == "cpu" else "bisect"))

@@ -41,7 +41,7 @@ import _harness
 import _workloads
 import torch
 from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, bench_device
-from find import PACKAGES, largest_fitting, resolve_cap, select_cases
+from find import PACKAGES, largest_fitting, prepared, select_cases
 
 from batchfit.policy.trial import Trial
 from batchfit.runtime.state import TrainingSnapshot
@@ -105,10 +105,8 @@ def grid(upper: int) -> list[int]:
 
 
 def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
-    Bench(case, device, kind=kind).warm_up()
-    bench = Bench(case, device, resolve_cap(case, device, kind), kind)
+    bench = prepared(case, device, kind)
     workload, state = bench.workload()
-    state.reset()
     target = bench.target(bench.cap_bytes)
     started = time.perf_counter()
     snapshot = TrainingSnapshot.capture(
@@ -191,9 +189,9 @@ def timed(runner: TrialRunner, batch_size: int) -> tuple[Trial, float]:
 
 
 def _find_itself(bench: Bench, curve: Curve) -> None:
-    """``find_batch_size`` on a fresh workload under the same cap, as ``bench/find.py`` runs it."""
-    workload, state = bench.workload()
-    state.reset()
+    """``find_batch_size`` on the workload put back as built, under the same cap, as
+    ``bench/find.py`` runs it."""
+    workload, _ = bench.workload()
     result = bench.find(workload)
     curve.find_sizes = [t.batch_size for t in result.trials]
     curve.find_steps = [t.steps for t in result.trials]

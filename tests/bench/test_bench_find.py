@@ -6,10 +6,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from tiny_workloads import classification_batch, float16_scaled
+
+from batchfit import Workload
+from batchfit.runtime.state import grad_scalers
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import find as find_bench
+from _capped import FreshState
 
 
 @pytest.mark.parametrize("limit", [0, 1, 2, 7, 100, 123, 511, 512])
@@ -42,3 +48,46 @@ def test_the_summary_judges_lightning_against_each_device_s_target(
     verdict = "met" if 13 / 5 >= target and 3.0 >= target else "NOT met"
     expected = f"at most 1/{target:g} of Lightning's trials and time in every row: {verdict}"
     assert expected in capsys.readouterr().out
+
+
+def test_every_method_trains_the_case_s_one_model_put_back_as_built() -> None:
+    # One model in one place for the reference cap, every method, the confirming runs and the
+    # truth: a model built anew per method sits elsewhere in an expandable segment, and the
+    # methods then judge the same batch differently (the H200's expandable run).
+    bench = find_bench.Bench(find_bench.Case("cnn", "64MiB"), torch.device("cpu"), 64 * 2**20)
+    workload, state = bench.workload()
+    built = {name: value.clone() for name, value in workload.model.state_dict().items()}
+    places = [parameter.data_ptr() for parameter in workload.model.parameters()]
+    bench.train_steps(workload, state.optimizer, workload.host_batch(4), 2)
+    assert state.optimizer.state
+    assert any(parameter.grad is not None for parameter in workload.model.parameters())
+    again, state_again = bench.workload()
+    assert again is workload and state_again is state
+    assert [parameter.data_ptr() for parameter in again.model.parameters()] == places
+    assert all(torch.equal(value, built[name]) for name, value in again.model.state_dict().items())
+    assert not state.optimizer.state and all(parameter.grad is None for parameter in again.model.parameters())
+
+
+def test_each_method_starts_from_an_unstepped_grad_scaler_and_its_trials_carry_the_scale() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    workload = float16_scaled(
+        Workload(
+            model=model,
+            optimizer=torch.optim.Adam(model.parameters(), lr=1e-3),
+            make_batch=classification_batch((64,)),
+        ),
+        torch.amp.GradScaler("cpu"),
+        loss_scale=1e3,  # overflows a fresh scaler's first steps: its scale comes down
+    )
+    (scaler,) = grad_scalers(workload.train_step)
+    state = FreshState(workload)
+    workload.run_train_step(state.optimizer, workload.host_batch(4))
+    lowered = scaler.get_scale()
+    assert lowered < 65536.0
+    state.reset()  # a trial's reset within a method: the scale stays where training brought it
+    assert scaler.get_scale() == lowered
+    state.restart()  # a method's start: as built, no scale made yet
+    assert scaler._scale is None and scaler.get_scale() == 65536.0
+    workload.run_train_step(state.optimizer, workload.host_batch(4))
+    assert scaler.get_scale() == lowered  # the same steps from the same start: the same scale
