@@ -232,5 +232,7 @@ def test_on_cuda_a_model_in_ddp_is_searched_with_the_buckets_its_allocator_holds
     # Where it does not train, each rank's report says what training did instead: each step's
     # peaks, its failure, DDP's own largest batch by force, and the unwrapped model beside the
     # buckets' bytes (what the search's trials hold) at the answer.
+    # In full on stdout: pytest shortens an assertion's message, and a GPU run's log is all there is.
+    print(json.dumps([report.get("diagnosis") for report in reports], indent=1))
     assert first["by_force"] is True, [report.get("diagnosis") for report in reports]
     assert first["batch_size"] < first["unwrapped_batch_size"]
