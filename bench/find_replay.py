@@ -44,7 +44,7 @@ LIGHTNING_START, LIGHTNING_MAX_TRIALS = 2, 25
 ACCELERATE_START, ACCELERATE_FACTOR = 512, 0.9
 #: What the benchmark's target asks of batchfit: at most half of Lightning's trials.
 TARGET = 2.0
-TUNABLE = ("FIRST_MARGIN", "MAX_MARGIN", "MAX_OVERHEAD")
+TUNABLE = ("FIRST_MARGIN", "MAX_MARGIN", "MAX_OVERHEAD", "DESCENT", "FIRST_DESCENT")
 
 
 class GapError(LookupError):

@@ -34,6 +34,7 @@ from torch import nn
 import batchfit
 from batchfit import ConfigurationError, DeviceUnavailableError, DoesNotFitError, Workload, find_batch_size
 from batchfit.find import find_on
+from batchfit.policy import search as search_policy
 from batchfit.policy.trial import Trial
 from batchfit.runtime.caching import CachingCpuDevice
 from batchfit.runtime.examples import build_example
@@ -678,10 +679,11 @@ def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near
     per_sample: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The opening's requests (batches 2 and 4) lack the workspace: their replay overshoots the
-    # boundary by 1.7-8%, and the search gallops down from the failure, from 1/512 of it (7 below
-    # 3,495), doubling, and at most to an eighth below it. The first size that fits there is a
-    # confirming trial whose requests are recorded: the replay, asked again on them, places the
-    # answer, and the next trial is the candidate after it.
+    # boundary by 1.7-8%, and the search gallops down from the failure, from a 32nd of it (109
+    # below 3,495), doubling, and at most to an eighth below it. The first size that fits there is
+    # a confirming trial whose requests are recorded: the replay, asked again on them, places the
+    # answer, and the next trial is the candidate after it: 6-7 trials in all (9-11 when the
+    # gallop started 7 below).
     def search() -> batchfit.SearchResult:
         return find_on(CachingCpuDevice(40 * 2**20), large_batch_workspace(per_sample), max_batch_size=8192)
 
@@ -692,10 +694,12 @@ def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near
     galloped = sizes[2 : first_fit + 1]  # the failed forecast, the gallop's failures, the first fit
     steps = [above - below for above, below in itertools.pairwise(galloped)]
     floor = sizes[2] * 7 // 8
-    assert steps[0] == round(sizes[2] / 512)
+    assert steps[0] == round(sizes[2] * search_policy.FIRST_DESCENT)
     assert all(later == 2 * earlier for earlier, later in itertools.pairwise(steps[:-1]))
-    assert steps[-1] == 2 * steps[-2] or sizes[first_fit] == floor  # the floor itself, not past it
+    # the floor itself, not past it
+    assert len(steps) == 1 or steps[-1] == 2 * steps[-2] or sizes[first_fit] == floor
     assert sizes[first_fit + 1 :] == [asked_again.batch_size, asked_again.batch_size + 1]
+    assert len(sizes) <= 7
     assert asked_again.stop_reason == "boundary" and asked_again.trials[-1].outcome == "oom"
     monkeypatch.setattr("batchfit.policy.search.REVISIONS", 0)  # not asked again: bisection
     bisected = search()
