@@ -30,6 +30,7 @@ from explore import QUALITY_TARGET, TIME_TARGET
 from batchfit.errors import ConfigurationError
 from batchfit.policy.exploration import Rules, explore_rounds
 from batchfit.policy.micro_batch import micro_batch_sizes
+from batchfit.runtime.cuda import WINDOW_STEPS
 from batchfit.runtime.steps import MIN_WINDOW_SECONDS
 
 TOKENS = {"transformer": 128}  # tokens per sample of the built-in examples that count tokens
@@ -56,9 +57,10 @@ class Curve:
     drift: list[float]  # the recorded passes' common factors (log), in the order they ran
     pass_seconds: float  # how long one of those passes took (modelled)
     unmeasured_bump: float = UNMEASURED_BUMP  # how far an unrecorded size is off the line
+    min_window_steps: int = 1  # the recording device's shortest window (CUDA's: WINDOW_STEPS)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], source: str) -> Curve:
+    def from_row(cls, row: dict[str, Any], source: str, device: str = "cpu") -> Curve:
         everything = {**row["sweep"]["points"], **row["sweep"].get("extra", {})}
         rates = {int(b): p["windows"] for b, p in everything.items()}
         passes = {int(b): p["passes"] for b, p in everything.items()}
@@ -83,6 +85,7 @@ class Curve:
             residuals,
             [effect[p] for p in full],
             pass_seconds,
+            min_window_steps=WINDOW_STEPS if device.startswith("cuda") else 1,
         )
 
     def log_rate(self, batch: int) -> float:
@@ -136,8 +139,9 @@ class ModelMeter:
 
     def first_visit(self, batch_size: int) -> None:
         step = self.curve.step_seconds(batch_size)
-        self.clock += 2 * step  # the warm-up step and a one-step first window
-        self.steps[batch_size] = max(1, math.ceil(MIN_WINDOW_SECONDS / step))
+        steps = max(self.curve.min_window_steps, math.ceil(MIN_WINDOW_SECONDS / step))
+        self.clock += step * (1 + self.curve.min_window_steps)  # the warm-up step and the first window
+        self.steps[batch_size] = steps
 
     def revisit(self, batch_size: int) -> None:
         self.clock += self.curve.step_seconds(batch_size)
@@ -248,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, ConfigurationError) as error:
             parser.error(f"--set {assignment}: {error}")
     curves = [
-        Curve.from_row(row, path.stem)
+        Curve.from_row(row, path.stem, str(results.get("device", "cpu")))
         for path in args.runs
-        for row in json.loads(path.read_text())["rows"]
+        for results in [json.loads(path.read_text())]
+        for row in results["rows"]
         if row["example"] in args.examples.split(",")
         and "passes" in next(iter(row["sweep"]["points"].values()))
     ]
