@@ -5,8 +5,9 @@
     .venv/bin/python bench/compare.py --workloads cnn  # one case
 
 For every row that applied, the truth is the largest batch whose 10 steps, the technique applied
-the same way, complete under the comparison's budget from freshly built state (galloping, then
-bisecting; the cache emptied before each probe on CUDA). On a GPU the ratios are set beside the
+the same way, complete under the comparison's budget on the model compare searched, put back to
+its built weights with a fresh optimizer (galloping, then bisecting; the cache emptied before each
+probe on CUDA). On a GPU the ratios are set beside the
 published ResNet-50 rows of an 11 GB RTX 2080 Ti (AMP 1.9x the fp32 maximum; checkpointing per
 stage about 1.2x AMP's).
 """
@@ -42,7 +43,14 @@ CASES = {
 #: as the device's own amp (bfloat16 on an H100): the published rows ran float16.
 TECHNIQUES: dict[str, list[str] | None] = {
     "cpu": None,
-    "cuda": ["amp", "amp-fp16", "checkpointing", "amp+checkpointing", "cudnn-benchmark-on"],
+    "cuda": [
+        "amp",
+        "amp-fp16",
+        "checkpointing",
+        "amp+checkpointing",
+        "cudnn-benchmark-on",
+        "expandable-segments",
+    ],
 }
 #: The published ResNet-50 ratios (seed 004: RTX 2080 Ti, fp32 111 with cuDNN's benchmark off;
 #: its AMP is float16 with a GradScaler, the only mixed precision that card runs).
@@ -50,10 +58,21 @@ ANCHORS = {"amp": 214 / 111, "amp-fp16": 214 / 111}
 
 
 def fits(
-    name: str, device: torch.device, parts: tuple[str, ...], block: str | None, budget: int, batch: int
+    workload: batchfit.Workload,
+    weights: dict[str, torch.Tensor],
+    parts: tuple[str, ...],
+    block: str | None,
+    budget: int,
+    batch: int,
 ) -> bool:
-    """Whether TRUTH_STEPS steps of a freshly built ``name``, ``parts`` applied, fit ``budget``."""
-    workload = build(name, device)
+    """Whether TRUTH_STEPS steps of ``workload`` from its built state (``weights``, kept on the host;
+    a fresh optimizer), ``parts`` applied, fit ``budget``. The model compare searched, in the place
+    it was built: where the allocator maps pages into one segment (expandable segments), a model
+    built anew sits elsewhere and the same batch can fit or not."""
+    device = next(workload.model.parameters()).device
+    workload.model.load_state_dict(weights)
+    for parameter in workload.model.parameters():
+        parameter.grad = None
     optimizer = workload.build_optimizer()
     try:
         with applied(workload, parts, device, block=block) as (variant, _):
@@ -69,14 +88,17 @@ def fits(
             raise
         return False
     finally:
-        del workload, optimizer
+        del optimizer
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
 
-def check(name: str, device: torch.device, comparison: Comparison, block: str | None) -> list[int | None]:
-    """The truth for each row that has a largest batch (None for the others)."""
+def check(
+    workload: batchfit.Workload, weights: dict[str, torch.Tensor], comparison: Comparison, block: str | None
+) -> list[int | None]:
+    """The truth for each row that has a largest batch (None for the others), on the model compare
+    searched, put back to ``weights`` for each probe."""
     truths: list[int | None] = []
     for row in comparison.rows:
         if (
@@ -89,7 +111,7 @@ def check(name: str, device: torch.device, comparison: Comparison, block: str | 
             continue
         parts = () if row.technique == "baseline" else tuple(row.technique.split("+"))
         budget = comparison.budget_bytes
-        probe = functools.partial(fits, name, device, parts, block, budget)
+        probe = functools.partial(fits, workload, weights, parts, block, budget)
         true_max, _ = largest_fitting(probe, row.batch_size, MAX_BATCH_SIZE)
         truths.append(true_max)
     return truths
@@ -117,6 +139,7 @@ def main() -> None:
             print(f"{name}: skipped, {why}")
             continue
         workload = build(name, device)
+        weights = {key: value.to("cpu", copy=True) for key, value in workload.model.state_dict().items()}
         comparison = batchfit.compare(
             workload,
             TECHNIQUES[device.type],
@@ -127,8 +150,8 @@ def main() -> None:
             explore_seconds=options.explore_seconds,
         )
         block = repeated_block(module_blocks(workload.model))  # what compare wraps
+        truths = check(workload, weights, comparison, block)
         del workload
-        truths = check(name, device, comparison, block)
         print(f"\n{name} at {limit} ({comparison.seconds:.0f} s)")
         print(comparison.table(), end="")
         lines = []
