@@ -66,14 +66,16 @@ def fits(
     batch: int,
 ) -> bool:
     """Whether TRUTH_STEPS steps of ``workload`` from its built state (``weights``, kept on the host;
-    a fresh optimizer), ``parts`` applied, fit ``budget``. The model compare searched, in the place
-    it was built: where the allocator maps pages into one segment (expandable segments), a model
-    built anew sits elsewhere and the same batch can fit or not."""
+    no gradients, no optimizer state), ``parts`` applied, fit ``budget``. The model compare
+    searched, in the place it was built: where the allocator maps pages into one segment
+    (expandable segments), a model built anew sits elsewhere and the same batch can fit or not."""
     device = next(workload.model.parameters()).device
     workload.model.load_state_dict(weights)
     for parameter in workload.model.parameters():
         parameter.grad = None
     optimizer = workload.build_optimizer()
+    assert optimizer is not None, "the benchmark's workloads train"
+    optimizer.state.clear()  # the workload's own optimizer: its state is made by these steps
     try:
         with applied(workload, parts, device, block=block) as (variant, _):
             host = variant.host_batch(batch)
@@ -88,6 +90,9 @@ def fits(
             raise
         return False
     finally:
+        optimizer.state.clear()  # nothing of this probe stays resident for the next
+        for parameter in workload.model.parameters():
+            parameter.grad = None
         del optimizer
         gc.collect()
         if device.type == "cuda":
