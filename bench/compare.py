@@ -6,7 +6,7 @@
 
 For every row that applied, the truth is the largest batch whose 10 steps, the technique applied
 the same way, complete under the comparison's budget on the model compare searched, put back to
-its built weights with a fresh optimizer (galloping, then bisecting; the cache emptied before each
+its built weights with no optimizer state (galloping, then bisecting; the cache emptied before each
 probe on CUDA). On a GPU the ratios are set beside the
 published ResNet-50 rows of an 11 GB RTX 2080 Ti (AMP 1.9x the fp32 maximum; checkpointing per
 stage about 1.2x AMP's).
@@ -19,6 +19,7 @@ import gc
 from dataclasses import asdict
 
 import torch
+from _capped import FreshState
 from _harness import RESULTS, Session, parser, print_text_table, write_results
 from _workloads import build, missing
 from find import largest_fitting
@@ -59,23 +60,19 @@ ANCHORS = {"amp": 214 / 111, "amp-fp16": 214 / 111}
 
 def fits(
     workload: batchfit.Workload,
-    weights: dict[str, torch.Tensor],
+    state: FreshState,
     parts: tuple[str, ...],
     block: str | None,
     budget: int,
     batch: int,
 ) -> bool:
-    """Whether TRUTH_STEPS steps of ``workload`` from its built state (``weights``, kept on the host;
-    no gradients, no optimizer state), ``parts`` applied, fit ``budget``. The model compare
-    searched, in the place it was built: where the allocator maps pages into one segment
-    (expandable segments), a model built anew sits elsewhere and the same batch can fit or not."""
+    """Whether TRUTH_STEPS steps of ``workload`` from its built state (``state``: the weights, no
+    gradients, no optimizer state), ``parts`` applied, fit ``budget``. The model compare searched,
+    in the place it was built: where the allocator maps pages into one segment (expandable
+    segments), a model built anew sits elsewhere and the same batch can fit or not."""
     device = next(workload.model.parameters()).device
-    workload.model.load_state_dict(weights)
-    for parameter in workload.model.parameters():
-        parameter.grad = None
-    optimizer = workload.build_optimizer()
-    assert optimizer is not None, "the benchmark's workloads train"
-    optimizer.state.clear()  # the workload's own optimizer: its state is made by these steps
+    state.reset()
+    optimizer = state.optimizer  # the workload's own: its state is made by these steps
     try:
         with applied(workload, parts, device, block=block) as (variant, _):
             host = variant.host_batch(batch)
@@ -90,20 +87,17 @@ def fits(
             raise
         return False
     finally:
-        optimizer.state.clear()  # nothing of this probe stays resident for the next
-        for parameter in workload.model.parameters():
-            parameter.grad = None
-        del optimizer
+        optimizer.state.clear()  # nothing of this probe's optimizer stays resident for the next
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
 
 def check(
-    workload: batchfit.Workload, weights: dict[str, torch.Tensor], comparison: Comparison, block: str | None
+    workload: batchfit.Workload, state: FreshState, comparison: Comparison, block: str | None
 ) -> list[int | None]:
     """The truth for each row that has a largest batch (None for the others), on the model compare
-    searched, put back to ``weights`` for each probe."""
+    searched, put back to its built ``state`` for each probe."""
     truths: list[int | None] = []
     for row in comparison.rows:
         if (
@@ -116,7 +110,7 @@ def check(
             continue
         parts = () if row.technique == "baseline" else tuple(row.technique.split("+"))
         budget = comparison.budget_bytes
-        probe = functools.partial(fits, workload, weights, parts, block, budget)
+        probe = functools.partial(fits, workload, state, parts, block, budget)
         true_max, _ = largest_fitting(probe, row.batch_size, MAX_BATCH_SIZE)
         truths.append(true_max)
     return truths
@@ -144,7 +138,7 @@ def main() -> None:
             print(f"{name}: skipped, {why}")
             continue
         workload = build(name, device)
-        weights = {key: value.to("cpu", copy=True) for key, value in workload.model.state_dict().items()}
+        state = FreshState(workload)  # the built weights, on the host
         comparison = batchfit.compare(
             workload,
             TECHNIQUES[device.type],
@@ -155,7 +149,7 @@ def main() -> None:
             explore_seconds=options.explore_seconds,
         )
         block = repeated_block(module_blocks(workload.model))  # what compare wraps
-        truths = check(workload, weights, comparison, block)
+        truths = check(workload, state, comparison, block)
         del workload
         print(f"\n{name} at {limit} ({comparison.seconds:.0f} s)")
         print(comparison.table(), end="")

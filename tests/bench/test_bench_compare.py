@@ -11,6 +11,7 @@ import torch
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import compare as compare_bench
+from _capped import FreshState
 from _workloads import build
 
 
@@ -19,12 +20,13 @@ def test_each_probe_trains_the_searched_model_from_its_built_weights() -> None:
     # expandable segment), its weights put back and its optimizer's state dropped first: the same
     # batch trains the same after other probes trained it.
     workload = build("mlp", torch.device("cpu"))
-    weights = {key: value.to("cpu", copy=True) for key, value in workload.model.state_dict().items()}
+    state = FreshState(workload)
+    weights = state.weights
     places = [parameter.data_ptr() for parameter in workload.model.parameters()]
 
     def probe(batch: int, budget: int) -> bool:
         torch.manual_seed(0)  # the same dropout in each probe
-        return compare_bench.fits(workload, weights, (), None, budget, batch)
+        return compare_bench.fits(workload, state, (), None, budget, batch)
 
     budget = 48 * 2**20
     assert probe(8, budget)
