@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of batchfit, stage by stage, on a machine with CUDA: each stage's log and results
 # file go to $OUT (default bench/results/). Stages:
-#   gpu-tests  the tests marked gpu (pytest -m gpu)
+#   gpu-tests  the tests marked gpu (pytest -m gpu), with what the passing ones print (-rP): their figures
 #   tests      the rest of the suite, with CUDA present (tests that mean the CPU say so): in 5
 #              processes where pytest-xdist is installed (about 5 minutes on the H100's 16 cores,
 #              where one process takes longer than a device call may), the gpu tests left to
@@ -69,7 +69,7 @@ for stage in "$@"; do
         suffix=${suffix//,/-}  # the device tool brings back names of letters, digits, ., _ and - only
     fi
     case $name in
-    gpu-tests) "$py" -m pytest -p no:cacheprovider -q -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
+    gpu-tests) "$py" -m pytest -p no:cacheprovider -q -rP -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
     tests)
         parallel=()
         "$py" -c "import xdist" 2>/dev/null && parallel=(-n 5 -m "not gpu and not slow")
