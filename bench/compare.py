@@ -1,6 +1,7 @@
 """``batchfit compare`` on real models, each technique's largest batch checked by force.
 
-    .venv/bin/python bench/compare.py                  # CPU: the built-in examples, capped
+    .venv/bin/python bench/compare.py                  # CPU: the built-in examples, capped, and a
+                                                       # tiny GPT-2 where transformers is installed
     .venv/bin/python bench/compare.py --device cuda    # ResNet-50 and GPT-2 where installed, capped
     .venv/bin/python bench/compare.py --workloads cnn  # one case
 
@@ -37,7 +38,12 @@ TRUTH_STEPS = 10
 MAX_BATCH_SIZE = 1024
 #: (workload, memory limit) per device.
 CASES = {
-    "cpu": [("mlp", "48MiB"), ("cnn", "256MiB"), ("transformer", "512MiB")],
+    "cpu": [
+        ("mlp", "48MiB"),
+        ("cnn", "256MiB"),
+        ("transformer", "512MiB"),
+        ("gpt2-tiny", "256MiB"),  # skipped without transformers
+    ],
     "cuda": [("resnet50", "10.5GiB"), ("gpt2", "16GiB"), ("cnn", "1GiB")],
 }
 #: The settings per device (None: compare's defaults). On CUDA float16 with a GradScaler as well
