@@ -87,11 +87,17 @@ class Row:
     def time_met(self) -> bool:
         return self.time_ratio <= TIME_TARGET
 
+    @property
+    def no_larger(self) -> bool:
+        """The rule's judgement: the pick is no larger than the truth's smallest within 3%."""
+        return self.batchfit.recommended <= self.truth_pick
+
     def to_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "quality_met": self.quality_met,
             "time_met": self.time_met,
+            "no_larger": self.no_larger,
             "sweep_best": self.sweep.best,
             "sweep_best_batch_size": self.sweep.best_batch_size,
         }
@@ -219,11 +225,14 @@ def print_summary(rows: list[Row]) -> None:
         print(
             f"{row.example}: quality {row.quality:.3f} (target >= {QUALITY_TARGET}: "
             f"{'met' if row.quality_met else 'NOT met'}), time ratio {row.time_ratio:.3f} "
-            f"(target <= {TIME_TARGET}: {'met' if row.time_met else 'NOT met'})"
+            f"(target <= {TIME_TARGET}: {'met' if row.time_met else 'NOT met'}), pick "
+            f"{row.batchfit.recommended} {'no larger than' if row.no_larger else 'LARGER than'} the "
+            f"rule's {row.truth_pick}"
         )
     met_quality, met_time = sum(row.quality_met for row in rows), sum(row.time_met for row in rows)
     print(f"quality target (>= {QUALITY_TARGET}) met in {met_quality}/{len(rows)} examples")
     print(f"time target (<= {TIME_TARGET}) met in {met_time}/{len(rows)} examples")
+    print(f"pick no larger than the rule's in {sum(row.no_larger for row in rows)}/{len(rows)} examples")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -112,6 +112,11 @@ class Curve:
     def best(self) -> float:
         return max(self.level[b] for b in self.sizes)
 
+    @property
+    def rule_pick(self) -> int:
+        """The truth's smallest sweep size within 3% of its best (``bench/explore.py``'s truth_pick)."""
+        return min(b for b in self.sizes if self.level[b] >= self.best + math.log(1 - 0.03))
+
     def sweep_seconds(self) -> float:
         windows = 1 + SWEEP_WINDOWS  # the discarded window and the counted ones
         return sum(self.step_seconds(b) * (1 + windows * STEPS_PER_WINDOW) for b in self.sizes)
@@ -192,6 +197,7 @@ def summarise(curve: Curve, replays: list[Replay]) -> str:
     times = sorted(r.time_ratio for r in replays)
     met = sum(r.quality >= QUALITY_TARGET for r in replays) / len(replays)
     both = sum(r.quality >= QUALITY_TARGET and r.time_ratio <= TIME_TARGET for r in replays) / len(replays)
+    no_larger = sum(r.pick <= curve.rule_pick for r in replays) / len(replays)
     picks: dict[int, int] = {}
     for r in replays:
         picks[r.pick] = picks.get(r.pick, 0) + 1
@@ -207,7 +213,8 @@ def summarise(curve: Curve, replays: list[Replay]) -> str:
     return (
         f"{curve.name:<24} quality>={QUALITY_TARGET} {met:>5.0%}  both {both:>5.0%}  "
         f"quality p10 {qualities[len(qualities) // 10]:.3f}  time median {statistics.median(times):.2f} "
-        f"p90 {times[9 * len(times) // 10]:.2f}  picks {common}\n{'':<26}misses: {missed or 'none'}"
+        f"p90 {times[9 * len(times) // 10]:.2f}  picks {common}\n{'':<26}no larger than the rule's "
+        f"{curve.rule_pick} in {no_larger:.0%}; misses: {missed or 'none'}"
     )
 
 
