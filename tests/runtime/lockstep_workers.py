@@ -262,21 +262,30 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
     gc.collect()
     torch.cuda.empty_cache()
 
-    def trains(size: int, wrapped: bool = True) -> tuple[bool, dict[str, Any]]:
-        """Whether 10 steps at ``size`` train by force under the search's budget on every rank:
-        in DDP (built inside the cap), or unwrapped beside a tensor of the buckets' bytes (what
-        the search's trials hold); what this rank saw of its allocator."""
+    def trains(size: int, how: str = "ddp") -> tuple[bool, dict[str, Any]]:
+        """Whether 10 steps at ``size`` train by force under the search's budget on every rank,
+        and what this rank saw of its allocator. ``how``: "ddp", the DDP built before the cap, as
+        a user builds it before calling find (the cap empties the cache its construction left, as
+        find's first trial does); "ddp-inside", built inside the cap, where the blocks its
+        construction freed (the parameters flattened for the broadcast from rank 0) stay cached
+        for the steps to split; "unwrapped", the plain model beside a tensor of the buckets' bytes
+        (what the search's trials hold)."""
         seen: dict[str, Any] = {}
         batch = make_batch(size)  # on the host, outside the cap, as a data loader makes it
+        network: nn.Module | None = DistributedDataParallel(model, device_ids=[0]) if how == "ddp" else None
         try:
             with memory_limit(found.budget_bytes, resident=[model, optimizer], device=device):
-                held = None if wrapped else torch.empty(wrapper_bytes, dtype=torch.uint8, device=device)
-                network = DistributedDataParallel(model, device_ids=[0]) if wrapped else model
-                _train(network, optimizer, batch, 10, device, seen)
-                del network, held
+                held = None
+                if how == "unwrapped":
+                    held = torch.empty(wrapper_bytes, dtype=torch.uint8, device=device)
+                if how == "ddp-inside":
+                    network = DistributedDataParallel(model, device_ids=[0])
+                _train(network or model, optimizer, batch, 10, device, seen)
+                del held
             fits = True
         except torch.OutOfMemoryError as error:
             fits, seen["failure"] = False, str(error).splitlines()[0][:300]
+        network = None
         optimizer.state.clear()
         model.zero_grad(set_to_none=True)
         gc.collect()
@@ -284,13 +293,18 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
         return _everyone(fits), seen
 
     fits, seen = trains(found.batch_size)
+    inside, seen_inside = trains(found.batch_size, "ddp-inside")
     report: dict[str, Any] = {
         "batch_size": found.batch_size,
         "unwrapped_batch_size": unwrapped.batch_size,
         "wrapper_bytes": wrapper_bytes,
         "by_force": fits,
+        # Built inside the cap, as this test built it until 2026-11-26, when the answer (3584 on an
+        # H200) did not train: whether the construction's cached blocks were the cause.
+        "by_force_built_inside": inside,
+        "steps_seen": {"ddp": seen, "ddp-inside": seen_inside},
     }
-    if not fits:  # what the next GPU run needs to tell why (the answer did not train on the H200)
+    if not fits:  # what the next GPU run needs to tell why
         answer = [trial for trial in found.trials if trial.batch_size == found.batch_size][-1]
         low, high = found.batch_size // 2, found.batch_size  # DDP's own largest, by bisection
         while high - low > 1:
@@ -301,7 +315,7 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
             "trials": [(t.batch_size, t.outcome, t.peak_bytes, t.reserved_peak_bytes) for t in found.trials],
             "answer_peaks": (answer.peak_bytes, answer.reserved_peak_bytes),
             "ddp_by_force": seen,
-            "unwrapped_beside_buckets_by_force": trains(found.batch_size, wrapped=False),
+            "unwrapped_beside_buckets_by_force": trains(found.batch_size, "unwrapped"),
             "ddp_truth": low,
             "ddp_truth_by_force": trains(low)[1],
         }

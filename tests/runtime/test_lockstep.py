@@ -224,7 +224,10 @@ def test_a_compiled_ddp_is_refused_with_what_to_pass(ddp_reports: list[dict[str,
 @pytest.mark.gpu
 def test_on_cuda_a_model_in_ddp_is_searched_with_the_buckets_its_allocator_holds(tmp_path: Path) -> None:
     # Both ranks on one GPU, gloo between them. The caching allocator holds DDP's buckets: the
-    # answer is below the unwrapped one, and it trains 10 steps in DDP under the search's budget.
+    # answer is below the unwrapped one, and it trains 10 steps in DDP under the search's budget,
+    # the DDP built before the cap as a user builds it before find (the cap empties the cache its
+    # construction left, as find's first trial does). Built inside the cap (how the H200's failing
+    # run built it), the blocks its broadcast freed stay cached: the report says whether that trains.
     # 768 MiB: each rank's cuBLAS workspaces take about 64 MiB on an H200 (512 MiB: nothing fit).
     reports = spawn("ddp-cuda", ["768MiB", "768MiB"], tmp_path)
     assert all("error" not in report for report in reports), reports
@@ -233,6 +236,6 @@ def test_on_cuda_a_model_in_ddp_is_searched_with_the_buckets_its_allocator_holds
     # peaks, its failure, DDP's own largest batch by force, and the unwrapped model beside the
     # buckets' bytes (what the search's trials hold) at the answer.
     # In full on stdout: pytest shortens an assertion's message, and a GPU run's log is all there is.
-    print(json.dumps([report.get("diagnosis") for report in reports], indent=1))
+    print(json.dumps(reports, indent=1))
     assert first["by_force"] is True, [report.get("diagnosis") for report in reports]
     assert first["batch_size"] < first["unwrapped_batch_size"]
