@@ -108,6 +108,17 @@ class Bench:
         state.restart()
         return workload, state
 
+    def live_bytes(self) -> int | None:
+        """The bytes of tensors alive on the GPU after a collection (None off CUDA): between two
+        methods, the model and what the process keeps (cuBLAS's workspaces, from the first matmul
+        on); growth beyond that is a method's leftovers, which shrink the room of every method after
+        it (the truth and the 20-step checks run last)."""
+        if self.device.type != "cuda":
+            return None
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.memory_allocated(self.device))
+
     def train_steps(
         self, workload: Workload, optimizer: torch.optim.Optimizer, host: Any, steps: int
     ) -> None:

@@ -13,12 +13,13 @@ columns are skipped, as are real models whose package is missing.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import _harness
 import _workloads
@@ -88,6 +89,24 @@ class Row:
     truth: Truth
     batchfit: MethodResult
     competitors: dict[str, MethodResult | None]  # None: the tool is not installed
+    # The GPU's live bytes before the methods and after each, in the order they ran (CUDA only).
+    live_bytes: dict[str, int] = field(default_factory=dict)
+
+
+def leftovers(live: dict[str, int], floor: int = 1 << 20) -> str:
+    """A note naming the methods after which the GPU's live bytes grew by more than ``floor``
+    (empty when none did): their leftovers shrank the room of every method after them."""
+    grown = [
+        f"{after} {'+' if now >= before else '-'}{format_bytes(abs(now - before))}"
+        for (_, before), (after, now) in itertools.pairwise(live.items())
+        if abs(now - before) > floor
+    ]
+    if not grown:
+        return ""
+    return (
+        f"NOTE: live GPU memory changed across methods ({', '.join(grown)}; the first matmul's cuBLAS "
+        "workspaces stay for the process): what a method left shrinks the room of those after it"
+    )
 
 
 def run_truth_scan(bench: Bench, upper: int) -> Truth:
@@ -206,15 +225,25 @@ def measure(runner: Callable[[Bench], MethodResult], bench: Bench, repeat: int) 
 
 
 def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, truth_by: str) -> Row:
+    live: dict[str, int] = {}
+
+    def note_live(after: str) -> None:
+        if (now := bench.live_bytes()) is not None:
+            live[after] = now
+
+    note_live("start")
     ours = measure(run_batchfit, bench, repeat)
+    note_live("batchfit")
     if ours.answer is None:
         raise RuntimeError(f"batchfit failed on {bench.case.name} at {bench.case.cap}: {ours.error}")
     results: dict[str, MethodResult | None] = {}
     for name, runner in COMPETITORS.items():
         results[name] = measure(runner, bench, repeat) if competitors.get(name) else None
+        note_live(name)
     for result in [ours, *results.values()]:
         if result is not None:
             result.trains = confirm(bench, result.answer)
+    note_live("20-step checks")
     _print_method("batchfit", ours)
     for name, result in results.items():
         if result is not None:
@@ -234,7 +263,10 @@ def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, truth_by:
     )
     if truth.fitting_above_first_failure:
         print(f"  NOTE: fitting is not monotone: {truth.fitting_above_first_failure} fit above a failure")
-    return Row(bench.case, bench.cap_bytes, truth, ours, results)
+    note_live("truth")
+    if note := leftovers(live):
+        print(f"  {note}")
+    return Row(bench.case, bench.cap_bytes, truth, ours, results, live)
 
 
 def headers() -> tuple[str, ...]:

@@ -91,3 +91,22 @@ def test_each_method_starts_from_an_unstepped_grad_scaler_and_its_trials_carry_t
     assert scaler._scale is None and scaler.get_scale() == 65536.0
     workload.run_train_step(state.optimizer, workload.host_batch(4))
     assert scaler.get_scale() == lowered  # the same steps from the same start: the same scale
+
+
+def test_a_note_names_the_methods_after_which_the_gpu_kept_more() -> None:
+    # The H200's expandable-segments rows: batchfit ran first and fitted 256 on the mlp, the truth
+    # ran last and failed at 1. What each method leaves alive shrinks the room of those after it.
+    mib = 1 << 20
+    live = {"start": 100 * mib, "batchfit": 164 * mib, "lightning": 164 * mib, "truth": 190 * mib}
+    assert find_bench.leftovers(live) == (
+        "NOTE: live GPU memory changed across methods (batchfit +64.00 MiB, truth +26.00 MiB; the "
+        "first matmul's cuBLAS workspaces stay for the process): what a method left shrinks the room "
+        "of those after it"
+    )
+    assert find_bench.leftovers({"start": mib, "batchfit": mib + 1000, "truth": mib}) == ""
+    assert find_bench.leftovers({}) == ""
+
+
+def test_off_cuda_no_live_bytes_are_read() -> None:
+    bench = find_bench.prepared(find_bench.Case("mlp", "36.75MiB"), torch.device("cpu"))
+    assert bench.live_bytes() is None
