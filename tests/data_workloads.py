@@ -110,12 +110,13 @@ def heavy() -> batchfit.Workload:
     return _workload(HeavyItems(), "heavy")
 
 
-def fast() -> batchfit.Workload:
-    """In-memory data and a real step of a wider model, all of it computed: the step is the work."""
+def fast(device: torch.device | None = None) -> batchfit.Workload:
+    """In-memory data and a real step of a wider model, all of it computed: the step is the work.
+    On ``device`` where given (``--workload data_workloads:fast --device cuda`` passes it)."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(32, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 4)
-    )
+    ).to(device or "cpu")
     return batchfit.Workload(
         model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=1e-3),

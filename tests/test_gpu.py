@@ -592,21 +592,96 @@ def test_the_user_s_cap_is_put_back(device: str, ending: str) -> None:
 )
 def test_the_cli_runs_on_cuda(args: tuple[str, ...], tmp_path: Any) -> None:
     # The README's main command finds the GPU by default, and the built-in example is built there.
-    env = {key: value for key, value in os.environ.items() if key != "BATCHFIT_DEBUG"}
-    done = subprocess.run(
-        [sys.executable, "-m", "batchfit", "find", *args, "--modes", "train,eval", "--format", "json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
-    results = json.loads(done.stdout)["results"]
+    results = _cli(["find", *args, "--modes", "train,eval"], tmp_path)["results"]
     assert [result["mode"] for result in results] == ["train", "eval"]
     for result in results:
         assert result["device"].startswith("cuda:") and "(capped at " in result["device"]
         assert result["batch_size"] >= 1 and result["stop_reason"] in ("boundary", "max_batch_size")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("args", "device_of"),
+    [
+        pytest.param(
+            ("explore", "--example", "mlp", "--max-batch-size", "256", "--time-budget-seconds", "5"),
+            lambda document: document["device"],
+            id="explore",
+        ),
+        pytest.param(
+            (
+                "compare",
+                "--example",
+                "cnn",
+                "--techniques",
+                "amp,cudnn-benchmark-on",
+                "--explore-seconds",
+                "0",
+            ),
+            lambda document: document["device"],
+            id="compare",
+        ),
+        pytest.param(
+            ("advise", "--example", "mlp", "--skip", "explore,compare"),
+            lambda document: document["train"]["device"],
+            id="advise",
+        ),
+        pytest.param(
+            (
+                "check-data",
+                "--workload",
+                "data_workloads:fast",
+                "--batch-size",
+                "64",
+                "--time-budget-seconds",
+                "10",
+            ),
+            lambda document: document["device"],
+            id="check-data",
+        ),
+    ],
+)
+def test_every_command_runs_on_the_gpu_it_is_given(
+    args: tuple[str, ...], device_of: Any, tmp_path: Any
+) -> None:
+    # Each command builds its example (or calls a workload function with the device) on cuda and
+    # measures there; find's own test is above. (check-data caps nothing: --memory-limit is not its.)
+    cap = () if args[0] == "check-data" else ("--memory-limit", "1GiB")
+    document = _cli([*args, "--device", "cuda", *cap], tmp_path)
+    print(args[0], json.dumps(document)[:2000])  # the figures, for the record of a GPU run
+    assert device_of(document).startswith("cuda"), document
+    if args[0] == "compare":
+        rows = {row["technique"]: row for row in document["rows"]}
+        assert list(rows) == ["baseline", "amp", "cudnn-benchmark-on"]
+        assert all(row["batch_size"] for row in rows.values()), rows
+
+
+@pytest.mark.gpu
+def test_analyze_runs_on_the_gpu_its_config_names(tmp_path: Any) -> None:
+    # An experiment config's DEVICE reaches the searches: on cuda, the built-in mlp under 1 GiB.
+    (tmp_path / "exp.yaml").write_text(
+        "WORKLOAD: example:mlp\nDEVICE: cuda\nMEMORY_LIMIT: 1GiB\n"
+        "DATA:\n  BATCH_SIZE: 32\n  BATCH_SIZE_VAL: 64\n"
+    )
+    _cli(
+        ["analyze", "--cfg", "exp.yaml", "--fractions", "0.8", "--modes", "train", "--output", "out.json"],
+        tmp_path,
+        json_out=False,
+    )
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert document["device"].startswith("cuda") and document["rows"][0]["batch_size"] >= 1, document
+
+
+def _cli(args: list[str], cwd: Any, json_out: bool = True) -> Any:
+    """``python -m batchfit ARGS`` in ``cwd`` (tests/ importable, for its workload modules): its JSON
+    result from stdout, or None with ``json_out=False``; the command must succeed."""
+    env = {key: value for key, value in os.environ.items() if key != "BATCHFIT_DEBUG"}
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "batchfit", *args, *(["--format", "json"] if json_out else [])]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout) if json_out else None
 
 
 def test_memory_limit_lifts_its_cap_on_every_device() -> None:
