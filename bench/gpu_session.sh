@@ -13,8 +13,11 @@
 #              them, with the opening's allocator requests replayed and without (--no-forecast)
 #   explore    bench/explore.py --device cuda
 #   compare    bench/compare.py --device cuda
+#   advise     batchfit advise on built-in examples (the cnn unless named: advise:mlp,cnn,transformer)
+#              on cuda, each under 1GiB (the transformer 2GiB, as the README's main
+#              command): its JSON and its wall time, the time a user waits for the checklist
 # Usage: bash bench/gpu_session.sh STAGE [STAGE ...]   (e.g. gpu-tests find curves)
-# find, expandable, curves, explore and compare take workloads after a colon, to split a long stage over calls:
+# find, expandable, curves, explore, compare and advise take workloads after a colon, to split a long stage:
 # curves:resnet50,gpt2 (their files are then named after them: find-curves-cuda-resnet50-gpt2.json).
 # Python: $PYTHON, else .venv/bin/python, else python3. Wheels in .whl/ (what the machine lacks:
 # ../shared/tools/gpu-wheels.sh builds omegaconf's) are installed into /tmp/site first, and src/ is
@@ -25,7 +28,7 @@ out=${OUT:-bench/results}
 mkdir -p "$out"
 if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
 export PYTHONUNBUFFERED=1
-stages="gpu-tests tests find expandable curves explore compare"
+stages="gpu-tests tests find expandable curves explore compare advise"
 if [ $# -eq 0 ]; then
     echo "usage: bash bench/gpu_session.sh STAGE [STAGE ...]; stages: $stages" >&2
     exit 2
@@ -88,6 +91,22 @@ for stage in "$@"; do
         tee "$out/explore$suffix.log" ;;
     compare) "$py" bench/compare.py --device cuda "${only[@]}" --json "$out/compare-cuda$suffix.json" 2>&1 |
         tee "$out/compare$suffix.log" ;;
+    advise)
+        examples=cnn
+        [[ $stage == *:* ]] && examples=${stage#*:}
+        failed=0
+        for example in ${examples//,/ }; do
+            limit=1GiB
+            [ "$example" = transformer ] && limit=2GiB
+            began=$SECONDS
+            "$py" -m batchfit advise --example "$example" --device cuda --memory-limit "$limit" \
+                --format json >"$out/advise-cuda-$example.json" 2>"$out/advise-$example.log"
+            code=$?
+            [ "$code" -ne 0 ] && failed=$code
+            tail -n 12 "$out/advise-$example.log"
+            echo "advise $example at $limit: exit $code after $((SECONDS - began)) s" | tee -a "$out/advise-$example.log"
+        done
+        (exit "$failed") ;;
     esac
     code=${PIPESTATUS[0]}
     echo "== $stage: exit $code after $((SECONDS - started)) s"

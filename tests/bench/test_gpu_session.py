@@ -21,7 +21,7 @@ def test_it_names_its_stages_when_given_none_or_a_wrong_one(tmp_path: Path) -> N
     none = session(tmp_path=tmp_path)
     assert (
         none.returncode == 2
-        and "stages: gpu-tests tests find expandable curves explore compare" in none.stderr
+        and "stages: gpu-tests tests find expandable curves explore compare advise" in none.stderr
     )
     wrong = session("find", "curve", tmp_path=tmp_path)
     assert wrong.returncode == 2 and "unknown stage 'curve'" in wrong.stderr
