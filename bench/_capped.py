@@ -115,6 +115,7 @@ class Bench:
         it (the truth and the 20-step checks run last)."""
         if self.device.type != "cuda":
             return None
+        self.workload()  # built (once), and put back as built: no gradients, no optimizer state
         gc.collect()
         torch.cuda.synchronize(self.device)
         return int(torch.cuda.memory_allocated(self.device))
