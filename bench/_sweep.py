@@ -19,6 +19,7 @@ from batchfit.runtime.steps import StepTimer
 
 STEPS_PER_WINDOW = 3  # batchfit's default steps_per_window
 SWEEP_WINDOWS = 9  # the sweep whose time batchfit's is compared with
+RULE_TOLERANCE = 0.03  # the truth's pick: the smallest within this share of the best (explore's default)
 TRUTH_WINDOWS = 21  # the truth's windows: the sweep's and more, not counted in its time
 QUICK_SWEEP_WINDOWS = 5
 QUICK_TRUTH_WINDOWS = 9
@@ -251,7 +252,8 @@ def half_quality(sweep: Sweep) -> float:
     passes = {batch: point.passes for batch, point in sweep.points.items()}
     odd, _ = polish(table_of(rates, passes, lambda p: p % 2 == 1))
     even, _ = polish(table_of(rates, passes, lambda p: p % 2 == 0))
-    pick = min(batch for batch, value in odd.items() if value >= math.log(1 - 0.03) + max(odd.values()))
+    bar = math.log(1 - RULE_TOLERANCE) + max(odd.values())
+    pick = min(batch for batch, value in odd.items() if value >= bar)
     return math.exp(even[pick] - max(even.values()))
 
 
@@ -259,7 +261,8 @@ def sweep_pick(sweep: Sweep, counted: int) -> int:
     """What the sweep whose time batchfit's is compared with would pick by the same 3% rule: the
     plain medians of its ``counted`` windows per size."""
     medians = {batch: statistics.median(point.windows[:counted]) for batch, point in sweep.points.items()}
-    return min(batch for batch, value in medians.items() if value >= (1 - 0.03) * max(medians.values()))
+    bar = (1 - RULE_TOLERANCE) * max(medians.values())
+    return min(batch for batch, value in medians.items() if value >= bar)
 
 
 def spread(values: list[float]) -> float:

@@ -24,7 +24,7 @@ import _harness
 import _sweep
 import _workloads
 import torch
-from _sweep import Sharpen, Sweep
+from _sweep import RULE_TOLERANCE, Sharpen, Sweep
 
 import batchfit
 from batchfit.explore import ExploreResult
@@ -142,7 +142,7 @@ def bench_one(
     )
     sweep = _sweep.run_sweep(example, device, max_batch_size, counted, windows, [ours.recommended], sharpen)
     quality = sweep.point(ours.recommended).level / sweep.best
-    truth_pick = min(b for b, p in sweep.points.items() if p.level >= (1 - 0.03) * sweep.best)
+    truth_pick = min(b for b, p in sweep.points.items() if p.level >= (1 - RULE_TOLERANCE) * sweep.best)
     counted_pick = _sweep.sweep_pick(sweep, counted)
     row = Row(
         example,

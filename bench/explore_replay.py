@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 # bench/ is the script's directory, so on sys.path.
-from _sweep import STEPS_PER_WINDOW, SWEEP_WINDOWS, polish, table_of
+from _sweep import RULE_TOLERANCE, STEPS_PER_WINDOW, SWEEP_WINDOWS, polish, table_of
 from explore import QUALITY_TARGET, TIME_TARGET
 
 from batchfit.errors import ConfigurationError
@@ -115,7 +115,7 @@ class Curve:
     @property
     def rule_pick(self) -> int:
         """The truth's smallest sweep size within 3% of its best (``bench/explore.py``'s truth_pick)."""
-        return min(b for b in self.sizes if self.level[b] >= self.best + math.log(1 - 0.03))
+        return min(b for b in self.sizes if self.level[b] >= self.best + math.log(1 - RULE_TOLERANCE))
 
     def sweep_seconds(self) -> float:
         windows = 1 + SWEEP_WINDOWS  # the discarded window and the counted ones
