@@ -15,12 +15,12 @@ import torch
 
 import batchfit
 from batchfit.find import find_on
-from batchfit.runtime.caching import CachingCpuDevice, expandable_segments
-from batchfit.runtime.device import Device, Measurement
-from batchfit.runtime.resolve import parse_device, resolve_device
-from batchfit.runtime.state import grad_scalers
-from batchfit.runtime.tracker import resident_tensors
-from batchfit.runtime.workload import Workload, to_device
+from batchfit.runtime.devices.caching_device import CachingCpuDevice, expandable_segments
+from batchfit.runtime.devices.device import Device, Measurement
+from batchfit.runtime.devices.resolve import parse_device, resolve_device
+from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.steps.state import grad_scalers
+from batchfit.runtime.workloads.workload import Workload, to_device
 
 STEPS_PER_TRIAL = 2
 #: The benchmark's name for the CPU with CUDA's caching allocator modelled on its real allocations.

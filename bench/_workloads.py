@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import batchfit
-from batchfit.runtime.examples import EXAMPLES, build_example
+from batchfit.runtime.workloads.examples import EXAMPLES, build_example
 
 IMAGE_SIZE = 224
 GPT2_TOKENS = 1024

@@ -37,8 +37,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import batchfit
-from batchfit.runtime.examples import build_example
-from batchfit.runtime.tracker import StorageTracker, resident_tensors
+from batchfit.runtime.devices.tracker import StorageTracker, resident_tensors
+from batchfit.runtime.workloads.examples import build_example
 
 #: (name, memory limit, memory fraction): the wide MLP's parameters outweigh its activations, the
 #: examples' activations weigh more.

@@ -28,8 +28,8 @@ from _sweep import RULE_TOLERANCE, Sharpen, Sweep
 
 import batchfit
 from batchfit.explore import ExploreResult
-from batchfit.runtime.host import PINNED_MALLOC
-from batchfit.runtime.resolve import parse_device
+from batchfit.runtime.devices.host import PINNED_MALLOC
+from batchfit.runtime.devices.resolve import parse_device
 
 QUALITY_TARGET = 0.97
 TIME_TARGET = 0.40

@@ -44,9 +44,9 @@ from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, bench_device
 from find import PACKAGES, largest_fitting, prepared, select_cases
 
 from batchfit.policy.trial import Trial
-from batchfit.runtime.state import TrainingSnapshot
-from batchfit.runtime.steps import TrialRunner
-from batchfit.runtime.tracker import resident_tensors
+from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.steps.runner import TrialRunner
+from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.units import format_bytes
 
 #: The window around the largest fitting size where every size is recorded, as fractions of it:

@@ -34,7 +34,7 @@ def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def compiled_truth(sizes: list[int], static_blocks: int | None = None) -> dict[int, int]:
     """Each size's peak over 2 SGD steps of the compiled model, from the allocator's own running
-    total, read in a fresh process (tests/runtime/compiled_child.py says why)."""
+    total, read in a fresh process (tests/runtime/steps/compiled_child.py says why)."""
     static = [] if static_blocks is None else ["--static", str(static_blocks)]
     command = [sys.executable, str(CHILD), *static, *map(str, sizes)]
     child = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)

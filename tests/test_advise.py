@@ -12,7 +12,7 @@ import data_workloads
 import pytest
 
 from batchfit import ConfigurationError, advise, find_batch_size
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.workloads.examples import build_example
 
 TESTS = Path(__file__).resolve().parent
 

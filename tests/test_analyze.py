@@ -12,7 +12,7 @@ from tiny_workloads import untraceable
 from batchfit import find_batch_size
 from batchfit.analyze import Analysis, analyze
 from batchfit.errors import ConfigurationError
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.workloads.examples import build_example
 
 
 def test_fractions_share_their_trials() -> None:

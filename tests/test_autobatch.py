@@ -14,7 +14,7 @@ from tiny_workloads import as_in_ddp
 
 from batchfit import apply_autobatch, find_batch_size, load_config
 from batchfit.autobatch import workload_from_config
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.workloads.examples import build_example
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_CONFIG = ROOT / "examples" / "exp.yaml"

@@ -33,7 +33,7 @@ from torch import nn
 
 from batchfit import ConfigurationError, DataCheck, LoaderSetting, Workload, check_data
 from batchfit.policy.loader_settings import WAIT_SHARE_THRESHOLD
-from batchfit.runtime import data_loop
+from batchfit.runtime.data import loop as data_loop
 
 #: Long enough for several batches of the slow datasets (about 70 ms each at 0 workers).
 WINDOW_SECONDS = 0.5

@@ -12,8 +12,8 @@ from compiled_workloads import make_batch as pointwise_batch
 from tiny_workloads import build, lbfgs_mlp
 
 from batchfit import ConfigurationError, Workload, compare, memory_limit
-from batchfit.runtime.examples import build_example
-from batchfit.runtime.techniques import applied, compiler_unavailable
+from batchfit.runtime.steps.techniques import applied, compiler_unavailable
+from batchfit.runtime.workloads.examples import build_example
 
 #: Steps each probe of the truth trains (the search's trials train 2).
 TRUTH_STEPS = 10

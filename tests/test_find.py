@@ -36,8 +36,8 @@ from batchfit import ConfigurationError, DeviceUnavailableError, DoesNotFitError
 from batchfit.find import find_on
 from batchfit.policy import search as search_policy
 from batchfit.policy.trial import Trial
-from batchfit.runtime.caching import CachingCpuDevice
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.runtime.workloads.examples import build_example
 
 
 def brute_force(
@@ -425,12 +425,13 @@ def test_model_on_another_device_is_named() -> None:
 
 
 def test_uncapped_cpu_uses_the_host_capacity(mlp_workload: Workload) -> None:
-    from batchfit.runtime.device import host_available_bytes
+    from batchfit.runtime.devices.device import host_available_bytes
 
     result = find_batch_size(mlp_workload, device="cpu", max_batch_size=32)
     assert result.batch_size == 32 and result.device == "cpu"
     params = sum(
-        t.untyped_storage().nbytes() for t in batchfit.runtime.tracker.resident_tensors(mlp_workload.model)
+        t.untyped_storage().nbytes()
+        for t in batchfit.runtime.devices.tracker.resident_tensors(mlp_workload.model)
     )
     assert 0 < result.capacity_bytes - params <= host_available_bytes() * 1.1
 

@@ -28,16 +28,20 @@ import batchfit
 from batchfit import SearchResult, Workload, find_batch_size
 from batchfit.find import find_on
 from batchfit.policy.allocation_replay import AllocationReplay
-from batchfit.policy.cache import TrialCache
 from batchfit.policy.trial import Trial
-from batchfit.runtime.caching import CachingCpuDevice, expandable_segments, set_allocator_settings
-from batchfit.runtime.cuda import CudaDevice, user_memory_fraction
-from batchfit.runtime.device import Device, GarbageCollector
-from batchfit.runtime.examples import build_example
-from batchfit.runtime.resolve import memory_limit, parse_device, resolve_device
-from batchfit.runtime.state import TrainingSnapshot, grad_scalers
-from batchfit.runtime.steps import TrialRunner
-from batchfit.runtime.tracker import resident_tensors
+from batchfit.policy.trial_cache import TrialCache
+from batchfit.runtime.devices.caching_device import (
+    CachingCpuDevice,
+    expandable_segments,
+    set_allocator_settings,
+)
+from batchfit.runtime.devices.cuda import CudaDevice, user_memory_fraction
+from batchfit.runtime.devices.device import Device, GarbageCollector
+from batchfit.runtime.devices.resolve import memory_limit, parse_device, resolve_device
+from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.steps.runner import TrialRunner
+from batchfit.runtime.steps.state import TrainingSnapshot, grad_scalers
+from batchfit.runtime.workloads.examples import build_example
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 #: The devices with the CPU's stand-in for CUDA's caching allocator too.
@@ -398,7 +402,7 @@ def test_cudnn_benchmark_does_not_lower_the_answer(benchmark_on: None) -> None:
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_a_confirming_trial_ends_where_the_allocator_state_recurs_with_the_verdict_of_30(mode: str) -> None:
     # On CUDA the state is torch.cuda.memory_snapshot()'s segments and blocks. (The CPU checks the
-    # same on the modelled allocator in tests/runtime/test_steps.py, with a smaller model.)
+    # same on the modelled allocator in tests/runtime/steps/test_steps.py, with a smaller model.)
     workload = cnn_workload("cuda")
     cap = reference_cap(workload, "cuda", 48)
     target = target_for("cuda", cap)

@@ -26,7 +26,7 @@ from torch import nn
 import batchfit
 from batchfit import MicroBatchChange, MicroBatchStep
 from batchfit.errors import ConfigurationError, DoesNotFitError, OptimizerStepOutOfMemoryError
-from batchfit.runtime.micro_batches import plain
+from batchfit.runtime.steps.micro_batches import plain
 
 cross_entropy = nn.functional.cross_entropy
 

@@ -21,9 +21,9 @@ from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSetting,
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.shrink import MicroBatchChange
 from batchfit.policy.trial import MemoryModel, Trial
-from batchfit.runtime.oom import is_out_of_memory
-from batchfit.runtime.resolve import memory_limit
-from batchfit.runtime.workload import Workload
+from batchfit.runtime.devices.oom import is_out_of_memory
+from batchfit.runtime.devices.resolve import memory_limit
+from batchfit.runtime.workloads.workload import Workload
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ from batchfit.find import SearchResult, find_batch_size
 from batchfit.policy.advice import Change, costly, rank
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.trial import Trial
-from batchfit.runtime.loaders import LoaderFactory
+from batchfit.runtime.data.dataloaders import LoaderFactory
 
 #: The steps advise runs, in order; each can be skipped.
 STEPS = ("find", "explore", "compare", "check-data", "plan")

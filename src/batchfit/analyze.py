@@ -17,9 +17,9 @@ from typing import Any
 from batchfit.checks import DEFAULT_MAX_BATCH_SIZE, default_max_batch_size
 from batchfit.errors import ConfigurationError
 from batchfit.find import SearchResult, find_batch_size
-from batchfit.policy.cache import TrialCache
 from batchfit.policy.trial import Mode, Trial
-from batchfit.runtime.workload import Workload
+from batchfit.policy.trial_cache import TrialCache
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
 #: What ``Analysis.render`` writes: the report file's suffixes, and the table the CLI prints.

@@ -8,8 +8,8 @@ from batchfit.analyze import Bounds
 from batchfit.config import ExperimentConfig
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.policy.trial import Mode, Trial
-from batchfit.runtime.loading import load_workload
-from batchfit.runtime.workload import Workload
+from batchfit.runtime.workloads.specs import load_workload
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)

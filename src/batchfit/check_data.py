@@ -25,11 +25,11 @@ from batchfit.policy.loader_settings import (
     recommend,
     try_settings,
 )
-from batchfit.runtime.data_loop import DataLoop
-from batchfit.runtime.host import usable_cores
-from batchfit.runtime.loaders import LoaderFactory, LoaderSource
-from batchfit.runtime.resolve import resolve_device
-from batchfit.runtime.workload import Workload, check_model_on
+from batchfit.runtime.data.dataloaders import LoaderFactory, LoaderSource
+from batchfit.runtime.data.loop import DataLoop
+from batchfit.runtime.devices.host import usable_cores
+from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,18 @@ from batchfit.policy.techniques import (
     why_not,
 )
 from batchfit.policy.trial import Trial
-from batchfit.runtime.caching import expandable_segments
-from batchfit.runtime.device import Device
-from batchfit.runtime.lockstep import Lockstep, LockstepMeter
-from batchfit.runtime.resolve import resolve_device
-from batchfit.runtime.steps import StepTimer
-from batchfit.runtime.techniques import applied, compiler_unavailable, module_blocks, runs_bfloat16
-from batchfit.runtime.workload import Workload, needs_closure
+from batchfit.runtime.devices.caching_device import expandable_segments
+from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.distributed.lockstep import Lockstep, LockstepMeter
+from batchfit.runtime.steps.runner import StepTimer
+from batchfit.runtime.steps.techniques import (
+    applied,
+    compiler_unavailable,
+    module_blocks,
+    runs_bfloat16,
+)
+from batchfit.runtime.workloads.workload import Workload, needs_closure
 from batchfit.units import format_bytes
 
 

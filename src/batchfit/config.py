@@ -258,7 +258,9 @@ def _validate(cfg: ExperimentConfig) -> None:
                 f"(DEBUG, INFO, WARNING, ERROR or CRITICAL), got {level!r}."
             )
         setattr(cfg.DATA.AUTOBATCH, f"LOG_LEVEL{suffix}", level.upper())
-    from batchfit.runtime.examples import EXAMPLES  # here, so that reading a config does not import torch
+    from batchfit.runtime.workloads.examples import (
+        EXAMPLES,  # here, so that reading a config does not import torch
+    )
 
     module, _, function = cfg.WORKLOAD.partition(":")
     builtins = ", ".join(f"example:{name}" for name in sorted(EXAMPLES))

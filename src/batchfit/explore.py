@@ -20,10 +20,10 @@ from batchfit.policy.choose import Objective, Point, Recommendation, estimates
 from batchfit.policy.exploration import Meter, Rules, StopReason, explore_rounds
 from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
 from batchfit.policy.trial import Trial
-from batchfit.runtime.lockstep import Lockstep, LockstepMeter
-from batchfit.runtime.resolve import resolve_device
-from batchfit.runtime.steps import StepTimer
-from batchfit.runtime.workload import Workload, check_model_on
+from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.distributed.lockstep import Lockstep, LockstepMeter
+from batchfit.runtime.steps.runner import StepTimer
+from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,19 @@ import torch
 from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.policy.allocation_replay import ReplayForecast
-from batchfit.policy.cache import TrialCache
 from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
-from batchfit.runtime.data_parallel import note_unwrapped
-from batchfit.runtime.device import Device
-from batchfit.runtime.lockstep import Lockstep, LockstepForecast
-from batchfit.runtime.oom import fragmented
-from batchfit.runtime.resolve import resolve_device
-from batchfit.runtime.state import TrainingSnapshot
-from batchfit.runtime.steps import TrialRunner
-from batchfit.runtime.trace import forecast_search
-from batchfit.runtime.tracker import resident_tensors
-from batchfit.runtime.workload import Workload, check_model_on
+from batchfit.policy.trial_cache import TrialCache
+from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.oom import fragmented
+from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.distributed.data_parallel import note_unwrapped
+from batchfit.runtime.distributed.lockstep import Lockstep, LockstepForecast
+from batchfit.runtime.steps.runner import TrialRunner
+from batchfit.runtime.steps.state import TrainingSnapshot
+from batchfit.runtime.steps.trace import forecast_search
+from batchfit.runtime.workloads.workload import Workload, check_model_on
 from batchfit.units import format_bytes, format_count
 
 logger = logging.getLogger(__name__)

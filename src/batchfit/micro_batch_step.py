@@ -16,12 +16,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import ConfigurationError, OptimizerStepOutOfMemoryError
 from batchfit.policy.shrink import MicroBatchChange, MicroBatchShrink, merge_outcomes
-from batchfit.runtime.gradients import GradientAverage, gradient_mask, prepare_average
-from batchfit.runtime.lockstep import Lockstep
-from batchfit.runtime.micro_batches import count_samples, micro_batch
-from batchfit.runtime.oom import first_line, is_out_of_memory
-from batchfit.runtime.sharded import is_fully_sharded
-from batchfit.runtime.workload import check_steps_on_gradients, model_loss, scalar_loss
+from batchfit.runtime.devices.oom import first_line, is_out_of_memory
+from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
+from batchfit.runtime.distributed.lockstep import Lockstep
+from batchfit.runtime.distributed.sharded import is_fully_sharded
+from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
+from batchfit.runtime.workloads.workload import check_steps_on_gradients, model_loss, scalar_loss
 from batchfit.schedule import step_optimizer
 
 if TYPE_CHECKING:

@@ -94,7 +94,7 @@ def test_set_changes_one_rule_of_a_copy() -> None:
 
 
 def test_a_curve_recorded_on_cuda_is_explored_in_windows_of_its_three_steps() -> None:
-    # CUDA's windows are at least 3 steps (runtime.cuda.WINDOW_STEPS): modelled as one step (the
+    # CUDA's windows are at least 3 steps (runtime.devices.cuda.WINDOW_STEPS): modelled as one step (the
     # CPU's), the H200's ResNet-50 AMP exploration took 0.24 of the sweep where live it took 0.67.
     cpu = quiet_curve()
     cuda = replay_tool.Curve(**{**vars(cpu), "min_window_steps": 3})

@@ -16,10 +16,10 @@ from batchfit.policy import search as search_policy
 from batchfit.policy.allocation_replay import ReplayForecast
 from batchfit.policy.search import Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
-from batchfit.runtime.caching import CONFIRM_STEPS
-from batchfit.runtime.resolve import resolve_device
-from batchfit.runtime.state import TrainingSnapshot
-from batchfit.runtime.steps import TrialRunner
+from batchfit.runtime.devices.caching_device import CONFIRM_STEPS
+from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.steps.runner import TrialRunner
+from batchfit.runtime.steps.state import TrainingSnapshot
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 BENCH = Path(__file__).resolve().parents[2] / "bench"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from batchfit.compare import compare
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.workloads.examples import build_example
 
 ARGS = (
     "--example",

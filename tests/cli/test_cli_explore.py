@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from batchfit.policy.exploration import Rules
-from batchfit.runtime.host import PINNED_MALLOC
+from batchfit.runtime.devices.host import PINNED_MALLOC
 
 TESTS = Path(__file__).resolve().parent
 

@@ -23,8 +23,8 @@ import torch
 import batchfit
 from batchfit import find_batch_size
 from batchfit.cli import main
-from batchfit.runtime.examples import build_example
-from batchfit.runtime.techniques import compiler_unavailable
+from batchfit.runtime.steps.techniques import compiler_unavailable
+from batchfit.runtime.workloads.examples import build_example
 from batchfit.units import format_bytes
 
 TESTS = Path(__file__).resolve().parent

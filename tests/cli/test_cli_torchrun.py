@@ -17,7 +17,7 @@ import pytest
 from tiny_workloads import as_in_ddp
 
 from batchfit import find_batch_size
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.workloads.examples import build_example
 
 pytestmark = pytest.mark.distributed
 TESTS = Path(__file__).resolve().parent

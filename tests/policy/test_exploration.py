@@ -15,8 +15,8 @@ from batchfit.errors import ConfigurationError
 from batchfit.policy.contenders import coarse_sizes
 from batchfit.policy.exploration import Rules, explore_rounds
 from batchfit.policy.micro_batch import micro_batch_sizes
-from batchfit.runtime.device import CpuDevice
-from batchfit.runtime.steps import StepTimer
+from batchfit.runtime.devices.device import CpuDevice
+from batchfit.runtime.steps.runner import StepTimer
 
 
 class ScriptedMeter:

@@ -22,7 +22,7 @@ from batchfit.compare import compare
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
 from batchfit.report import SavedResult
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.workloads.examples import build_example
 
 CREATED_AT = "2025-01-01T00:00:00+00:00"
 WHAT_RAN = {

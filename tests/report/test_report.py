@@ -15,7 +15,7 @@ from batchfit.errors import ConfigurationError
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
 from batchfit.report import SavedResult, read_result, recognise, render_report
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.workloads.examples import build_example
 from batchfit.units import format_bytes
 
 

@@ -11,7 +11,7 @@ from batchfit.compare import compare
 from batchfit.policy.advice import Change
 from batchfit.policy.loader_settings import LoaderSetting
 from batchfit.report import SavedResult, recognise, render_report
-from batchfit.runtime.examples import build_example
+from batchfit.runtime.workloads.examples import build_example
 
 
 def only_section(document: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import batchfit
 from batchfit.cli import advise, analyze, check_data, compare, explore, find, plan, report
 from batchfit.errors import BatchfitError, ConfigurationError, RankFailedError
-from batchfit.runtime.launch import exit_launched, launched_world_size
+from batchfit.runtime.distributed.launch import exit_launched, launched_world_size
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
 

@@ -10,7 +10,7 @@ from typing import Any
 from batchfit.advise import STEPS, advise
 from batchfit.cli import flags
 from batchfit.errors import ConfigurationError
-from batchfit.runtime.loading import load_function
+from batchfit.runtime.workloads.specs import load_function
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

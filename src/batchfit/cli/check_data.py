@@ -9,7 +9,7 @@ from typing import Any
 from batchfit.check_data import check_data
 from batchfit.cli import flags
 from batchfit.policy.loader_settings import SettingRow
-from batchfit.runtime.loading import load_function
+from batchfit.runtime.workloads.specs import load_function
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

@@ -8,8 +8,8 @@ from typing import Any
 from batchfit.cli import flags
 from batchfit.explore import explore
 from batchfit.policy.choose import Recommendation
-from batchfit.runtime.host import malloc_advice
-from batchfit.runtime.resolve import parse_device
+from batchfit.runtime.devices.host import malloc_advice
+from batchfit.runtime.devices.resolve import parse_device
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

@@ -17,10 +17,10 @@ from batchfit.checks import DEFAULT_MAX_BATCH_SIZE
 from batchfit.cli.progress import Display
 from batchfit.errors import ConfigurationError
 from batchfit.policy.trial import Mode
-from batchfit.runtime.examples import EXAMPLES
-from batchfit.runtime.launch import launched_process_group, launched_world_size
-from batchfit.runtime.loading import example_as_trained, load_workload
-from batchfit.runtime.workload import Workload
+from batchfit.runtime.distributed.launch import launched_process_group, launched_world_size
+from batchfit.runtime.workloads.examples import EXAMPLES
+from batchfit.runtime.workloads.specs import example_as_trained, load_workload
+from batchfit.runtime.workloads.workload import Workload
 
 
 def add_workload(parser: argparse.ArgumentParser) -> None:

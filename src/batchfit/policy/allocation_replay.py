@@ -11,7 +11,7 @@ the allocated peaks cannot see. Its last recorded step is the steady state: it i
 each repetition freeing what the one before handed on, up to the trial's steps or until the
 allocator's state recurs (after which the steps repeat steps played, as ``policy.steady`` argues).
 
-Torch-free: the devices record (``runtime.caching``), the search consults the forecast to place
+Torch-free: the devices record (``runtime.devices.caching_device``), the search consults the forecast to place
 its real trials, and only real trials decide.
 """
 

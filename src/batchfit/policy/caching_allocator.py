@@ -22,9 +22,9 @@ block further in the size order reaches less far; any remainder of 512 bytes or 
 off, in both pools. Freeing the cache (``empty_cache``, and before the retry) unmaps every page
 that free blocks wholly cover.
 
-Torch-free: the CPU stand-in for a GPU (``runtime.caching``) drives it with the real allocations of
-the real model, so the CUDA device's logic (reserved peaks, retries, fragmentation over steps) runs
-where there is no GPU.
+Torch-free: the CPU stand-in for a GPU (``runtime.devices.caching_device``) drives it with the
+real allocations of the real model, so the CUDA device's logic (reserved peaks, retries,
+fragmentation over steps) runs where there is no GPU.
 """
 
 from __future__ import annotations

@@ -1,0 +1,124 @@
+"""The ranks of an initialised process group searching together (torchrun, DDP).
+
+Every rank runs the same search policy on the same trials: each rank runs the candidate on its
+own device, then one ``all_gather_object`` per trial hands every rank everyone's result, which
+``policy.ranks.merge_trials`` turns into the one trial all act on. A rank whose step raises (not an
+out-of-memory) or is interrupted still takes part in that collective, with its error, so every
+rank raises after the same trial and none waits on a rank that is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from batchfit.errors import RankFailedError
+from batchfit.policy.allocation_replay import ReplayForecast
+from batchfit.policy.ranks import merge_trials
+from batchfit.policy.trial import Trial
+from batchfit.runtime.steps.runner import StepTimer
+
+T = TypeVar("T")
+
+
+class Lockstep:
+    """The ranks of ``group`` (the default process group when None)."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    @classmethod
+    def current(cls) -> Lockstep | None:
+        """The default process group when one of two or more ranks is initialised, else None."""
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return cls()
+        return None
+
+    def shared(self, make: Callable[[], T]) -> T:
+        """Rank 0's ``make()``, on every rank (a forecast: the ranks agree where to place trials)."""
+        return self.run(make if self.rank == 0 else lambda: None)[0]  # type: ignore[return-value]
+
+    def trial(self, run: Callable[[], Trial]) -> Trial:
+        """This rank's trial, merged with every other rank's at the same batch size."""
+        return merge_trials(self.run(run))
+
+    def run(self, work: Callable[[], T]) -> list[T]:
+        """``work()`` on this rank, and every rank's result (index = rank). When any rank raised,
+        every rank raises after this one collective: the rank that failed its own error, the others
+        ``RankFailedError`` naming the first rank that failed and its error."""
+        error: BaseException | None = None
+        try:
+            payload: tuple[str, Any] = ("value", work())
+        except BaseException as raised:  # KeyboardInterrupt too: the others must hear of it
+            error = raised
+            payload = ("error", f"{type(raised).__name__}: {raised}".strip())
+        gathered = self._gather(payload)
+        if error is not None:
+            error.add_note(f"batchfit: on rank {self.rank} of {self.world_size}; every rank stopped with it.")
+            raise error
+        failures = [(rank, message) for rank, (kind, message) in enumerate(gathered) if kind == "error"]
+        if failures:
+            rank, message = failures[0]
+            raise RankFailedError(
+                f"rank {rank} of {self.world_size} raised {message}; every rank stopped with it. "
+                f"Fix the error on rank {rank} (its own traceback says where)."
+            )
+        return [value for _, value in gathered]
+
+    def _gather(self, payload: tuple[str, Any]) -> list[Any]:
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, payload, group=self.group)
+        return gathered
+
+
+class LockstepForecast:
+    """The replay forecast every rank agrees on: each rank replays its own records on its own
+    device's cap, one collective per size, and a size fits where it fits every rank (None where any
+    rank cannot say), so every rank places the same trials."""
+
+    def __init__(self, local: ReplayForecast, lockstep: Lockstep) -> None:
+        self.local, self.lockstep = local, lockstep
+
+    @property
+    def replays_run(self) -> int:
+        return self.local.replays_run
+
+    def fits(self, batch_size: int) -> bool | None:
+        answers = self.lockstep.run(lambda: self.local.fits(batch_size))
+        return None if any(answer is None for answer in answers) else all(answers)
+
+    def evidence(self) -> tuple[tuple[int, int] | None, ...]:
+        """Every rank's pair of records, in rank order (so every rank sees the same change)."""
+        return tuple(self.lockstep.run(self.local.evidence))
+
+
+class LockstepMeter:
+    """Explore's meter on every rank at once: each rank times the same window on its own device,
+    and all read the slowest rank's throughput (the pace of a job whose ranks wait for each
+    other) and rank 0's clock, so every rank takes the same decisions."""
+
+    def __init__(self, timer: StepTimer, lockstep: Lockstep) -> None:
+        self.timer, self.lockstep = timer, lockstep
+
+    def first_visit(self, batch_size: int) -> None:
+        def visit() -> int:
+            self.timer.first_visit(batch_size)
+            return self.timer.steps[batch_size]
+
+        self.timer.use_window_steps(batch_size, max(self.lockstep.run(visit)))
+
+    def revisit(self, batch_size: int) -> None:
+        self.lockstep.run(lambda: self.timer.revisit(batch_size))
+
+    def window(self, batch_size: int) -> float:
+        return min(self.lockstep.run(lambda: self.timer.window(batch_size)))
+
+    def end_round(self) -> None:
+        self.lockstep.run(self.timer.end_round)
+
+    def now(self) -> float:
+        return self.lockstep.shared(self.timer.now)

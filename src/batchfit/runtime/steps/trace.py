@@ -1,0 +1,138 @@
+"""Predicted trials: the real step run on fake tensors, so peaks are traced without allocating.
+
+On the CPU, the storage tracker under ``FakeTensorMode`` reports the same peak, to the byte, as
+the real step, in a fraction of a second and whatever the batch size. ``forecast_search`` runs
+the search on these predictions to place the real trials, which still confirm the answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+
+from batchfit.policy.search import Candidates, SearchOutcome, search
+from batchfit.policy.trial import Mode, Trial
+from batchfit.policy.trial_cache import TrialCache
+from batchfit.runtime.devices.device import CpuDevice, Device
+from batchfit.runtime.steps.runner import judge, run_steps
+from batchfit.runtime.steps.state import ScalerState, grad_scalers
+from batchfit.runtime.workloads.workload import Workload, to_device
+
+logger = logging.getLogger(__name__)
+
+
+class TraceUnavailable(Exception):
+    """The workload cannot be traced on fake tensors (data-dependent code, say); run it for real."""
+
+
+class FakeTracer:
+    """``tracer(batch_size)`` is the trial the real step would make, traced on fake tensors.
+
+    One fake copy of the model and optimizer serves every call. With ``warm_batch``, a first,
+    unmeasured train step creates the optimizer state (and, for eval inside training, the
+    gradients), after which each call traces one steady-state step: the step whose peak a real
+    trial's second step measures. Without it, each call traces a first step.
+    """
+
+    def __init__(self, workload: Workload, mode: Mode, budget_bytes: int, warm_batch: int | None) -> None:
+        self.workload, self.mode = workload, mode
+        self.budget_bytes, self.warm_batch = budget_bytes, warm_batch
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.session: tuple[Workload, torch.optim.Optimizer | None] | None = None
+        # The copy is the model's and optimizer's alone: a GradScaler the step uses is the user's
+        # own, and a traced step would leave fake tensors in it (put back after each trace).
+        self.scalers = grad_scalers(workload.train_step, workload.eval_step)
+
+    def __call__(self, batch_size: int) -> Trial:
+        host_batch = self.workload.host_batch(batch_size)
+        scalers = [ScalerState.capture(scaler) for scaler in self.scalers]
+        try:
+            # What the step warns of on fake tensors (a scheduler whose real optimizer did not
+            # step) is not the user's to read: the real trials warn of what is.
+            with self.fake_mode, torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fake, optimizer = self.session or self._start()
+                if self.mode == "train":  # a real trial's steps start after zero_grad
+                    for parameter in fake.model.parameters():
+                        parameter.grad = None
+                    if self.warm_batch is None and optimizer is not None:  # a first step: no state yet
+                        optimizer.state.clear()
+                measurement, _ = run_steps(
+                    fake, optimizer, CpuDevice(fake=True), self.mode, host_batch, 1, None
+                )
+        except Exception as error:  # anything a fake tensor cannot do: fall back to real trials
+            logger.info("fake-tensor trace unavailable (%s: %s)", type(error).__name__, error)
+            raise TraceUnavailable(f"{type(error).__name__}: {error}") from error
+        finally:
+            for scaler in scalers:
+                scaler.restore()
+        return judge(batch_size, measurement, None, self.budget_bytes)
+
+    def _start(self) -> tuple[Workload, torch.optim.Optimizer | None]:
+        workload = self.workload
+        real_optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+        memo: dict[int, Any] = {}
+        with FakeCopyMode(self.fake_mode):
+            model, optimizer = copy.deepcopy((workload.module, real_optimizer), memo)
+            if optimizer is not None:
+                # An optimizer pickles its defaults, state and groups alone; what a subclass keeps
+                # beside them (L-BFGS: its parameters as ``_params``) is copied onto the fakes too.
+                for name, value in vars(real_optimizer).items():
+                    if name not in vars(optimizer):
+                        setattr(optimizer, name, copy.deepcopy(value, memo))
+        fake = workload.replaced(model=model, optimizer=optimizer or workload.optimizer)
+        optimizer = fake.build_optimizer()
+        if self.warm_batch is not None and (optimizer is not None or fake.train_step is not None):
+            model.train()
+            fake.run_train_step(
+                optimizer, to_device(workload.host_batch(self.warm_batch), torch.device("cpu"))
+            )
+        self.session = fake, optimizer
+        return self.session
+
+
+def forecast_search(
+    workload: Workload,
+    device: Device,
+    mode: Mode,
+    steps: int,
+    budget: int,
+    warm_batch: int | None,
+    candidates: Candidates,
+    cache: TrialCache | None,
+) -> SearchOutcome | None:
+    """The search run on fake-tensor traces (CPU devices only): where the real trials should go.
+
+    Tracing allocates nothing and costs the same at any batch size; on the CPU it predicts the
+    tracked peak to the byte. None when the device cannot be traced or the workload cannot be.
+    """
+    if not isinstance(device, CpuDevice):
+        return None  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
+    if workload.compiled:
+        return None  # Dynamo runs a step eagerly under fake tensors: the trace would size its eager twin
+    if workload.reached:  # the fakes are the model's and optimizer's: a step's other state would
+        return None  # take fake tensors (a discriminator's optimizer its state) and go uncounted
+    # Train: the real trial's last step runs with optimizer state, so the trace warms up first
+    # (unless a trial is a single, first step). Eval: as the real trial does.
+    warm = candidates.first if mode == "train" and steps > 1 else warm_batch
+    tracer = FakeTracer(workload, mode, budget, warm)
+
+    def trace(batch_size: int) -> Trial:
+        reused = cache.lookup_predicted(batch_size, budget) if cache is not None else None
+        if reused is not None:
+            return reused
+        trial = tracer(batch_size)
+        if cache is not None:
+            cache.predicted[batch_size] = trial
+            cache.traces += 1
+        return trial
+
+    try:
+        return search(trace, candidates, budget, forecast_only=True)
+    except TraceUnavailable:
+        return None

@@ -1,0 +1,134 @@
+"""The storage tracker and the standalone memory cap, on real tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import batchfit
+from batchfit.runtime.devices.tracker import StorageTracker, dense_parts, resident_tensors
+
+
+def test_counts_new_storages_once_and_releases_them() -> None:
+    with StorageTracker() as tracker:
+        a = torch.empty(1000)  # 4000 bytes
+        view = a[10:20].view(2, 5)  # a view: no new storage
+        b = a * 2  # 4000 more
+        assert tracker.live_bytes == 8000 and view.numel() == 10
+        del b
+        assert tracker.live_bytes == 4000
+        c = torch.empty(250, dtype=torch.float64)  # 2000
+        del a, view
+        assert tracker.live_bytes == 2000
+    assert tracker.peak_bytes == 8000 and c.numel() == 250
+
+
+def test_resize_is_counted() -> None:
+    with StorageTracker() as tracker:
+        a = torch.empty(10)
+        a.resize_(1000)
+        assert tracker.live_bytes == 4000
+
+
+def test_peak_inside_a_training_step_is_exact() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(100, 50)
+    with StorageTracker() as tracker:
+        tracker.track(model.parameters())
+        params = (100 * 50 + 50) * 4
+        assert tracker.live_bytes == params
+        model(torch.randn(8, 100)).sum().backward()
+    # Parameters + gradients stay; activations were freed.
+    assert tracker.live_bytes == 2 * params
+    assert tracker.peak_bytes >= 2 * params + 8 * 50 * 4
+
+
+def test_memory_limit_raises_a_recognisable_out_of_memory() -> None:
+    with pytest.raises(torch.OutOfMemoryError) as info, batchfit.memory_limit("1MiB"):
+        keep = torch.empty(200_000)  # 800,000 bytes: fits
+        torch.empty(100_000)  # 400,000 more: over 1 MiB
+    message = str(info.value)
+    assert "out of memory" in message and "DefaultCPUAllocator: can't allocate memory" in message
+    assert "you tried to allocate 400000 bytes" in message and "a limit of 1048576 bytes" in message
+    assert batchfit.is_out_of_memory(info.value)
+    assert isinstance(info.value, RuntimeError) and len(info.value.args) == 1
+    del keep
+
+
+def test_memory_limit_counts_resident_objects() -> None:
+    model = torch.nn.Linear(256, 256)  # 263,168 bytes of parameters
+    with batchfit.memory_limit(300_000, resident=[model]) as tracker:
+        torch.empty(5_000)  # 20,000 bytes: fits beside the model
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(10_000)
+    assert tracker.peak_bytes == 263_168 + 20_000
+
+
+def test_memory_limit_rejects_resident_state_over_the_limit() -> None:
+    with (
+        pytest.raises(torch.OutOfMemoryError),
+        batchfit.memory_limit("100KiB", resident=[torch.empty(50_000)]),
+    ):
+        pass
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_sparse_tensor_counts_its_indices_and_values() -> None:
+    # An nn.Embedding(sparse=True)'s gradient is a sparse COO tensor: its storages are its indices'
+    # (int64, one row per entry) and its values' (one embedding row per looked-up index).
+    embedding = torch.nn.Embedding(1000, 16, sparse=True)
+    with StorageTracker() as tracker:
+        embedding(torch.arange(40).view(4, 10)).sum().backward()
+        grad = embedding.weight.grad
+        assert grad is not None and grad.layout == torch.sparse_coo
+        indices, values = dense_parts(grad)
+        assert (
+            indices.untyped_storage().nbytes() == 40 * 8 and values.untyped_storage().nbytes() == 40 * 16 * 4
+        )
+        assert tracker.live_bytes >= 40 * 8 + 40 * 16 * 4
+    resident = list(resident_tensors(embedding))  # the weight, and the gradient's two parts
+    assert [tuple(t.shape) for t in resident] == [(1000, 16), (1, 40), (40, 16)]
+    csr = torch.eye(3).to_sparse_csr()
+    assert [tuple(t.shape) for t in dense_parts(csr)] == [(4,), (3,), (3,)]
+
+
+def test_a_jagged_nested_tensor_counts_its_values_and_offsets() -> None:
+    with StorageTracker() as tracker:
+        rows = torch.nested.nested_tensor([torch.randn(30, 4), torch.randn(50, 4)], layout=torch.jagged)
+        held = tracker.live_bytes  # the components and what building them left alive
+        doubled = rows * 2  # new values (80 x 4 floats); the offsets are shared
+        assert tracker.live_bytes - held == 80 * 4 * 4
+        assert [tuple(part.shape) for part in dense_parts(doubled)] == [(80, 4), (3,)]
+
+
+def test_a_wrapper_subclass_counts_the_tensors_it_holds_not_the_size_it_reports() -> None:
+    # A wrapper subclass (DTensor, FSDP2's sharded parameters) reports a size of its own, and its
+    # wrapper's storage says so, while its bytes are those of the tensors inside (a DTensor's local
+    # shard). torch's TwoTensor reports one tensor's size and holds two.
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    pair = TwoTensor(torch.zeros(1000), torch.ones(1000))
+    assert pair.untyped_storage().nbytes() == 4000
+    assert [tuple(part.shape) for part in dense_parts(pair)] == [(1000,), (1000,)]
+    tracker = StorageTracker()
+    tracker.track(resident_tensors(pair))
+    assert tracker.live_bytes == 8000
+    with StorageTracker() as tracker:
+        doubled = pair * 2  # the op makes both inner tensors anew
+        assert tracker.live_bytes == 8000
+    del doubled
+
+
+def test_a_trace_refuses_a_sparse_tensor_it_cannot_size() -> None:
+    # On fake tensors a sparse tensor's number of values is unknown (a clone says 0): the trace
+    # stops, and real trials measure it.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        embedding = torch.nn.Embedding(1000, 16, sparse=True)
+        indices = torch.arange(40).view(4, 10)
+        with (
+            pytest.raises(NotImplementedError, match=r"cannot size a torch\.sparse_coo"),
+            StorageTracker(fake=True),
+        ):
+            embedding(indices).sum().backward()
