@@ -11,7 +11,12 @@ from pathlib import Path
 import data_workloads
 import pytest
 
-from batchfit import ConfigurationError, advise, find_batch_size
+from batchfit import (
+    ConfigurationError,
+    Timing,
+    advise,
+    find_batch_size,
+)
 from batchfit.runtime.workloads.examples import build_example
 
 TESTS = Path(__file__).resolve().parent
@@ -24,10 +29,12 @@ def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
         device="cpu",
         memory_limit="64MiB",
         techniques=["amp", "checkpointing"],
-        explore_seconds=2,
         base_learning_rate=0.1,
         base_batch_size=256,
-        on_trial=lambda label, trial: heard.append((label, trial.batch_size, trial.outcome)),
+        on_progress=lambda event: (
+            heard.append((event.label, event.trial.batch_size, event.trial.outcome)) if event.trial else None
+        ),
+        timing=Timing(time_budget_seconds=2),
     )
     assert result.train is not None and result.comparison is not None
     for label, search in (("train", result.train), ("eval", result.eval)):  # each trial heard, in order

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import batchfit
-from batchfit import find_batch_size
+from batchfit import BatchSizes, Timing, find_batch_size
 from batchfit.advise import advise
 from batchfit.analyze import analyze
 from batchfit.check_data import check_data
@@ -42,7 +42,11 @@ def find_document() -> dict[str, Any]:
     """What ``batchfit find --format json`` writes, for train and eval; each hits a real oom."""
     results = [
         find_batch_size(
-            build_example("mlp", "cpu"), mode, device="cpu", memory_limit="48MiB", max_batch_size=1024
+            build_example("mlp", "cpu"),
+            mode,
+            device="cpu",
+            memory_limit="48MiB",
+            sizes=BatchSizes(max_batch_size=1024),
         )
         for mode in ("train", "eval")
     ]
@@ -60,10 +64,8 @@ def explore_result() -> SavedResult:
     result = explore(
         build_example("mlp", "cpu"),
         device="cpu",
-        max_batch_size=64,
-        windows=2,
-        steps_per_window=2,  # short windows: several sizes within the second
-        time_budget_seconds=1,
+        sizes=BatchSizes(max_batch_size=64),
+        timing=Timing(windows=2, steps_per_window=2, time_budget_seconds=1),
     )
     document = {**result.to_dict(), "workload": "mlp", "device": "cpu", "tolerance": 0.03, **WHAT_RAN}
     return SavedResult("explore", as_saved(document), "explore.json")
@@ -127,10 +129,8 @@ def compare_result() -> SavedResult:
         ["baseline", "amp", "checkpointing", "accumulation"],
         device="cpu",
         memory_limit="8MiB",
-        max_batch_size=4096,  # above the largest batch of each: every row ends at a real boundary
-        global_batch_size=8192,
-        windows=1,
-        explore_seconds=0,
+        sizes=BatchSizes(max_batch_size=4096, global_batch_size=8192),
+        timing=Timing(windows=1, time_budget_seconds=0),
     )
     return SavedResult("compare", stamped(comparison.to_dict(), "blocks"), "compare.json")
 
@@ -177,10 +177,10 @@ def advise_result() -> SavedResult:
         build_example("mlp", "cpu"),
         device="cpu",
         memory_limit="48MiB",
-        explore_seconds=0.5,
         techniques=["baseline", "amp"],
         base_learning_rate=0.1,
         base_batch_size=256,
+        timing=Timing(time_budget_seconds=0.5),
     )
     document = {**result.to_dict(), "context": "--example mlp --device cpu --memory-limit 48MiB"}
     return SavedResult("advise", stamped(document), "advise.json")

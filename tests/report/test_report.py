@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import batchfit
+from batchfit import BatchSizes, Timing
 from batchfit.errors import ConfigurationError
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
@@ -164,7 +165,12 @@ def test_one_page_holds_a_section_per_result_in_order(find_document: dict[str, A
 
 
 def test_explore_page_plots_throughput_and_confidence_with_the_results_numbers() -> None:
-    result = explore(build_example("mlp", "cpu"), device="cpu", max_batch_size=64, time_budget_seconds=1)
+    result = explore(
+        build_example("mlp", "cpu"),
+        device="cpu",
+        sizes=BatchSizes(max_batch_size=64),
+        timing=Timing(time_budget_seconds=1),
+    )
     document = {**json.loads(result.to_json()), "tolerance": 0.03}
     assert recognise(document) == "explore"
     text = render_report([SavedResult("explore", document, "explore.json")])

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 import batchfit
 from batchfit.cli import flags
-from batchfit.policy.plan import plan
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -35,14 +32,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add("--uses-batchnorm", action="store_true", help="the model uses BatchNorm")
     add("--uses-ema", action="store_true", help="the training keeps an EMA of the weights")
     add("--fine-tuning", action="store_true", help="fine-tuning a pre-trained model")
-    add("--format", choices=("text", "json"), default="text", help="output format (default: %(default)s)")
-    flags.add_report(parser)
+    flags.add_output(parser, ("text", "json"))
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     flags.check_report(args)
-    result = plan(
+    result = batchfit.plan(
         args.global_batch_size,
         max_micro_batch_size=args.max_micro_batch_size,
         micro_batch_size=args.micro_batch_size,
@@ -63,6 +59,5 @@ def run(args: argparse.Namespace) -> int:
         "batchfit_version": batchfit.__version__,
         "created_at": flags.created_at(),
     }
-    sys.stdout.write((json.dumps(document, indent=2) if args.format == "json" else result.summary()) + "\n")
-    flags.write_report(args, document)
+    flags.publish(args, document, {"text": lambda: result.summary() + "\n"})
     return 0

@@ -5,7 +5,7 @@ recommend: the cheapest within ``tolerance`` of the fastest measured."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from batchfit.errors import ConfigurationError
@@ -30,10 +30,14 @@ class LoaderSetting:
     """The DataLoader keywords the check measures; ``prefetch_factor=None`` is the DataLoader's
     default (2 with workers, nothing without)."""
 
-    num_workers: int = 0
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    prefetch_factor: int | None = None
+    num_workers: int = field(default=0, metadata={"help": "the setting used now"})
+    pin_memory: bool = field(default=False, metadata={"help": "the setting used now pins memory"})
+    persistent_workers: bool = field(
+        default=False, metadata={"help": "the setting used now keeps its workers"}
+    )
+    prefetch_factor: int | None = field(
+        default=None, metadata={"help": "the setting used now (default: the DataLoader's)"}
+    )
 
     def check(self) -> None:
         if (
