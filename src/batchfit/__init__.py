@@ -19,6 +19,7 @@ from batchfit.find import SearchResult, find_batch_size
 from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSetting, SettingRow
 from batchfit.policy.plan import Plan, plan
+from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.shrink import MicroBatchChange
 from batchfit.policy.trial import MemoryModel, Trial
 from batchfit.runtime.devices.oom import is_out_of_memory
@@ -31,6 +32,7 @@ __all__ = [
     "Advice",
     "Analysis",
     "AnalysisRow",
+    "Baseline",
     "BatchfitError",
     "Comparison",
     "ComparisonRow",
@@ -48,8 +50,10 @@ __all__ = [
     "OptimizerStepOutOfMemoryError",
     "Plan",
     "RankFailedError",
+    "Scaling",
     "SearchResult",
     "SettingRow",
+    "TrainingFacts",
     "Trial",
     "Workload",
     "__version__",

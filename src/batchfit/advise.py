@@ -20,6 +20,7 @@ from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.policy.advice import Change, costly, rank
 from batchfit.policy.plan import Plan, plan
+from batchfit.policy.plan_options import Baseline
 from batchfit.policy.trial import Trial
 from batchfit.runtime.data.dataloaders import LoaderFactory
 
@@ -200,10 +201,9 @@ def advise(
         elif starting("plan"):
             planned = plan(
                 global_batch_size or (batch_size or 1) * world_size,
+                Baseline(base_learning_rate, base_batch_size),
                 max_micro_batch_size=largest,
                 world_size=world_size,
-                base_learning_rate=base_learning_rate,
-                base_batch_size=base_batch_size,
             )
     changes = _changes(comparison, data)
     return Advice(

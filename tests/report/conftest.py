@@ -21,6 +21,7 @@ from batchfit.check_data import check_data
 from batchfit.compare import compare
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
+from batchfit.policy.plan_options import Baseline
 from batchfit.report import SavedResult
 from batchfit.runtime.workloads.examples import build_example
 
@@ -88,7 +89,7 @@ def explore_one_point_result(explore_result: SavedResult) -> SavedResult:
 @pytest.fixture(scope="session")
 def plan_result() -> SavedResult:
     """What ``batchfit plan --format json`` writes for 1024 samples over 8 ranks."""
-    result = plan(1024, world_size=8, max_micro_batch_size=48, base_learning_rate=0.1, base_batch_size=256)
+    result = plan(1024, Baseline(0.1, 256), world_size=8, max_micro_batch_size=48)
     document = {**result.to_dict(), "batchfit_version": batchfit.__version__, "created_at": CREATED_AT}
     return SavedResult("plan", as_saved(document), "plan.json")
 

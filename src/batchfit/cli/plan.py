@@ -10,6 +10,7 @@ from typing import Any
 import batchfit
 from batchfit.cli import flags
 from batchfit.policy.plan import plan
+from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -44,19 +45,19 @@ def run(args: argparse.Namespace) -> int:
     flags.check_report(args)
     result = plan(
         args.global_batch_size,
+        Baseline(args.base_learning_rate, args.base_batch_size, weight_decay=args.weight_decay),
+        world_size=args.world_size,
         max_micro_batch_size=args.max_micro_batch_size,
         micro_batch_size=args.micro_batch_size,
-        world_size=args.world_size,
-        base_learning_rate=args.base_learning_rate,
-        base_batch_size=args.base_batch_size,
-        scaling_rule=args.scaling_rule,
-        warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay,
-        scale_weight_decay=args.scale_weight_decay,
-        uses_batchnorm=args.uses_batchnorm,
-        uses_ema=args.uses_ema,
-        fine_tuning=args.fine_tuning,
-        steps_per_epoch=args.steps_per_epoch,
+        scaling=Scaling(
+            scaling_rule=args.scaling_rule,
+            scale_weight_decay=args.scale_weight_decay,
+            warmup_steps=args.warmup_steps,
+            steps_per_epoch=args.steps_per_epoch,
+        ),
+        training=TrainingFacts(
+            uses_batchnorm=args.uses_batchnorm, uses_ema=args.uses_ema, fine_tuning=args.fine_tuning
+        ),
     )
     document = {
         **result.to_dict(),
