@@ -18,9 +18,9 @@ from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSetting, SettingRow
+from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
-from batchfit.policy.shrink import MicroBatchChange
 from batchfit.policy.trial import MemoryModel, Trial
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import memory_limit
