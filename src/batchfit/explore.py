@@ -16,9 +16,10 @@ import torch
 
 from batchfit.checks import check_batch_range, check_positive_int
 from batchfit.find import find_on
-from batchfit.policy.choose import Objective, Point, Recommendation, estimates
+from batchfit.policy.choose import Objective, Recommendation
 from batchfit.policy.exploration import Meter, Rules, StopReason, explore_rounds
 from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
+from batchfit.policy.throughput import Point, estimates
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.distributed.lockstep import Lockstep, LockstepMeter
