@@ -16,7 +16,8 @@ from batchfit.policy.allocation_replay import (
     Recording,
     ReplayForecast,
 )
-from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator
+from batchfit.policy.allocator_blocks import Block
+from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 
 KiB, MiB = 1 << 10, 1 << 20
 

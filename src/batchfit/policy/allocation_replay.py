@@ -21,7 +21,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator, Segments
+from batchfit.policy.allocator_blocks import Block, Segments
+from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 
 ALLOC, FREE = 0, 1
 #: ``(ALLOC, bytes)`` asks for a block; ``(FREE, k)`` gives back the block of the trial's ``k``-th request.
