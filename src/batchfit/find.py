@@ -13,7 +13,7 @@ import torch
 
 from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
-from batchfit.policy.allocation_replay import ReplayForecast
+from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.policy.trial_cache import TrialCache

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchfit.policy.allocation_replay import Recording
+from batchfit.policy.allocation_record import Recording
 from batchfit.policy.allocator_blocks import Block, rounded, segment_size
 from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 from batchfit.runtime.devices.device import GarbageCollector, Measurement, unique_storages
