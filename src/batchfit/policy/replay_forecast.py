@@ -16,10 +16,9 @@ class ReplayForecast:
     The pair is the largest record and, below it, the largest record at most half its size that
     aligns with it (else the nearest below that does; else the next largest record and so on).
     The larger carries the requests of a batch near the boundary, which small batches may not make
-    (on the H100 a transformer near its boundary asked for 512 KiB per sample that batches 2 and 4
-    did not, and cuDNN's workspaces there were another algorithm's); the smaller keeps the span of
-    the line wide, so that a size rounded in both stays a small error in its slope. The longer
-    trial's record is cut to the shorter's steps; the replay plays its last step again as before.
+    (a request of its own, another algorithm's workspaces); the smaller keeps the span of the line
+    wide, so that a size rounded in both stays a small error in its slope. The longer trial's record
+    is cut to the shorter's steps; the replay plays its last step again as before.
     """
 
     def __init__(
