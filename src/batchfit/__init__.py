@@ -6,7 +6,7 @@ options they share (``BatchSizes``, ``Trials``, ``Timing``, ``Goal``, ``Where``)
 ``Event``, ``Workload`` and ``load_workload``, the results, and the errors."""
 
 from batchfit.advise import STEPS as ADVISE_STEPS
-from batchfit.advise import Advice, advise
+from batchfit.advise import Advice, Checklist, advise
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import analyze_config, apply_autobatch
 from batchfit.check_data import DataCheck, check_data
@@ -25,9 +25,10 @@ from batchfit.find import SearchResult, find_batch_size
 from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
 from batchfit.policy.choose import Recommendation
-from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSetting, SettingRow
+from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, LoaderSetting, SettingRow
+from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.policy.plan import Plan, plan
-from batchfit.policy.shrink import MicroBatchChange
+from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.techniques import TECHNIQUES
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.progress import Event, OnProgress
@@ -49,8 +50,10 @@ __all__ = [
     "Advice",
     "Analysis",
     "AnalysisRow",
+    "Baseline",
     "BatchSizes",
     "BatchfitError",
+    "Checklist",
     "Comparison",
     "ComparisonRow",
     "ConfigurationError",
@@ -62,6 +65,7 @@ __all__ = [
     "ExploreResult",
     "Goal",
     "LoaderRecommendation",
+    "LoaderSearch",
     "LoaderSetting",
     "MemoryModel",
     "MicroBatchChange",
@@ -72,9 +76,11 @@ __all__ = [
     "Plan",
     "RankFailedError",
     "Recommendation",
+    "Scaling",
     "SearchResult",
     "SettingRow",
     "Timing",
+    "TrainingFacts",
     "Trial",
     "Trials",
     "Where",

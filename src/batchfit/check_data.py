@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from batchfit.checks import check_positive_int, check_positive_number
+from batchfit.checks import check_positive_int
 from batchfit.options import Target, Where
 from batchfit.policy.loader_settings import (
     KNOBS,
     WAIT_SHARE_THRESHOLD,
     LoaderRecommendation,
+    LoaderSearch,
     LoaderSetting,
     SettingRow,
-    check_tolerance,
     is_bottleneck,
     recommend,
     try_settings,
@@ -127,10 +127,7 @@ def check_data(
     device: str | torch.device | None = None,
     loader: LoaderFactory | str | None = None,
     current: LoaderSetting = LoaderSetting(),
-    max_num_workers: int | None = None,
-    tolerance: float = 0.03,
-    window_seconds: float = 1.0,
-    time_budget_seconds: float | None = None,
+    search: LoaderSearch = LoaderSearch(),
     on_progress: OnProgress | None = None,
 ) -> DataCheck:
     """Measure whether loading the data holds training back at ``batch_size``, and what fixes it.
@@ -142,28 +139,23 @@ def check_data(
     map-style ``dataset`` (shuffled, ``drop_last=True``). ``current`` is the setting used now.
     Three passes time the loader alone, the step alone and the two together; when the loader is
     the bottleneck (more than ``WAIT_SHARE_THRESHOLD`` of the loop waits for data), settings are
-    tried up to ``max_num_workers`` (default: the cores this process may use) and the cheapest
-    within ``tolerance`` of the fastest is recommended. Each pass times at least
-    ``window_seconds``; no setting is started after ``time_budget_seconds``. ``on_progress``
+    tried up to ``search.max_num_workers`` (default: the cores this process may use) and the
+    cheapest within ``search.tolerance`` of the fastest is recommended. Each pass times at least
+    ``search.window_seconds``; no setting is started after ``search.time_budget_seconds``. ``on_progress``
     hears each setting as it is measured, the current one first. The model, optimizer and RNG
     are left as they were. docs/check-data.md explains.
     """
     started = time.perf_counter()
     check_positive_int("batch_size", batch_size)
-    check_tolerance(tolerance)
-    check_positive_number("window_seconds", window_seconds)
-    if time_budget_seconds is not None:
-        check_positive_number("time_budget_seconds", time_budget_seconds, allow_zero=True)
-    if max_num_workers is None:
-        max_num_workers = usable_cores()
-    check_positive_int("max_num_workers", max_num_workers, minimum=0)
+    if search.max_num_workers is None:
+        search = replace(search, max_num_workers=usable_cores())
     factory = load_function(loader, "loader") if isinstance(loader, str) else loader
     source = LoaderSource(workload, batch_size, factory)
     source.check(current)
     target = Target.of(Where(device)).device
     check_model_on(workload.module, target.torch_device)
-    trying = _Trying(source, current, max_num_workers, tolerance, time_budget_seconds, started, on_progress)
-    with DataLoop(workload, target, source, window_seconds) as loop:
+    trying = _Trying(source, search, started, on_progress)
+    with DataLoop(workload, target, source, search.window_seconds) as loop:
         loader_rate = loop.loader_alone(current)
         step_rate = loop.step_alone()
         now, busy_share = loop.together(current)
@@ -172,7 +164,7 @@ def check_data(
     recommendation = recommend(
         now,
         settings,
-        tolerance=tolerance,
+        tolerance=search.tolerance,
         batch_size=batch_size,
         batches_per_epoch=loop.batches_per_epoch,
         knobs=source.knobs,
@@ -188,7 +180,7 @@ def check_data(
         busy_share,
         is_bottleneck(now.data_wait_share),
         WAIT_SHARE_THRESHOLD,
-        tolerance,
+        search.tolerance,
         settings,
         recommendation,
         stop,
@@ -204,10 +196,7 @@ class _Trying:
     as it comes, and none started after the time budget."""
 
     source: LoaderSource
-    current: LoaderSetting
-    max_num_workers: int
-    tolerance: float
-    time_budget_seconds: float | None
+    search: LoaderSearch
     started: float
     on_progress: OnProgress | None
 
@@ -221,15 +210,15 @@ class _Trying:
         return try_settings(
             now,
             measure,
-            max_num_workers=self.max_num_workers,
+            max_num_workers=self.search.max_num_workers or 0,
             knobs=self.source.knobs,
             cuda=loop.device.torch_device.type == "cuda",
-            tolerance=self.tolerance,
+            tolerance=self.search.tolerance,
             out_of_time=self.out_of_time,
         )
 
     def out_of_time(self) -> bool:
-        budget = self.time_budget_seconds
+        budget = self.search.time_budget_seconds
         return budget is not None and time.perf_counter() - self.started > budget
 
     def heard(self, row: SettingRow) -> SettingRow:

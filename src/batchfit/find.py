@@ -12,7 +12,7 @@ import torch
 
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
-from batchfit.policy.allocation_replay import ReplayForecast
+from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.search import StopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.policy.trial_cache import TrialCache

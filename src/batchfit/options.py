@@ -6,7 +6,6 @@ generated from their fields, so a flag is its field's name with dashes and says 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
@@ -17,6 +16,7 @@ from batchfit.checks import (
     check_positive_int,
     check_positive_number,
     default_max_batch_size,
+    option,
 )
 from batchfit.errors import ConfigurationError
 from batchfit.policy.choose import Objective, recommend
@@ -29,11 +29,6 @@ from batchfit.units import parse_bytes
 
 #: What ``Where.device`` may name.
 DEVICE_TYPES = ("cpu", "cuda")
-
-
-def option(default: Any, help: str, *, cli: bool = True) -> Any:
-    """A field with its default and the one-line help that its flag shows (``cli=False``: no flag)."""
-    return field(default=default, metadata={"help": help, "cli": cli})
 
 
 def mode_named(mode: str) -> Mode:

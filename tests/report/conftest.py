@@ -14,13 +14,14 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import batchfit
-from batchfit import BatchSizes, Timing, find_batch_size
+from batchfit import BatchSizes, Checklist, LoaderSearch, Timing, find_batch_size
 from batchfit.advise import advise
 from batchfit.analyze import analyze
 from batchfit.check_data import check_data
 from batchfit.compare import compare
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
+from batchfit.policy.plan_options import Baseline
 from batchfit.report import SavedResult
 from batchfit.runtime.workloads.examples import build_example
 
@@ -90,7 +91,7 @@ def explore_one_point_result(explore_result: SavedResult) -> SavedResult:
 @pytest.fixture(scope="session")
 def plan_result() -> SavedResult:
     """What ``batchfit plan --format json`` writes for 1024 samples over 8 ranks."""
-    result = plan(1024, world_size=8, max_micro_batch_size=48, base_learning_rate=0.1, base_batch_size=256)
+    result = plan(1024, Baseline(0.1, 256), world_size=8, max_micro_batch_size=48)
     document = {**result.to_dict(), "batchfit_version": batchfit.__version__, "created_at": CREATED_AT}
     return SavedResult("plan", as_saved(document), "plan.json")
 
@@ -166,7 +167,9 @@ def check_data_result() -> SavedResult:
         train_step=slow_step,
         name="sleepy",
     )
-    result = check_data(workload, 32, device="cpu", max_num_workers=1, window_seconds=0.3)
+    result = check_data(
+        workload, 32, device="cpu", search=LoaderSearch(max_num_workers=1, window_seconds=0.3)
+    )
     return SavedResult("check-data", stamped(result.to_dict(), "sleepy"), "check-data.json")
 
 
@@ -177,9 +180,8 @@ def advise_result() -> SavedResult:
         build_example("mlp", "cpu"),
         device="cpu",
         memory_limit="48MiB",
-        techniques=["baseline", "amp"],
-        base_learning_rate=0.1,
-        base_batch_size=256,
+        checklist=Checklist(techniques=("baseline", "amp")),
+        baseline=Baseline(0.1, 256),
         timing=Timing(time_budget_seconds=0.5),
     )
     document = {**result.to_dict(), "context": "--example mlp --device cpu --memory-limit 48MiB"}

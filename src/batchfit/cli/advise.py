@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 import batchfit
-from batchfit import BatchSizes, ConfigurationError, Timing, Where
+from batchfit import Baseline, BatchSizes, Checklist, ConfigurationError, Timing, Where
 from batchfit.cli import flags
 
 STEPS = ", ".join(batchfit.ADVISE_STEPS)
@@ -51,19 +51,33 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    skip = [step.strip() for step in args.skip.split(",") if step.strip()]
+    skip = tuple(step.strip() for step in args.skip.split(",") if step.strip())
     unknown = [step for step in skip if step not in batchfit.ADVISE_STEPS]
     if unknown:
         raise ConfigurationError(f"--skip {args.skip!r}: the steps are {STEPS}.")
-    where, sizes, timing = (
-        flags.options(args, Where),
-        flags.options(args, BatchSizes),
-        flags.options(args, Timing),
-    )
-    return flags.run_launched(args, where, lambda: _run(args, where, sizes, timing, skip))
+    techniques = None if args.techniques is None else tuple(args.techniques.split(","))
+    checklist = Checklist(skip, args.batch_size, techniques, args.loader)
+    if (args.base_learning_rate is None) != (args.base_batch_size is None):
+        raise ConfigurationError(
+            "plan needs both --base-learning-rate and --base-batch-size (the batch that learning rate "
+            "was tuned for), or neither."
+        )
+    baseline = None
+    if args.base_learning_rate is not None:
+        baseline = Baseline(args.base_learning_rate, args.base_batch_size)
+    where, sizes = flags.options(args, Where), flags.options(args, BatchSizes)
+    timing = flags.options(args, Timing)
+    return flags.run_launched(args, where, lambda: _run(args, where, sizes, timing, checklist, baseline))
 
 
-def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timing, skip: list[str]) -> int:
+def _run(
+    args: argparse.Namespace,
+    where: Where,
+    sizes: BatchSizes,
+    timing: Timing,
+    checklist: Checklist,
+    baseline: Baseline | None,
+) -> int:
     workload = flags.workload(args, where)
     with flags.progress(args, "advise") as display:
         result = batchfit.advise(
@@ -73,12 +87,8 @@ def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timi
             memory_fraction=where.memory_fraction,
             sizes=sizes,
             timing=timing,
-            techniques=None if args.techniques is None else args.techniques.split(","),
-            loader=args.loader,
-            batch_size=args.batch_size,
-            skip=skip,
-            base_learning_rate=args.base_learning_rate,
-            base_batch_size=args.base_batch_size,
+            checklist=checklist,
+            baseline=baseline,
             on_progress=display.hear,
         )
         flags.say(f"advise: done in {result.seconds:.1f} s.")

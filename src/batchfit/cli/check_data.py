@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 import batchfit
-from batchfit import LoaderSetting, Where
+from batchfit import LoaderSearch, LoaderSetting, Where
 from batchfit.cli import flags
 
 
@@ -32,38 +32,18 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, required=True, help="the batch size to check")
     flags.add_where(parser, memory=False)
     flags.add_options(parser, LoaderSetting)
-    parser.add_argument(
-        "--max-num-workers",
-        type=int,
-        default=None,
-        help="the most workers to try (default: the cores this process may use)",
-    )
-    parser.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.03,
-        help="within this of the best counts as as fast (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--window-seconds",
-        type=float,
-        default=1.0,
-        help="the timed length of each pass (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--time-budget-seconds", type=float, default=None, help="start no setting after this many seconds"
-    )
+    flags.add_options(parser, LoaderSearch)
     flags.add_output(parser, ("text", "json"))
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     where = flags.options(args, Where)
-    current = flags.options(args, LoaderSetting)
-    return flags.run_launched(args, where, lambda: _run(args, where, current))
+    current, search = flags.options(args, LoaderSetting), flags.options(args, LoaderSearch)
+    return flags.run_launched(args, where, lambda: _run(args, where, current, search))
 
 
-def _run(args: argparse.Namespace, where: Where, current: LoaderSetting) -> int:
+def _run(args: argparse.Namespace, where: Where, current: LoaderSetting, search: LoaderSearch) -> int:
     workload = flags.workload(args, where)
     with flags.progress(args, "check-data", noun="settings") as display:
         result = batchfit.check_data(
@@ -72,10 +52,7 @@ def _run(args: argparse.Namespace, where: Where, current: LoaderSetting) -> int:
             device=where.device,
             loader=args.loader,
             current=current,
-            max_num_workers=args.max_num_workers,
-            tolerance=args.tolerance,
-            window_seconds=args.window_seconds,
-            time_budget_seconds=args.time_budget_seconds,
+            search=search,
             on_progress=display.hear,
         )
         flags.say(f"{result.summary()} ({result.seconds:.1f} s)")

@@ -42,9 +42,12 @@ def add_options(
             continue
         default = getattr(options, field.name) if not isinstance(options, type) else field.default
         text = (help or {}).get(field.name, field.metadata["help"])
-        if default is not None and "default:" not in text:
-            text += " (default: %(default)s)"
         flag = "--" + field.name.replace("_", "-")
+        if default is dataclasses.MISSING:
+            parser.add_argument(flag, required=True, help=text, **_argument(hints[field.name], None))
+            continue
+        if default not in (None, False) and "default:" not in text:
+            text += " (default: %(default)s)"
         parser.add_argument(flag, default=default, help=text, **_argument(hints[field.name], default))
 
 

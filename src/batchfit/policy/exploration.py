@@ -14,8 +14,9 @@ from typing import Literal, Protocol
 
 from batchfit.checks import check_positive_int
 from batchfit.errors import ConfigurationError
-from batchfit.policy.choose import Objective, Point, Recommendation, confidences, recommend
+from batchfit.policy.choose import Objective, Recommendation, confidences, recommend
 from batchfit.policy.contenders import KEEP_CHANCE, coarse_sizes, focus_sizes, lone_dips, refinement
+from batchfit.policy.throughput import Point
 
 StopReason = Literal["confident", "time_budget", "exhausted"]
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from batchfit.checks import check_positive_int, check_positive_number, option
 from batchfit.errors import ConfigurationError
 
 #: Above this share of a training step spent waiting for data, the loader is the bottleneck. Below
@@ -101,6 +102,27 @@ class SettingRow:
 def check_tolerance(tolerance: object) -> None:
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
         raise ConfigurationError(f"tolerance={tolerance!r} must be in [0, 1), e.g. 0.03 for 3%.")
+
+
+@dataclass(frozen=True)
+class LoaderSearch:
+    """How the data check measures and how far it searches: each pass's length, the time allowed,
+    the most workers to try, and what counts as as fast as the best."""
+
+    max_num_workers: int | None = option(
+        None, "the most workers to try (default: the cores this process may use)"
+    )
+    tolerance: float = option(0.03, "within this of the best counts as as fast")
+    window_seconds: float = option(1.0, "the timed length of each pass")
+    time_budget_seconds: float | None = option(None, "start no setting after this many seconds")
+
+    def __post_init__(self) -> None:
+        check_tolerance(self.tolerance)
+        check_positive_number("window_seconds", self.window_seconds)
+        if self.time_budget_seconds is not None:
+            check_positive_number("time_budget_seconds", self.time_budget_seconds, allow_zero=True)
+        if self.max_num_workers is not None:
+            check_positive_int("max_num_workers", self.max_num_workers, minimum=0)
 
 
 def is_bottleneck(data_wait_share: float) -> bool:

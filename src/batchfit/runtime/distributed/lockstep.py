@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from batchfit.errors import RankFailedError
-from batchfit.policy.allocation_replay import ReplayForecast
 from batchfit.policy.ranks import merge_trials
+from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.trial import Trial
 from batchfit.runtime.steps.runner import StepTimer
 
