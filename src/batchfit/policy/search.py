@@ -9,16 +9,13 @@ trial count is never worse than a binary search's by more than a couple.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
 
-from batchfit.checks import check_batch_range, check_positive_int
-from batchfit.errors import ConfigurationError
+from batchfit.policy.search_state import Candidates, Forecast, SearchOutcome, StopReason
 from batchfit.policy.trial import MemoryModel, Trial
 
-StopReason = Literal["boundary", "max_batch_size", "min_batch_size_failed", "predicted"]
+__all__ = ["Candidates", "Forecast", "SearchOutcome", "StopReason", "confirm", "search", "search_and_confirm"]
+
 #: Behind a caching allocator (trials that report reserved bytes), the model's answers are held at
 #: least this share of the budget below what it predicts (twice that after a held answer fails, and
 #: so on, up to ``MAX_MARGIN``, past which the search bisects). On an exact device they are not: a
@@ -47,56 +44,6 @@ FLOOR_GAP = 16
 #: How many times a forecast that was refuted is asked again, on new evidence (a trial near its
 #: answer that fitted and was recorded), before the bisection or the line alone goes on.
 REVISIONS = 2
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """The batch sizes allowed: multiples of ``multiple_of`` in [min_batch_size, max_batch_size]."""
-
-    first: int
-    step: int
-    count: int
-
-    @classmethod
-    def between(cls, min_batch_size: int, max_batch_size: int, multiple_of: int | None = None) -> Candidates:
-        check_batch_range(min_batch_size, max_batch_size)
-        step = 1 if multiple_of is None else check_positive_int("multiple_of", multiple_of)
-        first = -(-min_batch_size // step) * step
-        last = max_batch_size // step * step
-        if first > last:
-            raise ConfigurationError(
-                f"no multiple of {step} lies in [min_batch_size, max_batch_size] = "
-                f"[{min_batch_size}, {max_batch_size}]; widen the range or change multiple_of."
-            )
-        return cls(first, step, (last - first) // step + 1)
-
-    def batch(self, index: int) -> int:
-        return self.first + index * self.step
-
-    def index_at_most(self, batch_size: float) -> int:
-        """Index of the largest candidate <= batch_size (-1 if none)."""
-        return math.floor((batch_size - self.first) / self.step)
-
-
-class Forecast(Protocol):
-    """What the real trials run so far say of another batch size, before it runs: fits or not,
-    None where they cannot say (``policy.allocation_replay``: a caching allocator's requests, replayed)."""
-
-    def fits(self, batch_size: int) -> bool | None: ...
-
-    def evidence(self) -> Hashable:
-        """What the answers rest on now (the replay: its pair of recorded trials); where it
-        changes, the answers may have."""
-        ...
-
-
-@dataclass(frozen=True)
-class SearchOutcome:
-    batch_size: int | None
-    trials: tuple[Trial, ...]
-    memory_model: MemoryModel | None
-    stop_reason: StopReason
-    confirmed: bool = False  # the answer's own trial was the longer, confirming one, and fitted
 
 
 def search(
