@@ -37,7 +37,8 @@ __all__ = [
 ]
 
 # The constants are read when a search starts (``current_tuning``), so setting one here tunes the
-# next search (``bench/find_replay.py --set``).
+# next search (``bench/find_replay.py --set``). Where their values come from: docs/benchmarks.md,
+# "Where the search's constants come from".
 
 #: Behind a caching allocator (trials that report reserved bytes), the model's answers are held at
 #: least this share of the budget below what it predicts (twice that after a held answer fails, and
@@ -51,14 +52,13 @@ MAX_OVERHEAD = 0.1
 NEAR = 0.875
 #: Or how far below its peak, as a share of that peak.
 NEAR_RISE = 1 / 32
-#: How far below a forecast's answer that failed the search gallops down before the line decides.
+#: How far below a forecast's answer that failed the search gallops down before the line decides:
+#: a forecast further off than that is no better a guide than the line.
 DESCENT = 1 / 8
 #: The first step down from a forecast's answer that failed, as a share of it (at least one
-#: candidate). The overshoots are shares of the batch (0.4-5% on the H100 and the H200, at 124-243
-#: samples), and what ends the gallop is the first size that fits: its recorded requests are near
-#: the boundary, and the forecast asked again on them placed the answer live (160 from 153). From
-#: 1 below, the cnn 8 over and the transformer 4 over took 8 trials each (Lightning 15); from a
-#: 32nd (5 below 168) they take 7 and 6, one over 5 where it took 4.
+#: candidate). Forecasts overshoot by a share of the batch, and what ends the gallop is the first
+#: size that fits: its recorded requests are near the boundary, and the forecast asked again on
+#: them places the answer. A first step of one candidate takes more trials to reach that size.
 FIRST_DESCENT = 1 / 32
 #: Where the gallop's next step would pass DESCENT below the forecast's answer, it tries that floor
 #: itself before the line decides, if the floor lies more than this many candidates below the last

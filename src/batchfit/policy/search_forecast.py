@@ -61,15 +61,12 @@ def descend(state: SearchState) -> bool:
     doubling the step, then bisect once a size fits. Returns False, running nothing, where the
     descent is over or not begun (``descent`` 0): the line decides.
 
-    Past ``DESCENT`` below the forecast's answer the line decides, trying the floor itself where
-    it lies more than ``FLOOR_GAP`` candidates below the last failure.
+    A forecast overshoots by a small share of the batch, while the line, which a caching
+    allocator's overhead holds back, restarts further below and creeps up; the gallop finds the
+    first size that fits near the failure. Past ``DESCENT`` below the forecast's answer (a forecast
+    far off) the line decides; the doubling stops at that floor rather than past it, trying the
+    floor itself where it lies more than ``FLOOR_GAP`` candidates below the last failure.
     """
-    # The forecasts that overshot on the H100 did so by 0 to 5%, and the line, which a
-    # caching allocator's overhead holds back, restarted 10% below and crept up over 8-9
-    # trials: gallop down from the failure, doubling the step (from FIRST_DESCENT of it),
-    # then bisect once a size fits. Past DESCENT below the forecast's answer (a forecast
-    # far off), the line decides; the doubling stops at that floor rather than past it
-    # (at 3,495 samples, 1, 2, ... 256 below passed it where 7.7% below fitted).
     low, high, descent = state.low, state.high, state.descent
     if not descent or high is None:
         return False

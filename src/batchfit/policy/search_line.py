@@ -74,9 +74,8 @@ def _learn(state: SearchState, index: int, guided: bool, margin: float, trial: T
     predicted room) behind a caching allocator is held below, by a margin that doubles while held
     answers still fail: a line of allocated bytes misses what the allocator needs beside them
     (fragmentation, workspaces). On an exact device the next line, through the trials that
-    fitted, is the correction (holding it below only crept up: the untraceable mlp under 1.5 MB
-    took 13 trials that way, now 9). A held answer that fails is a step down from the top, bounded
-    by the doubling, so it does not count as a stalled interval.
+    fitted, is the correction, as holding it below only creeps up. A held answer that fails is a
+    step down from the top, bounded by the doubling, so it does not count as a stalled interval.
     """
     fits = trial.fits
     if guided and fits and index == state.low + 1:
