@@ -16,6 +16,7 @@ from batchfit.options import Target, Where
 from batchfit.policy.loader_settings import (
     KNOBS,
     WAIT_SHARE_THRESHOLD,
+    DataCheckStopReason,
     LoaderRecommendation,
     LoaderSearch,
     LoaderSetting,
@@ -23,9 +24,6 @@ from batchfit.policy.loader_settings import (
     is_bottleneck,
     recommend,
     try_settings,
-)
-from batchfit.policy.loader_settings import (
-    StopReason as DataCheckStopReason,
 )
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory, LoaderSource

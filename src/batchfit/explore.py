@@ -16,8 +16,7 @@ import torch
 from batchfit.find import find_on
 from batchfit.options import BatchSizes, Goal, Target, Timing, Where
 from batchfit.policy.choose import Recommendation
-from batchfit.policy.exploration import Rules, explore_rounds
-from batchfit.policy.exploration import StopReason as ExploreStopReason
+from batchfit.policy.exploration import ExploreStopReason, Rules, explore_rounds
 from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
 from batchfit.policy.throughput import Point, estimates
 from batchfit.progress import Event, OnProgress, tell

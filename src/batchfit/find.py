@@ -13,7 +13,7 @@ import torch
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.search import StopReason, search_and_confirm
+from batchfit.policy.search import SearchStopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import Event, OnProgress, tell
@@ -45,7 +45,7 @@ class SearchResult:
     trials: tuple[Trial, ...]  # real trials, in the order they ran
     predicted_trials: tuple[Trial, ...]  # fake-tensor traces that placed them (CPU devices)
     memory_model: MemoryModel | None
-    stop_reason: StopReason
+    stop_reason: SearchStopReason
     search_seconds: float
     min_batch_size: int
     max_batch_size: int

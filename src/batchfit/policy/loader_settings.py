@@ -23,7 +23,9 @@ PREFETCH_FACTORS = (4,)
 #: The knobs a loader factory may accept, in the order they are tried.
 KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 
-StopReason = Literal["not_bottleneck", "no_wait_left", "slower_with_more_workers", "exhausted", "time_budget"]
+DataCheckStopReason = Literal[
+    "not_bottleneck", "no_wait_left", "slower_with_more_workers", "exhausted", "time_budget"
+]
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ def try_settings(
     cuda: bool,
     tolerance: float,
     out_of_time: Callable[[], bool] = lambda: False,
-) -> tuple[tuple[SettingRow, ...], StopReason]:
+) -> tuple[tuple[SettingRow, ...], DataCheckStopReason]:
     """Every setting measured (``current`` first), and why the trying stopped.
 
     ``num_workers`` climbs ``worker_ladder`` and stops once a rung's data wait is within
@@ -180,7 +182,7 @@ def try_settings(
             rows.append(measured[setting])
         return measured[setting]
 
-    stop: StopReason = "exhausted"
+    stop: DataCheckStopReason = "exhausted"
     if "num_workers" in knobs:
         climbed = 0.0  # the fastest rung so far
         for workers in worker_ladder(max_num_workers):

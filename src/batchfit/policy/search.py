@@ -20,7 +20,7 @@ from batchfit.policy.search_state import (
     Forecast,
     SearchOutcome,
     SearchState,
-    StopReason,
+    SearchStopReason,
     Tuning,
 )
 from batchfit.policy.trial import MemoryModel, Trial
@@ -29,7 +29,7 @@ __all__ = [
     "Candidates",
     "Forecast",
     "SearchOutcome",
-    "StopReason",
+    "SearchStopReason",
     "confirm",
     "current_tuning",
     "search",

@@ -12,7 +12,7 @@ from batchfit.checks import check_batch_range, check_positive_int
 from batchfit.errors import ConfigurationError
 from batchfit.policy.trial import MemoryModel, Trial
 
-StopReason = Literal["boundary", "max_batch_size", "min_batch_size_failed", "predicted"]
+SearchStopReason = Literal["boundary", "max_batch_size", "min_batch_size_failed", "predicted"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class SearchOutcome:
     batch_size: int | None
     trials: tuple[Trial, ...]
     memory_model: MemoryModel | None
-    stop_reason: StopReason
+    stop_reason: SearchStopReason
     confirmed: bool = False  # the answer's own trial was the longer, confirming one, and fitted
 
 
@@ -136,7 +136,7 @@ class SearchState:
         self.at[index] = self.known[index] = trial
         return trial
 
-    def stop_reason(self) -> StopReason | None:
+    def stop_reason(self) -> SearchStopReason | None:
         """Why the bracket is closed (None while it is open)."""
         if self.high is None and self.low == self.candidates.count - 1:
             return "max_batch_size"
@@ -144,7 +144,7 @@ class SearchState:
             return "boundary"
         return None
 
-    def outcome(self, stop_reason: StopReason) -> SearchOutcome:
+    def outcome(self, stop_reason: SearchStopReason) -> SearchOutcome:
         """The answer, ``low``, with the trials that found it."""
         if self.low < 0:
             return SearchOutcome(None, tuple(self.trials), None, stop_reason)
