@@ -36,13 +36,13 @@ from batchfit.runtime.devices.caching_device import expandable_segments
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.distributed.lockstep import Lockstep, LockstepMeter
-from batchfit.runtime.steps.runner import StepTimer
 from batchfit.runtime.steps.techniques import (
     applied,
     compiler_unavailable,
     module_blocks,
     runs_bfloat16,
 )
+from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.workload import Workload, needs_closure
 from batchfit.units import format_bytes
 

@@ -22,7 +22,7 @@ from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.distributed.lockstep import Lockstep, LockstepMeter
-from batchfit.runtime.steps.runner import StepTimer
+from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 
