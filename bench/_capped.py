@@ -19,7 +19,7 @@ from batchfit.runtime.devices.caching_device import CachingCpuDevice, expandable
 from batchfit.runtime.devices.device import Device, Measurement
 from batchfit.runtime.devices.resolve import parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
-from batchfit.runtime.steps.state import grad_scalers
+from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.workloads.workload import Workload, to_device
 
 STEPS_PER_TRIAL = 2

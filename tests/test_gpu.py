@@ -39,8 +39,9 @@ from batchfit.runtime.devices.cuda import CudaDevice, user_memory_fraction
 from batchfit.runtime.devices.device import Device, GarbageCollector
 from batchfit.runtime.devices.resolve import memory_limit, parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
-from batchfit.runtime.steps.state import TrainingSnapshot, grad_scalers
+from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from batchfit import Workload
-from batchfit.runtime.steps.state import grad_scalers
+from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.techniques import applied, module_blocks
 
 CPU = torch.device("cpu")

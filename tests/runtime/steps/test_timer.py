@@ -11,7 +11,7 @@ from tiny_workloads import build, overflowing_workload
 
 from batchfit.runtime.devices.cuda import WINDOW_STEPS, CudaDevice
 from batchfit.runtime.devices.device import CpuDevice
-from batchfit.runtime.steps.state import grad_scalers
+from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.timer import StepTimer
 
 

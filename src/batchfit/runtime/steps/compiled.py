@@ -25,7 +25,7 @@ import torch
 
 from batchfit.errors import ConfigurationError
 from batchfit.runtime.devices.tracker import dense_parts, oom_message
-from batchfit.runtime.steps.state import reachable_where
+from batchfit.runtime.steps.reach import reachable_where
 
 #: The graphs a search (or an exploration) may compile per frame past the user's own limit: a
 #: batch size each, for a model compiled with ``dynamic=False``.
@@ -35,7 +35,7 @@ EXTRA_RECOMPILES = 64
 def compiled_parts(*roots: Any) -> list[str]:
     """What in ``roots`` (a workload's model, steps and loss) runs ``torch.compile``'d code: a
     compiled module (``torch.compile(module)`` or ``module.compile()``), a module whose
-    ``forward`` was compiled, or a compiled function, found as ``runtime.steps.state.reachable`` finds
+    ``forward`` was compiled, or a compiled function, found as ``runtime.steps.reach.reachable`` finds
     a step's GradScaler (closures, partials, bound methods, defaults, named globals). Empty when
     Dynamo was never imported: nothing can have been compiled then."""
     if "torch._dynamo" not in sys.modules:

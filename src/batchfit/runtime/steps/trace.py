@@ -19,8 +19,9 @@ from batchfit.policy.search import Candidates, SearchOutcome, search
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.runtime.devices.device import CpuDevice, Device
+from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import judge
-from batchfit.runtime.steps.state import ScalerState, grad_scalers
+from batchfit.runtime.steps.saved import ScalerState
 from batchfit.runtime.steps.stepping import StepSpec, run_steps
 from batchfit.runtime.workloads.workload import Workload, to_device
 

@@ -198,7 +198,7 @@ class Workload:
         """What of the model, the steps and the loss runs ``torch.compile``'d code (empty: none),
         which a CPU device measures from the allocator's events (``runtime.steps.compiled``)."""
         from batchfit.runtime.steps.compiled import (
-            compiled_parts,  # it reads steps as runtime.steps.state does
+            compiled_parts,  # it reads steps as runtime.steps.reach does
         )
 
         return tuple(compiled_parts(self.module, *self.functions))
@@ -207,8 +207,8 @@ class Workload:
     def reached(self) -> tuple[torch.nn.Module | torch.optim.Optimizer, ...]:
         """The modules and optimizers the steps reach besides the model and optimizer (a GAN's
         discriminator and its optimizer, an EMA copy): put back after each trial as the model is,
-        and resident in its memory (``runtime.steps.state.step_state``)."""
-        from batchfit.runtime.steps.state import step_state
+        and resident in its memory (``runtime.steps.reach.step_state``)."""
+        from batchfit.runtime.steps.reach import step_state
 
         optimizer = self.optimizer if isinstance(self.optimizer, torch.optim.Optimizer) else None
         return tuple(step_state(self.module, optimizer, self.functions))
