@@ -20,7 +20,8 @@ from batchfit.runtime.devices.device import Device, Measurement
 from batchfit.runtime.devices.resolve import parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.reach import grad_scalers
-from batchfit.runtime.workloads.workload import Workload, to_device
+from batchfit.runtime.workloads.batches import to_device
+from batchfit.runtime.workloads.workload import Workload
 
 STEPS_PER_TRIAL = 2
 #: The benchmark's name for the CPU with CUDA's caching allocator modelled on its real allocations.

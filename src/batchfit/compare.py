@@ -43,7 +43,8 @@ from batchfit.runtime.steps.techniques import (
     runs_bfloat16,
 )
 from batchfit.runtime.steps.timer import StepTimer
-from batchfit.runtime.workloads.workload import Workload, needs_closure
+from batchfit.runtime.workloads.default_step import needs_closure
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
 

@@ -17,7 +17,8 @@ from batchfit.runtime.data.dataloaders import LoaderSource, batches_per_epoch
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import step_until_settled, timed_steps
-from batchfit.runtime.workloads.workload import Workload, to_device
+from batchfit.runtime.workloads.batches import to_device
+from batchfit.runtime.workloads.workload import Workload
 
 #: A timed window holds at least this many batches, however long they take.
 MIN_TIMED_BATCHES = 5

@@ -18,7 +18,8 @@ from batchfit.policy.trial import Mode
 from batchfit.runtime.devices.device import Device, Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.compiled import recompiles_allowed
-from batchfit.runtime.workloads.workload import Workload, to_device
+from batchfit.runtime.workloads.batches import to_device
+from batchfit.runtime.workloads.workload import Workload
 
 #: The most steps a trial adds while its GradScalers skip every optimizer step for overflow: each
 #: skip halves the scale, and 24 halvings take the default 65536 to 1/256.

@@ -23,7 +23,8 @@ from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import judge
 from batchfit.runtime.steps.saved import ScalerState
 from batchfit.runtime.steps.stepping import StepSpec, run_steps
-from batchfit.runtime.workloads.workload import Workload, to_device
+from batchfit.runtime.workloads.batches import to_device
+from batchfit.runtime.workloads.workload import Workload
 
 logger = logging.getLogger(__name__)
 
