@@ -32,7 +32,7 @@ from batchfit.policy.techniques import (
     why_not,
 )
 from batchfit.policy.trial import Trial
-from batchfit.runtime.devices.caching_device import expandable_segments
+from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.distributed.lockstep import Lockstep, LockstepMeter

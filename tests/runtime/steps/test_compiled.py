@@ -16,7 +16,8 @@ import batchfit
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
-from batchfit.runtime.devices.device import CappedCpuDevice, Measurement
+from batchfit.runtime.devices.device import CappedCpuDevice
+from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.compiled import compiled_parts
 from batchfit.runtime.steps.stepping import _optimizer_phases

@@ -129,7 +129,7 @@ import sys
 import torch
 from torch import nn
 import batchfit
-from batchfit.runtime.devices.caching_device import expandable_segments
+from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.steps.techniques import applied
 if sys.argv[1] == "old":  # a torch before 2.9 keeps no account of its allocator's settings
     del torch._C._accelerator_getAllocatorSettings

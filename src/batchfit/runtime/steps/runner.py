@@ -9,7 +9,8 @@ from typing import Any
 from batchfit.policy.allocation_replay import AllocationRecord
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import verdict
-from batchfit.runtime.devices.device import Device, Measurement
+from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec, run_steps, scaled_down

@@ -15,7 +15,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from batchfit.policy.steady import RecurrenceWatch
 from batchfit.policy.trial import Mode
-from batchfit.runtime.devices.device import Device, Measurement
+from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.compiled import recompiles_allowed
 from batchfit.runtime.workloads.batches import to_device
