@@ -23,8 +23,8 @@ from batchfit.runtime.devices.modelled_allocator import ModelledAllocator
 from batchfit.units import format_bytes
 
 #: Steps the answer trains before it is final on a caching allocator: under the cap its
-#: fragmentation builds over the first steps. On an H100 a small CNN at a 160 MiB cap trained 2
-#: steps at batch 50 and 53 and failed within 10 (docs/search.md); 10 is the truth's probe.
+#: fragmentation builds over the first steps, so a batch that trains 2 steps can fail within 10;
+#: 10 is the truth's probe.
 CONFIRM_STEPS = 10
 
 
@@ -95,8 +95,8 @@ class CachingDevice:
         self.synchronize()
         if cap_bytes is not None:
             # The cap is checked only when the allocator asks for a new segment: blocks it already
-            # caches would let the block use more than the cap (on the H100 a batch that needs more
-            # than the cap ran under it on segments an uncapped step before had left cached).
+            # caches would let the block use more than the cap (a batch that needs more than the
+            # cap would run under it on segments an uncapped step before had left cached).
             self.allocator.empty_cache()
         with self.allocator.capped(resident, cap_bytes, wrapper_bytes):
             del resident  # held by the allocator; a tensor the steps replace must be free to go
@@ -132,12 +132,12 @@ class GarbageCollector:
     """Frees the tensors that earlier trials left in reference cycles (a failed step's traceback
     holds its frames, and they their activations), without walking the whole heap each time.
 
-    A trial's garbage is young, so the two younger generations are collected first: under a
-    millisecond, where a full collection took 0.09 s with torch imported and 0.2 s with Lightning
-    and accelerate too (docs/benchmarks.md). The whole heap is collected only when the device
-    still holds more than it did after the last collection (garbage that outlived a young
-    collection, or the caller's before the first). ``held_bytes`` reads what the device holds
-    (CUDA: the allocated bytes).
+    A trial's garbage is young, so the two younger generations are collected first: far cheaper
+    than a full collection, which walks every object the process holds (torch's, and Lightning's
+    or accelerate's where imported). The whole heap is collected only when the device still holds
+    more than it did after the last collection (garbage that outlived a young collection, or the
+    caller's before the first). ``held_bytes`` reads what the device holds (CUDA: the allocated
+    bytes).
     """
 
     def __init__(self, held_bytes: Callable[[], int]) -> None:
