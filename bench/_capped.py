@@ -16,12 +16,15 @@ import torch
 import batchfit
 from batchfit.find import find_on
 from batchfit.options import Target
-from batchfit.runtime.devices.caching_device import CachingCpuDevice, expandable_segments
-from batchfit.runtime.devices.device import Device, Measurement
+from batchfit.runtime.devices.allocator_settings import expandable_segments
+from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.resolve import parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
-from batchfit.runtime.steps.state import grad_scalers
-from batchfit.runtime.workloads.workload import Workload, to_device
+from batchfit.runtime.steps.reach import grad_scalers
+from batchfit.runtime.workloads.batches import to_device
+from batchfit.runtime.workloads.workload import Workload
 
 STEPS_PER_TRIAL = 2
 #: The benchmark's name for the CPU with CUDA's caching allocator modelled on its real allocations.

@@ -15,7 +15,7 @@ import torch
 from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult
 from _harness import Stopwatch
 
-from batchfit.runtime.workloads.workload import to_device
+from batchfit.runtime.workloads.batches import to_device
 
 LIGHTNING_INIT_VAL = 2
 

@@ -15,7 +15,7 @@ import torch
 from _harness import Stopwatch
 
 from batchfit.runtime.devices.resolve import resolve_device
-from batchfit.runtime.steps.runner import StepTimer
+from batchfit.runtime.steps.timer import StepTimer
 
 STEPS_PER_WINDOW = 3  # batchfit's default steps_per_window
 SWEEP_WINDOWS = 9  # the sweep whose time batchfit's is compared with

@@ -30,7 +30,7 @@ from batchfit.compare import Comparison
 from batchfit.policy.techniques import repeated_block
 from batchfit.runtime.devices.resolve import parse_device
 from batchfit.runtime.steps.techniques import applied, module_blocks
-from batchfit.runtime.workloads.workload import to_device
+from batchfit.runtime.workloads.batches import to_device
 
 #: Steps in a probe of the truth.
 TRUTH_STEPS = 10

@@ -31,7 +31,7 @@ from batchfit.errors import ConfigurationError
 from batchfit.policy.exploration import Rules, explore_rounds
 from batchfit.policy.micro_batch import micro_batch_sizes
 from batchfit.runtime.devices.cuda import WINDOW_STEPS
-from batchfit.runtime.steps.runner import MIN_WINDOW_SECONDS
+from batchfit.runtime.steps.timer import MIN_WINDOW_SECONDS
 
 TOKENS = {"transformer": 128}  # tokens per sample of the built-in examples that count tokens
 #: A size the truth did not measure is off the line between its neighbours by this much (a

@@ -19,7 +19,8 @@ from pathlib import Path
 #: A comment or docstring that cites a past run: a GPU's name, a date, a count of trials or runs
 #: measured once ("took 13 trials", "1 run in 4", "in 5 of 6").
 PAST_RUN = re.compile(
-    r"\b(H100|H200|A100)\b|\b20\d\d-\d\d-\d\d\b|\btook \d|\btrials each\b|\b1 (run|exit) in \d|\bin \d+ of \d+\b"
+    r"\b(H100|H200|A100)\b|\b20\d\d-\d\d-\d\d\b|\btook \d|\btrials each\b"
+    r"|\b1 (run|exit) in \d|\bin \d+ of \d+\b"
 )
 
 

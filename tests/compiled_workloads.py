@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-CHILD = Path(__file__).parent / "runtime" / "compiled_child.py"
+CHILD = Path(__file__).parent / "runtime" / "steps" / "compiled_child.py"
 
 
 class PointwiseBlock(nn.Module):

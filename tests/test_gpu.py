@@ -31,17 +31,15 @@ from batchfit.options import Target
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.trial import Trial
 from batchfit.policy.trial_cache import TrialCache
-from batchfit.runtime.devices.caching_device import (
-    CachingCpuDevice,
-    expandable_segments,
-    set_allocator_settings,
-)
+from batchfit.runtime.devices.allocator_settings import expandable_segments, set_allocator_settings
+from batchfit.runtime.devices.caching_device import CachingCpuDevice, GarbageCollector
 from batchfit.runtime.devices.cuda import CudaDevice, user_memory_fraction
-from batchfit.runtime.devices.device import Device, GarbageCollector
+from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.resolve import memory_limit, parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
-from batchfit.runtime.steps.state import TrainingSnapshot, grad_scalers
+from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]

@@ -31,17 +31,18 @@ from batchfit.policy.techniques import (
     why_not,
 )
 from batchfit.progress import Event, OnProgress, tell
-from batchfit.runtime.devices.caching_device import expandable_segments
+from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.distributed.lockstep import ranks
-from batchfit.runtime.steps.runner import StepTimer
 from batchfit.runtime.steps.techniques import (
     applied,
     compiler_unavailable,
     module_blocks,
     runs_bfloat16,
 )
-from batchfit.runtime.workloads.workload import Workload, needs_closure
+from batchfit.runtime.steps.timer import StepTimer
+from batchfit.runtime.workloads.default_step import needs_closure
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
 

@@ -22,7 +22,7 @@ from batchfit.policy.throughput import Point, estimates
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.host import malloc_advice
 from batchfit.runtime.distributed.lockstep import ranks
-from batchfit.runtime.steps.runner import StepTimer
+from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 

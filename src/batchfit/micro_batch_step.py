@@ -21,7 +21,7 @@ from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mas
 from batchfit.runtime.distributed.lockstep import Lockstep
 from batchfit.runtime.distributed.sharded import is_fully_sharded
 from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
-from batchfit.runtime.workloads.workload import check_steps_on_gradients, model_loss, scalar_loss
+from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss, scalar_loss
 from batchfit.schedule import step_optimizer
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from batchfit.errors import ConfigurationError
-from batchfit.runtime.workloads.workload import check_steps_on_gradients
+from batchfit.runtime.workloads.default_step import check_steps_on_gradients
 
 if TYPE_CHECKING:
     from torch.amp import GradScaler

@@ -10,7 +10,7 @@ import torch
 from tiny_workloads import classification_batch, float16_scaled
 
 from batchfit import Workload
-from batchfit.runtime.steps.state import grad_scalers
+from batchfit.runtime.steps.reach import grad_scalers
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -16,7 +16,7 @@ from batchfit.policy.contenders import coarse_sizes
 from batchfit.policy.exploration import Rules, explore_rounds
 from batchfit.policy.micro_batch import micro_batch_sizes
 from batchfit.runtime.devices.device import CpuDevice
-from batchfit.runtime.steps.runner import StepTimer
+from batchfit.runtime.steps.timer import StepTimer
 
 
 class ScriptedMeter:

@@ -58,15 +58,15 @@ def launched_process_group(where: Where) -> Iterator[int | None]:
     yield dist.get_rank()  # an error: every rank raises after the same collective, none waits
     # Leave together: a rank that tears gloo down while another still talks to it aborts. The group
     # is not destroyed, as the process exits next without C++ teardown (``exit_launched``): on
-    # torch 2.4, destroy_process_group after a search sometimes never returned (1 run in 4).
+    # torch 2.4, destroy_process_group after a search sometimes never returns.
     dist.barrier()
 
 
 def exit_launched(code: int) -> NoReturn:
     """End a process a launcher started, with ``code``, without the interpreter's C++ teardown: on
     torch 2.13's CPU build a process that used a gloo group sometimes aborts there ("terminate
-    called without an active exception", about 1 exit in 8 on 2 cores, after its work is done),
-    which turns a finished job into a failed one."""
+    called without an active exception", after its work is done), which turns a finished job into
+    a failed one."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

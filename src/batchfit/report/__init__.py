@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from batchfit.report.canvas import require_matplotlib
 from batchfit.report.page import render_report, write_report
-from batchfit.report.plots import require_matplotlib
 from batchfit.report.results import SavedResult, WhatRan, read_result, recognise
 
 __all__ = [

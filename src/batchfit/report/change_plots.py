@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from batchfit.policy.loader_settings import LoaderSetting
-from batchfit.report.plots import legend_below, new_figure, to_svg
+from batchfit.report.canvas import legend_below, new_figure, to_svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

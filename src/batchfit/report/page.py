@@ -12,7 +12,7 @@ from typing import Any
 
 import batchfit
 from batchfit.policy.advice import Change
-from batchfit.report import change_plots, plots
+from batchfit.report import canvas, change_plots, plots
 from batchfit.report.results import Kind, SavedResult
 
 _STYLE = """
@@ -26,7 +26,7 @@ figure { margin: 1em 0; } h3 { font-size: 1em; } svg { max-width: 100%; height: 
 
 def render_report(results: Sequence[SavedResult], *, created_at: str | None = None) -> str:
     """The HTML page for ``results``, one section each, in order."""
-    plots.require_matplotlib()
+    canvas.require_matplotlib()
     created_at = created_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     sections = [_section(result, index) for index, result in enumerate(results)]
     plural = "s" if len(results) != 1 else ""

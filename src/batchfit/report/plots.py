@@ -1,36 +1,22 @@
-"""The plots of a report, drawn with matplotlib (imported here, lazily) into SVG text: text stays
-text (``svg.fonttype`` none) so the numbers in labels can be read back, and nothing names a URL."""
+"""The plots of a report, drawn with matplotlib into SVG text (``report.canvas``): text stays text
+(``svg.fonttype`` none) so the numbers in labels can be read back, and nothing names a URL."""
 
 from __future__ import annotations
 
-import io
-import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from batchfit.errors import ConfigurationError
+from batchfit.report.canvas import batch_size_axis, bytes_axis, legend_below, new_figure, to_svg
 from batchfit.units import format_bytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
-MISSING = "the report needs matplotlib, which is not installed: pip install 'batchfit[report]'"
 OUTCOME_STYLE = {  # outcome: (legend label, marker, colour)
     "ok": ("ok", "o", "tab:green"),
     "over_budget": ("over budget", "s", "tab:orange"),
     "oom": ("oom (the peak before it failed)", "x", "tab:red"),
 }
-_PANEL_INCHES = (5.6, 4.0)
-
-
-def require_matplotlib() -> None:
-    """Raise a ConfigurationError naming the extra to install when matplotlib is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as error:
-        raise ConfigurationError(MISSING) from error
 
 
 def find_figure(results: Sequence[Mapping[str, Any]], salt: str) -> str:
@@ -42,8 +28,10 @@ def find_figure(results: Sequence[Mapping[str, Any]], salt: str) -> str:
 
 
 def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
+    """One mode's search: the forecast, the fitted memory model, the trials, and the lines they
+    are judged by (budget, capacity, answer)."""
     trials, forecast = result["trials"], result["predicted_trials"]
-    capacity, budget, answer = result["capacity_bytes"], result["budget_bytes"], result["batch_size"]
+    answer = result["batch_size"]
     largest = max([answer, *(trial["batch_size"] for trial in [*trials, *forecast])])
     if forecast:
         traced = sorted(forecast, key=lambda trial: trial["batch_size"])
@@ -58,13 +46,25 @@ def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
         )
     model = result.get("memory_model")
     if model is not None:
-        span = [0.0, largest * 1.1]
-        lines = [("fitted: forward/backward", model["fixed_bytes"], model["bytes_per_sample"], "tab:blue")]
-        step_fixed, step_slope = model.get("step_fixed_bytes"), model.get("step_bytes_per_sample")
-        if step_fixed is not None and step_slope is not None and (step_fixed or step_slope):  # eval: none
-            lines.append(("fitted: optimizer step", step_fixed, step_slope, "tab:cyan"))
-        for label, fixed, slope, colour in lines:
-            axes.plot(span, [fixed + slope * x for x in span], linestyle="--", color=colour, label=label)
+        _fitted_lines(axes, model, largest)
+    _trial_points(axes, trials)
+    _find_limits(axes, result)
+
+
+def _fitted_lines(axes: Axes, model: Mapping[str, Any], largest: int) -> None:
+    """The memory model's lines up to past the largest batch: forward/backward, and the optimizer
+    step where it has one (eval has none)."""
+    span = [0.0, largest * 1.1]
+    lines = [("fitted: forward/backward", model["fixed_bytes"], model["bytes_per_sample"], "tab:blue")]
+    step_fixed, step_slope = model.get("step_fixed_bytes"), model.get("step_bytes_per_sample")
+    if step_fixed is not None and step_slope is not None and (step_fixed or step_slope):  # eval: none
+        lines.append(("fitted: optimizer step", step_fixed, step_slope, "tab:cyan"))
+    for label, fixed, slope, colour in lines:
+        axes.plot(span, [fixed + slope * x for x in span], linestyle="--", color=colour, label=label)
+
+
+def _trial_points(axes: Axes, trials: Sequence[Mapping[str, Any]]) -> None:
+    """Each trial's peak, marked by its outcome, and what the caching allocator reserved (CUDA)."""
     reserved = [trial for trial in trials if trial.get("reserved_peak_bytes")]
     if reserved:  # CUDA: what the caching allocator held, which is what its cap bounds
         axes.scatter(
@@ -89,6 +89,11 @@ def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
                 zorder=3,
                 label=label,
             )
+
+
+def _find_limits(axes: Axes, result: Mapping[str, Any]) -> None:
+    """The budget, the capacity and the answer as lines, the title, axes and legend."""
+    capacity, budget, answer = result["capacity_bytes"], result["budget_bytes"], result["batch_size"]
     axes.axhline(
         budget,
         color="tab:orange",
@@ -100,65 +105,8 @@ def _find_panel(axes: Axes, result: Mapping[str, Any]) -> None:
     axes.set_title(f"{result['mode']}: batch_size={answer}")
     axes.set_xlabel("batch size")
     axes.set_ylabel("peak memory")
-    _bytes_axis(axes, capacity)
+    bytes_axis(axes, capacity)
     legend_below(axes, columns=2)
-
-
-def _bytes_axis(axes: Axes, top: float) -> None:
-    """Ticks at round binary sizes (8 MiB, 16 MiB, ... rather than 9.54 MiB), labelled as bytes."""
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
-
-    limit = top * 1.08
-    unit = 1024 ** max(0, min(4, int(math.log(max(top, 1.0), 1024))))  # KiB, MiB, GiB ...
-    ticks = MaxNLocator(nbins=6, steps=[1, 2, 4, 8, 10]).tick_values(0, limit / unit)
-    axes.set_yticks([tick * unit for tick in ticks if 0 <= tick * unit <= limit])
-    axes.set_ylim(0, limit)
-    name = {1: "B", 1024: "KiB", 1024**2: "MiB", 1024**3: "GiB", 1024**4: "TiB"}[unit]
-    axes.yaxis.set_major_formatter(
-        FuncFormatter(lambda value, _: f"{value / unit:g} {name}" if value else "0")
-    )
-
-
-def _tick_bytes(value: float, unit: int, name: str) -> str:
-    """A round size, without format_bytes's decimals: 16 MiB, 0.5 GiB."""
-    return f"{value / unit:g} {name}" if value else "0"
-
-
-def new_figure(panels: int, *, height: float = _PANEL_INCHES[1]) -> Figure:
-    require_matplotlib()
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(_PANEL_INCHES[0] * panels, height), layout="constrained")
-
-
-def legend_below(axes: Axes, columns: int = 2) -> None:
-    """The legend under the axes, where it covers no data point, line or label."""
-    axes.legend(
-        fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=columns, frameon=False
-    )
-
-
-def batch_size_axis(axes: Axes) -> None:
-    """A log-2 batch-size axis labelled with the sizes themselves (64, 128), not powers of two."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    axes.set_xscale("log", base=2)
-    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axes.xaxis.set_minor_formatter(NullFormatter())
-
-
-def to_svg(figure: Figure, salt: str) -> str:
-    """The figure as an ``<svg>`` element to inline in HTML: no XML prolog, doctype, metadata or
-    namespace URLs; ids salted so that several figures on one page do not share them."""
-    import matplotlib
-
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
-        figure.savefig(buffer, format="svg", metadata={"Date": None})
-    text = buffer.getvalue()
-    text = text[text.index("<svg") :]
-    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.DOTALL)
-    return re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", text)
 
 
 def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
@@ -192,17 +140,22 @@ def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
 def explore_figure(result: Mapping[str, Any], salt: str) -> str:
     """Throughput against batch size (log x) with each window's range, the tolerance band under the
     best and the recommendation; beside it, the live recommendation and its confidence over time."""
-    points, recommended = result["points"], result["recommendation"]
-    from matplotlib.ticker import MaxNLocator
-
-    unit, best = result["unit"], max(point["estimate"] for point in result["points"])
     figure = new_figure(2, height=4.6)
     throughput, history = figure.subplots(1, 2)
+    _throughput_panel(throughput, result)
+    _history_panel(history, result)
+    return to_svg(figure, salt)
+
+
+def _throughput_panel(axes: Axes, result: Mapping[str, Any]) -> None:
+    """Each size's estimate with its windows' range, the tolerance band and the recommendation."""
+    points, recommended = result["points"], result["recommendation"]
+    best = max(point["estimate"] for point in points)
     sizes = [point["batch_size"] for point in points]
     estimates = [point["estimate"] for point in points]
     low = [point["estimate"] - min(point["samples_per_second"]) for point in points]
     high = [max(point["samples_per_second"]) - point["estimate"] for point in points]
-    throughput.errorbar(
+    axes.errorbar(
         sizes,
         estimates,
         yerr=[[max(v, 0) for v in low], [max(v, 0) for v in high]],
@@ -212,19 +165,19 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
         zorder=3,
     )
     for size, estimate in zip(sizes, estimates, strict=True):
-        throughput.annotate(
+        axes.annotate(
             f"{size}", (size, estimate), xytext=(5, -3), textcoords="offset points", fontsize="x-small"
         )
     tolerance = result.get("tolerance")
     if tolerance is not None:
-        throughput.axhspan(
+        axes.axhspan(
             best * (1 - tolerance),
             best,
             color="tab:green",
             alpha=0.3,
             label=f"tolerance {tolerance:g} under the best",
         )
-    throughput.axvline(
+    axes.axvline(
         recommended["batch_size"],
         color="tab:green",
         linestyle="-.",
@@ -232,27 +185,32 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
         zorder=1,
         label=f"recommended batch_size={recommended['batch_size']}",
     )
-    batch_size_axis(throughput)
-    throughput.set_xlim(min(sizes) / 1.5, max(sizes) * 1.5)  # also around a single size
-    throughput.set_ylim(0, max(max(point["samples_per_second"]) for point in points) * 1.1)
-    throughput.set_title(
-        f"recommended batch_size={recommended['batch_size']} ({recommended['speedup']:.2f}x base)"
-    )
-    throughput.set_xlabel("batch size")
-    throughput.set_ylabel(unit)
-    legend_below(throughput)
+    batch_size_axis(axes)
+    axes.set_xlim(min(sizes) / 1.5, max(sizes) * 1.5)  # also around a single size
+    axes.set_ylim(0, max(max(point["samples_per_second"]) for point in points) * 1.1)
+    axes.set_title(f"recommended batch_size={recommended['batch_size']} ({recommended['speedup']:.2f}x base)")
+    axes.set_xlabel("batch size")
+    axes.set_ylabel(result["unit"])
+    legend_below(axes)
+
+
+def _history_panel(axes: Axes, result: Mapping[str, Any]) -> None:
+    """The recommendation's confidence after each update, and the batch size it recommended (on a
+    second axis), one legend for both."""
+    from matplotlib.ticker import MaxNLocator
+
     steps = list(range(1, len(result["history"]) + 1))
     confidences = [entry["confidence"] for entry in result["history"]]
-    history.step(steps, confidences, where="post", color="tab:blue", marker="o", label="confidence")
-    history.set_ylim(-3, 105)  # a confidence of 0 stays visible above the axis
+    axes.step(steps, confidences, where="post", color="tab:blue", marker="o", label="confidence")
+    axes.set_ylim(-3, 105)  # a confidence of 0 stays visible above the axis
     if len(steps) <= 10:
-        history.set_xticks(steps)
+        axes.set_xticks(steps)
     else:
-        history.xaxis.set_major_locator(MaxNLocator(integer=True))
-    history.set_xlim(0.5, len(steps) + 0.5)
-    history.set_xlabel("recommendation update (in order)")
-    history.set_ylabel("confidence (out of 100)", color="tab:blue")
-    sizes_axes = history.twinx()
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlim(0.5, len(steps) + 0.5)
+    axes.set_xlabel("recommendation update (in order)")
+    axes.set_ylabel("confidence (out of 100)", color="tab:blue")
+    sizes_axes = axes.twinx()
     sizes_axes.step(
         steps,
         [entry["batch_size"] for entry in result["history"]],
@@ -264,11 +222,11 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
         label="recommended batch size",
     )
     sizes_axes.set_ylabel("recommended batch size", color="tab:green")
-    sizes_axes.set_ylim(0, max(sizes) * 1.08)  # on the scale of the sizes measured
+    sizes_axes.set_ylim(0, max(point["batch_size"] for point in result["points"]) * 1.08)  # the sizes' scale
     sizes_axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # batch sizes are whole
-    history.set_title(f"confidence {recommended['confidence']} at the end")
-    lines = [*history.get_legend_handles_labels()[0], *sizes_axes.get_legend_handles_labels()[0]]
-    history.legend(
+    axes.set_title(f"confidence {result['recommendation']['confidence']} at the end")
+    lines = [*axes.get_legend_handles_labels()[0], *sizes_axes.get_legend_handles_labels()[0]]
+    axes.legend(
         handles=lines,
         fontsize="small",
         loc="upper center",
@@ -276,7 +234,6 @@ def explore_figure(result: Mapping[str, Any], salt: str) -> str:
         ncol=2,
         frameon=False,
     )
-    return to_svg(figure, salt)
 
 
 def analyze_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:

@@ -87,23 +87,6 @@ def test_a_measured_block_runs_under_its_cap(device: CpuDevice) -> None:
     )
 
 
-def test_a_measurement_keeps_the_last_step_and_its_phases() -> None:
-    device = CpuDevice()
-    with device.measure([]) as measurement:
-        measurement.begin_step()
-        first = torch.empty(1_000_000)  # a first step's spike, 4 MB
-        del first
-        measurement.begin_step()  # the steady state: 1 MB outside the optimizer step, 2 MB in it
-        outside = torch.empty(250_000)
-        measurement.enter_optimizer_step()
-        inside = torch.empty(500_000)
-        del inside
-        measurement.exit_optimizer_step()
-        del outside
-    assert (measurement.activation_peak_bytes, measurement.optimizer_peak_bytes) == (1_000_000, 3_000_000)
-    assert measurement.peak_bytes == 3_000_000 and measurement.reserved_peak_bytes is None
-
-
 def test_a_cap_below_what_the_allocator_caches_is_a_real_cap() -> None:
     # Behind a caching allocator the cap is checked when a new segment is asked for: a block capped
     # after an uncapped one that left 64 MiB cached must not place 64 MiB on that cache.

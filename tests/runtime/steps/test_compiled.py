@@ -18,10 +18,11 @@ from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
 from batchfit.options import Target
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
-from batchfit.runtime.devices.device import CappedCpuDevice, Measurement
+from batchfit.runtime.devices.device import CappedCpuDevice
+from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.compiled import compiled_parts
-from batchfit.runtime.steps.runner import _optimizer_phases
+from batchfit.runtime.steps.stepping import _optimizer_phases
 from batchfit.runtime.steps.techniques import compiler_unavailable
 
 LIMIT = 64 * 2**20

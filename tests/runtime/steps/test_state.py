@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 import random
 import weakref
@@ -11,7 +10,8 @@ import weakref
 import torch
 from torch import nn
 
-from batchfit.runtime.steps.state import TrainingSnapshot, grad_scalers, step_state
+from batchfit.runtime.steps.reach import step_state
+from batchfit.runtime.steps.state import TrainingSnapshot
 
 
 def test_restore_undoes_a_training_step_in_place() -> None:
@@ -131,28 +131,6 @@ class Trainer:
         scaled_step(self.scaler, model, optimizer)
 
 
-def test_the_scalers_a_step_uses_are_found_wherever_it_keeps_them() -> None:
-    in_closure, in_default = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
-
-    def closure_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: object) -> None:
-        scaled_step(in_closure, model, optimizer)
-
-    def default_step(model: nn.Module, optimizer: object, batch: object, s: object = in_default) -> None:
-        del model, optimizer, batch, s
-
-    def global_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: object) -> None:
-        scaled_step(SCALER_OF_THE_MODULE, model, optimizer)
-
-    trainer = Trainer()
-    partial = functools.partial(scaled_step, in_default)
-    assert grad_scalers(closure_step) == [in_closure]
-    assert grad_scalers(default_step) == [in_default]
-    assert grad_scalers(global_step) == [SCALER_OF_THE_MODULE]
-    assert grad_scalers(trainer.train_step) == [trainer.scaler]
-    assert grad_scalers(partial, None, closure_step) == [in_default, in_closure]
-    assert grad_scalers(None) == [] and grad_scalers(lambda model, batch: model(batch)) == []
-
-
 def test_a_scaler_comes_back_as_it_was_lazy_or_scaled() -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
@@ -237,17 +215,3 @@ def test_the_modules_and_optimizers_a_step_reaches_beside_the_model_come_back() 
         assert all(torch.equal(restored["state"][key][name], value) for name, value in state.items())
     assert critic_optimizer.state[critic[0].weight]["exp_avg"] is exp_avg  # in place
     assert not critic.training
-
-
-def test_step_state_leaves_out_the_model_under_any_wrapper() -> None:
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    wrapped = nn.ModuleDict({"inner": model})  # the model's own tensors, held another way
-    head = model[1]
-
-    def step(m: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> None:
-        wrapped["inner"](batch).sum().backward()
-        head.weight.grad = None
-        opt.step()
-
-    assert step_state(model, optimizer, [step]) == []

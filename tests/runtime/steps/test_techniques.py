@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from batchfit import Workload
-from batchfit.runtime.steps.state import grad_scalers
+from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.techniques import applied, module_blocks
 
 CPU = torch.device("cpu")
@@ -129,7 +129,7 @@ import sys
 import torch
 from torch import nn
 import batchfit
-from batchfit.runtime.devices.caching_device import expandable_segments
+from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.steps.techniques import applied
 if sys.argv[1] == "old":  # a torch before 2.9 keeps no account of its allocator's settings
     del torch._C._accelerator_getAllocatorSettings

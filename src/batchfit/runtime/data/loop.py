@@ -15,9 +15,10 @@ from torch.utils.data import DataLoader
 from batchfit.policy.loader_settings import LoaderSetting, SettingRow
 from batchfit.runtime.data.dataloaders import LoaderSource, batches_per_epoch
 from batchfit.runtime.devices.device import Device
-from batchfit.runtime.steps.runner import step_until_settled, timed_steps
 from batchfit.runtime.steps.state import TrainingSnapshot
-from batchfit.runtime.workloads.workload import Workload, to_device
+from batchfit.runtime.steps.stepping import step_until_settled, timed_steps
+from batchfit.runtime.workloads.batches import to_device
+from batchfit.runtime.workloads.workload import Workload
 
 #: A timed window holds at least this many batches, however long they take.
 MIN_TIMED_BATCHES = 5

@@ -13,7 +13,8 @@ import torch
 from batchfit.errors import DeviceUnavailableError
 from batchfit.policy.allocation_record import Recording
 from batchfit.policy.allocator_blocks import Segments
-from batchfit.runtime.devices.caching_device import CachingDevice, expandable_segments, unmodelled_settings
+from batchfit.runtime.devices.allocator_settings import expandable_segments, unmodelled_settings
+from batchfit.runtime.devices.caching_device import CachingDevice
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -135,7 +136,8 @@ class _CudaAllocator:
         off after (which clears it). None where there is no such history to read: a torch without
         it, an allocator that keeps none (``cudaMallocAsync``), or a user who records one already
         (theirs is left as it is); and where the model could not replay it: allocator settings it
-        does not have (``runtime.devices.caching_device.UNMODELLED_SETTINGS``), or a start it cannot take."""
+        does not have (``runtime.devices.allocator_settings.UNMODELLED_SETTINGS``), or a start it
+        cannot take."""
         index = self.device.index or 0
         unmodelled = unmodelled_settings()
         if unmodelled:

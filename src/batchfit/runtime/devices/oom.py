@@ -19,8 +19,8 @@ OOM_MESSAGES: tuple[str, ...] = (
     "failed to allocate memory",
     # cuDNN reports some allocation failures as NOT_SUPPORTED (accelerate treats it the same way).
     "cudnn_status_not_supported. this error may appear if you passed in a non-contiguous input",
-    # cuDNN's frontend when no engine's workspace can be allocated (pytorch/pytorch#108645). Seen on
-    # an H100 under the cap with cudnn.benchmark on, in the backward of a batch that 2 steps fit.
+    # cuDNN's frontend when no engine's workspace can be allocated (pytorch/pytorch#108645): under
+    # a cap with cudnn.benchmark on, in the backward of a batch whose first steps fit.
     "was unable to find an engine to execute this computation",
 )
 

@@ -11,7 +11,8 @@ import torch
 
 from batchfit.errors import ConfigurationError, DeviceUnavailableError
 from batchfit.runtime.devices.cuda import CudaDevice
-from batchfit.runtime.devices.device import CappedCpuDevice, CpuDevice, Device, Measurement
+from batchfit.runtime.devices.device import CappedCpuDevice, CpuDevice, Device
+from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.units import parse_bytes
 

@@ -18,7 +18,7 @@ from batchfit.errors import RankFailedError
 from batchfit.policy.ranks import merge_trials
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.trial import Trial
-from batchfit.runtime.steps.runner import StepTimer
+from batchfit.runtime.steps.timer import StepTimer
 
 T = TypeVar("T")
 

@@ -1,15 +1,15 @@
 """Steps that run ``torch.compile``'d code, and how the CPU devices measure them.
 
 Dynamo runs a frame eagerly while a ``TorchDispatchMode`` is active, and the CPU devices count
-storages with one (``StorageTracker``). Measured that way, a compiled step is its eager twin: on an
-MLP of pointwise blocks, 130 MB where the compiled step's allocations peak at 42 MB, so the answer
-came out a third of the truth. A compiled step is measured instead from the CPU allocator's own
-events, which torch's profiler takes down (``profile_memory``: each allocation and free, with its
-address and size). The profiler cannot refuse an allocation, so the cap is judged on the events
-once the trial's steps have run: the first allocation that takes the live bytes past the cap is
-where the step would have failed, and the step's peak is what it held before it, as
-``StorageTracker`` reports a refused allocation; the trial then fails with that message. (Until the
-steps end, a batch past the budget takes its memory from the host.)
+storages with one (``StorageTracker``). Measured that way, a compiled step is its eager twin, which
+holds the intermediates the compiled kernels fuse away, so the answer would be a fraction of the
+truth. A compiled step is measured instead from the CPU allocator's own events, which torch's
+profiler takes down (``profile_memory``: each allocation and free, with its address and size). The
+profiler cannot refuse an allocation, so the cap is judged on the events once the trial's steps
+have run: the first allocation that takes the live bytes past the cap is where the step would have
+failed, and the step's peak is what it held before it, as ``StorageTracker`` reports a refused
+allocation; the trial then fails with that message. (Until the steps end, a batch past the budget
+takes its memory from the host.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from batchfit.errors import ConfigurationError
 from batchfit.runtime.devices.tracker import dense_parts, oom_message
-from batchfit.runtime.steps.state import reachable_where
+from batchfit.runtime.steps.reach import reachable_where
 
 #: The graphs a search (or an exploration) may compile per frame past the user's own limit: a
 #: batch size each, for a model compiled with ``dynamic=False``.
@@ -35,7 +35,7 @@ EXTRA_RECOMPILES = 64
 def compiled_parts(*roots: Any) -> list[str]:
     """What in ``roots`` (a workload's model, steps and loss) runs ``torch.compile``'d code: a
     compiled module (``torch.compile(module)`` or ``module.compile()``), a module whose
-    ``forward`` was compiled, or a compiled function, found as ``runtime.steps.state.reachable`` finds
+    ``forward`` was compiled, or a compiled function, found as ``runtime.steps.reach.reachable`` finds
     a step's GradScaler (closures, partials, bound methods, defaults, named globals). Empty when
     Dynamo was never imported: nothing can have been compiled then."""
     if "torch._dynamo" not in sys.modules:
@@ -60,7 +60,7 @@ def recompiles_allowed(compiled: bool) -> Iterator[None]:
 
     Past the limit Dynamo runs a frame eagerly for any new shape, and a search tries many batch
     sizes: a model compiled with ``dynamic=False`` compiles at each, so from its ninth size on a
-    search measured the eager step, and an answer found there was its eager twin's.
+    search would measure the eager step, and an answer found there would be its eager twin's.
     """
     if not compiled:
         yield
@@ -98,8 +98,8 @@ def _compiled_function(value: Any) -> bool:
 class ProfiledAllocations:
     """The live bytes of a block, read from the CPU allocator's events, under a cap judged on them.
 
-    One profiler runs over the whole block (stopping and starting one between steps corrupted
-    the heap of torch 2.13's profiler results). ``mark`` drops a one-byte marker allocation
+    One profiler runs over the whole block (on torch 2.13, stopping and starting one between
+    steps corrupts the heap of the profiler's results). ``mark`` drops a one-byte marker allocation
     into the events where a step or an optimizer step begins or ends, so ``steps`` can cut them
     there afterwards. ``resident`` storages (and ``wrapper_bytes``, ``Workload.wrapper_bytes``)
     are counted from the start, the storages taken off where a weak reference sees them freed

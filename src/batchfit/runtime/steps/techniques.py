@@ -17,8 +17,9 @@ from torch.utils.checkpoint import checkpoint
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy.techniques import ACCUMULATION, COMPILE, EXPANDABLE_SEGMENTS, mixed_precision_of
-from batchfit.runtime.devices.caching_device import set_allocator_settings
-from batchfit.runtime.workloads.workload import Workload, model_loss, needs_closure, optimizer_step
+from batchfit.runtime.devices.allocator_settings import set_allocator_settings
+from batchfit.runtime.workloads.default_step import model_loss, needs_closure, optimizer_step
+from batchfit.runtime.workloads.workload import Workload
 
 
 def module_blocks(model: nn.Module) -> list[tuple[str, bool]]:

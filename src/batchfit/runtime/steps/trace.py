@@ -19,9 +19,12 @@ from batchfit.policy.search import Candidates, SearchOutcome, search
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.runtime.devices.device import CpuDevice, Device
-from batchfit.runtime.steps.runner import judge, run_steps
-from batchfit.runtime.steps.state import ScalerState, grad_scalers
-from batchfit.runtime.workloads.workload import Workload, to_device
+from batchfit.runtime.steps.reach import grad_scalers
+from batchfit.runtime.steps.runner import judge
+from batchfit.runtime.steps.saved import ScalerState
+from batchfit.runtime.steps.stepping import StepSpec, run_steps
+from batchfit.runtime.workloads.batches import to_device
+from batchfit.runtime.workloads.workload import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +65,8 @@ class FakeTracer:
                         parameter.grad = None
                     if self.warm_batch is None and optimizer is not None:  # a first step: no state yet
                         optimizer.state.clear()
-                measurement, _ = run_steps(
-                    fake, optimizer, CpuDevice(fake=True), self.mode, host_batch, 1, None
-                )
+                spec = StepSpec(fake, CpuDevice(fake=True), self.mode, steps=1)
+                measurement, _ = run_steps(spec, optimizer, host_batch)
         except Exception as error:  # anything a fake tensor cannot do: fall back to real trials
             logger.info("fake-tensor trace unavailable (%s: %s)", type(error).__name__, error)
             raise TraceUnavailable(f"{type(error).__name__}: {error}") from error

@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils._pytree import tree_leaves, tree_map
 
 from batchfit.errors import ConfigurationError
 from batchfit.runtime.distributed.data_parallel import DataParallelStandIn, bucket_bytes, unwrapped
 from batchfit.runtime.distributed.sharded import local_step
 from batchfit.runtime.steps.micro_batches import plain
+from batchfit.runtime.workloads.batches import check_batch_size, collated, largest_first, on_host
+from batchfit.runtime.workloads.default_step import call_model, model_loss, optimizer_step
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
-#: Items scanned to find the largest samples of a dataset; larger datasets are sampled.
-MAX_SCANNED_ITEMS = 10_000
 
 
 @dataclass
@@ -103,57 +99,13 @@ class Workload:
             batch = self.make_batch(batch_size)
             source = f"make_batch({batch_size})"
         else:
-            order = self._largest_first()
-            items = [self.dataset[order[i % len(order)]] for i in range(batch_size)]
+            if self._order is None:
+                self._order = largest_first(self.dataset, self.size_key)
+            batch = collated(self.dataset, self._order, batch_size, self.collate_fn)
             source = f"the collated batch of {batch_size} dataset items"
-            if self.collate_fn is not None:
-                batch = self.collate_fn(items)  # the user's own: its errors are theirs, unchanged
-            else:
-                try:
-                    batch = torch.utils.data.default_collate(items)
-                except (RuntimeError, TypeError, ValueError) as error:
-                    raise ConfigurationError(
-                        f"torch's default_collate could not make a batch of {batch_size} dataset "
-                        f"items ({error}); items of different sizes (token lists of varying length) "
-                        f"need a collate_fn that pads them: pass Workload(collate_fn=...), the one "
-                        f"your training DataLoader uses."
-                    ) from error
         batch = plain(batch)
-        self._check_size(batch, batch_size, source)
-        return tree_map(
-            lambda leaf: (
-                leaf.cpu() if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda" else leaf
-            ),
-            batch,
-        )
-
-    def _largest_first(self) -> list[int]:
-        if self._order is None:
-            length = len(self.dataset)
-            if length == 0:
-                raise ConfigurationError("Workload.dataset is empty; it needs at least one item.")
-            indices = list(range(length))
-            if length > MAX_SCANNED_ITEMS:  # a private RNG: the user's random state is untouched
-                indices = random.Random(0).sample(indices, MAX_SCANNED_ITEMS)
-            key = self.size_key or _item_size
-            self._order = sorted(indices, key=lambda index: -key(self.dataset[index]))
-        return self._order
-
-    def _check_size(self, batch: Any, batch_size: int, source: str) -> None:
-        leaves = tree_leaves(batch)
-        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        if not tensors:
-            arrays = [type(leaf).__name__ for leaf in leaves if hasattr(leaf, "__array__")]
-            held = f" ({arrays[0]}: convert it with torch.from_numpy or torch.as_tensor)" if arrays else ""
-            raise ConfigurationError(f"{source} returned no tensors{held}; a batch must hold tensors.")
-        first = tensors[0]
-        found = first.shape[self.batch_dim] if first.dim() > self.batch_dim else None
-        if found != batch_size:
-            raise ConfigurationError(
-                f"{source} returned a batch of {found} samples (its first tensor has shape "
-                f"{tuple(first.shape)}, batch_dim={self.batch_dim}), not {batch_size}; "
-                f"make_batch(n) must return exactly n samples along batch_dim."
-            )
+        check_batch_size(batch, batch_size, self.batch_dim, source)
+        return on_host(batch)
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -198,7 +150,7 @@ class Workload:
         """What of the model, the steps and the loss runs ``torch.compile``'d code (empty: none),
         which a CPU device measures from the allocator's events (``runtime.steps.compiled``)."""
         from batchfit.runtime.steps.compiled import (
-            compiled_parts,  # it reads steps as runtime.steps.state does
+            compiled_parts,  # it reads steps as runtime.steps.reach does
         )
 
         return tuple(compiled_parts(self.module, *self.functions))
@@ -207,8 +159,8 @@ class Workload:
     def reached(self) -> tuple[torch.nn.Module | torch.optim.Optimizer, ...]:
         """The modules and optimizers the steps reach besides the model and optimizer (a GAN's
         discriminator and its optimizer, an EMA copy): put back after each trial as the model is,
-        and resident in its memory (``runtime.steps.state.step_state``)."""
-        from batchfit.runtime.steps.state import step_state
+        and resident in its memory (``runtime.steps.reach.step_state``)."""
+        from batchfit.runtime.steps.reach import step_state
 
         optimizer = self.optimizer if isinstance(self.optimizer, torch.optim.Optimizer) else None
         return tuple(step_state(self.module, optimizer, self.functions))
@@ -240,151 +192,10 @@ class Workload:
             elif self.loss_fn is not None:
                 self._loss(batch)
             else:
-                _call(self.module, batch)
+                call_model(self.module, batch)
 
     def _loss(self, batch: Any) -> torch.Tensor:
         return model_loss(self.module, batch, self.loss_fn)
-
-
-def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` must be given a closure that recomputes the loss (L-BFGS: it
-    evaluates the loss several times per step), rather than taking one as an option. Asked at
-    every step: read once per optimizer class (a signature takes 10 us), unless the instance has
-    a step of its own."""
-    own = vars(optimizer).get("step")
-    if own is not None:
-        return _requires_closure(own)
-    cls: type = type(optimizer)
-    if cls not in _CLASS_NEEDS_CLOSURE:
-        _CLASS_NEEDS_CLOSURE[cls] = _requires_closure(optimizer.step)
-    return _CLASS_NEEDS_CLOSURE[cls]
-
-
-_CLASS_NEEDS_CLOSURE: dict[type, bool] = {}
-
-
-def _requires_closure(step: Callable[..., Any]) -> bool:
-    closure = inspect.signature(step).parameters.get("closure")
-    return closure is not None and closure.default is inspect.Parameter.empty
-
-
-def check_steps_on_gradients(optimizer: torch.optim.Optimizer, owner: str) -> None:
-    """A ConfigurationError where ``owner``, which steps ``optimizer`` on gradients it accumulated,
-    is given one that needs a closure (``needs_closure``)."""
-    if needs_closure(optimizer):
-        raise ConfigurationError(
-            f"{owner} steps the optimizer once on the gradients its micro-batches accumulated, but "
-            f"{type(optimizer).__name__}.step needs a closure that recomputes the loss; use an optimizer "
-            f"that steps on gradients (SGD, AdamW, ...), or step {type(optimizer).__name__} on the whole "
-            f"batch yourself."
-        )
-
-
-def optimizer_step(
-    optimizer: torch.optim.Optimizer, loss: Callable[[], torch.Tensor], *, times: int = 1
-) -> None:
-    """One training step of ``optimizer``: gradients cleared, ``times`` backwards of ``loss()``
-    (each scaled by ``1 / times``: gradient accumulation), then the update. An optimizer that
-    needs a closure (``needs_closure``) gets one that does the clearing and backwards, as often as
-    it asks."""
-
-    def backward(read: bool) -> float:
-        """Clear the gradients and run the backwards; the mean loss where ``read`` (the closure's
-        value: reading it waits for the device, so only an optimizer that asks for it does)."""
-        optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(times):
-            value = loss()
-            (value / times if times > 1 else value).backward()
-            total += float(value.detach()) / times if read else 0.0
-        return total
-
-    if needs_closure(optimizer):
-        optimizer.step(functools.partial(backward, True))
-    else:
-        backward(False)
-        optimizer.step()
-
-
-#: What a loss that is not a scalar tensor is told to be.
-SCALAR_LOSS = (
-    "reduce it (reduction='mean', as nn.CrossEntropyLoss does by default) and keep it a tensor "
-    "(not .item() or float()): backward starts from it."
-)
-
-
-def scalar_loss(value: Any, source: str, hint: str = SCALAR_LOSS) -> torch.Tensor:
-    """``value`` where it is a scalar tensor, else a ConfigurationError naming ``source`` (the
-    function that returned it), what it returned, and ``hint``."""
-    if isinstance(value, torch.Tensor) and value.dim() == 0:
-        return value
-    found = (
-        f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-    )
-    raise ConfigurationError(f"{source} returned {found}, not a scalar loss; {hint}")
-
-
-def model_loss(
-    model: torch.nn.Module,
-    batch: Any,
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
-    *,
-    owner: str = "Workload",
-    custom: str = "train_step",
-    hint: str = SCALAR_LOSS,
-) -> torch.Tensor:
-    """The default step's loss: ``loss_fn(model(inputs), target)`` on a batch ``(inputs, target)``,
-    else the model's output (or its ``.loss``/``["loss"]``). Errors name ``owner(loss_fn=...)`` and
-    ``custom=...``, the parameters that replace this default; a ``loss_fn`` that returns no scalar
-    tensor is told ``hint``."""
-    if loss_fn is not None:
-        if not (isinstance(batch, Sequence) and len(batch) == 2):
-            raise ConfigurationError(
-                f"with loss_fn, a batch must be a pair (inputs, target), got "
-                f"{type(batch).__name__}; pass {custom}=... for other layouts."
-            )
-        inputs, target = batch
-        return scalar_loss(loss_fn(_call(model, inputs), target), "loss_fn", hint)
-    output = _call(model, batch)
-    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", output)
-    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
-        raise ConfigurationError(
-            f"the model returned {type(output).__name__}, not a scalar loss; pass "
-            f"{owner}(loss_fn=...) or {custom}=... so batchfit can compute one."
-        )
-    return loss
-
-
-def _call(model: torch.nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
-
-
-def _item_size(item: Any) -> float:
-    """Default size of a dataset item: its tensor elements (and lengths of strings and lists)."""
-    total = 0
-    for leaf in tree_leaves(item):
-        if isinstance(leaf, torch.Tensor):
-            total += leaf.numel()
-        elif hasattr(leaf, "shape") and hasattr(leaf, "size"):  # numpy arrays
-            total += int(leaf.size)
-        elif isinstance(leaf, (str, bytes)):
-            total += len(leaf)
-    return total
-
-
-def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
-    """Copy every tensor of ``batch`` to ``device`` as training does: a new, compact copy
-    (``non_blocking`` from pinned host memory, as a loader with pin_memory=True allows)."""
-    return tree_map(
-        lambda leaf: (
-            leaf.to(device, copy=True, non_blocking=non_blocking) if isinstance(leaf, torch.Tensor) else leaf
-        ),
-        plain(batch),
-    )
 
 
 def check_model_on(model: torch.nn.Module, device: torch.device) -> None:
