@@ -15,6 +15,7 @@ import torch
 
 import batchfit
 from batchfit.find import find_on
+from batchfit.options import Target
 from batchfit.runtime.devices.caching_device import CachingCpuDevice, expandable_segments
 from batchfit.runtime.devices.device import Device, Measurement
 from batchfit.runtime.devices.resolve import parse_device, resolve_device
@@ -152,12 +153,11 @@ class Bench:
     def find(self, workload: Workload) -> batchfit.SearchResult:
         """``find_batch_size`` as every benchmark runs it: train, under the cap at fraction 1."""
         return find_on(
-            self.target(self.cap_bytes),
+            Target(self.target(self.cap_bytes), 1.0),
             workload,
             "train",
-            memory_fraction=1.0,
-            max_batch_size=MAX_BATCH_SIZE,
-            steps_per_trial=STEPS_PER_TRIAL,
+            batchfit.BatchSizes(max_batch_size=MAX_BATCH_SIZE),
+            batchfit.Trials(steps_per_trial=STEPS_PER_TRIAL),
         )
 
     def reserved_at(self, batch_size: int) -> int:

@@ -124,7 +124,7 @@ def check(
 
 def main() -> None:
     args = parser(__doc__, quick="the first case alone", json_default="bench/results/compare-DEVICE.json")
-    args.add_argument("--explore-seconds", type=float, default=5.0, help="explore per row (default: 5)")
+    args.add_argument("--time-budget-seconds", type=float, default=5.0, help="explore per row (default: 5)")
     args.add_argument("--workloads", default=None, help="comma-separated workloads (default: all)")
     options = args.parse_args()
     device = parse_device(options.device)
@@ -150,9 +150,8 @@ def main() -> None:
             TECHNIQUES[device.type],
             device=device,
             memory_limit=limit,
-            max_batch_size=MAX_BATCH_SIZE,
-            global_batch_size=1024,
-            explore_seconds=options.explore_seconds,
+            sizes=batchfit.BatchSizes(max_batch_size=MAX_BATCH_SIZE, global_batch_size=1024),
+            timing=batchfit.Timing(time_budget_seconds=options.time_budget_seconds),
         )
         block = repeated_block(module_blocks(workload.model))  # what compare wraps
         truths = check(workload, state, comparison, block)

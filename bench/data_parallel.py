@@ -90,7 +90,11 @@ def measure_sharded(name: str, limit: str, fraction: float) -> dict[str, Any]:
     parameters = list(workload.model.parameters())
     started = time.perf_counter()
     result = batchfit.find_batch_size(
-        workload, device="cpu", memory_limit=limit, memory_fraction=fraction, max_batch_size=MAX_BATCH_SIZE
+        workload,
+        device="cpu",
+        memory_limit=limit,
+        memory_fraction=fraction,
+        sizes=batchfit.BatchSizes(max_batch_size=MAX_BATCH_SIZE),
     )
     seconds = time.perf_counter() - started
     tracker = StorageTracker()
@@ -157,7 +161,7 @@ def measure(name: str, limit: str, fraction: float) -> dict[str, Any]:
             device="cpu",
             memory_limit=limit,
             memory_fraction=fraction,
-            max_batch_size=MAX_BATCH_SIZE,
+            sizes=batchfit.BatchSizes(max_batch_size=MAX_BATCH_SIZE),
         )
         row[key] = {
             "batch_size": result.batch_size,

@@ -108,7 +108,8 @@ def run_batchfit(
 ) -> tuple[BatchfitRun, ExploreResult]:
     workload = _workloads.build(example, device)
     with _harness.Stopwatch() as watch:
-        result = batchfit.explore(workload, device=device, max_batch_size=max_batch_size)
+        sizes = batchfit.BatchSizes(max_batch_size=max_batch_size)
+        result = batchfit.explore(workload, device=device, sizes=sizes)
     run = BatchfitRun(
         recommended=result.recommendation.batch_size,
         best_batch_size=result.recommendation.best_batch_size,

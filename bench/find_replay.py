@@ -34,7 +34,8 @@ from typing import Any
 import _harness
 
 from batchfit.policy import search as search_policy
-from batchfit.policy.allocation_replay import AllocationRecord, ReplayForecast
+from batchfit.policy.allocation_record import AllocationRecord
+from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.search import Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
 

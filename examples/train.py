@@ -34,8 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import batchfit
-from batchfit.autobatch import apply_autobatch, workload_from_config
-from batchfit.config import ExperimentConfig, load_config
+from batchfit import ExperimentConfig, apply_autobatch, load_config, load_workload
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         with _process_group(cfg) as rank:
             if rank != 0:  # rank 0 tells the search; the others only warn
                 logging.getLogger().setLevel(logging.WARNING)
-            workload = workload_from_config(cfg)
+            workload = load_workload(cfg.WORKLOAD, device=cfg.DEVICE, source="WORKLOAD")
             # Searched as it trains: DDP's buckets are memory too (a built-in example comes wrapped).
             if dist.is_initialized() and not isinstance(workload.model, DistributedDataParallel):
                 device = next(workload.model.parameters()).device

@@ -11,7 +11,14 @@ from pathlib import Path
 import data_workloads
 import pytest
 
-from batchfit import ConfigurationError, advise, find_batch_size
+from batchfit import (
+    Baseline,
+    Checklist,
+    ConfigurationError,
+    Timing,
+    advise,
+    find_batch_size,
+)
 from batchfit.runtime.workloads.examples import build_example
 
 TESTS = Path(__file__).resolve().parent
@@ -23,11 +30,12 @@ def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
         build_example("cnn", "cpu"),
         device="cpu",
         memory_limit="64MiB",
-        techniques=["amp", "checkpointing"],
-        explore_seconds=2,
-        base_learning_rate=0.1,
-        base_batch_size=256,
-        on_trial=lambda label, trial: heard.append((label, trial.batch_size, trial.outcome)),
+        checklist=Checklist(techniques=("amp", "checkpointing")),
+        baseline=Baseline(0.1, 256),
+        on_progress=lambda event: (
+            heard.append((event.label, event.trial.batch_size, event.trial.outcome)) if event.trial else None
+        ),
+        timing=Timing(time_budget_seconds=2),
     )
     assert result.train is not None and result.comparison is not None
     for label, search in (("train", result.train), ("eval", result.eval)):  # each trial heard, in order
@@ -55,7 +63,8 @@ def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
 
 
 def test_a_slow_loader_is_the_first_thing_to_change() -> None:
-    result = advise(data_workloads.sleepy(), device="cpu", skip=["find", "explore", "compare"], batch_size=32)
+    steps = Checklist(skip=("find", "explore", "compare"), batch_size=32)
+    result = advise(data_workloads.sleepy(), device="cpu", checklist=steps)
     assert result.train is None and result.comparison is None
     assert result.data is not None and result.data.bottleneck
     first = result.changes[0]
@@ -66,9 +75,17 @@ def test_a_slow_loader_is_the_first_thing_to_change() -> None:
 
 def test_bad_steps_and_half_a_plan_are_refused() -> None:
     with pytest.raises(ConfigurationError, match=r"^skip \['tune'\]: the steps are find, explore, compare"):
-        advise(build_example("mlp", "cpu"), skip=["tune"])
-    with pytest.raises(ConfigurationError, match=r"^plan needs both base_learning_rate and base_batch_size"):
-        advise(build_example("mlp", "cpu"), base_learning_rate=0.1)
+        Checklist(skip=("tune",))
+    half = subprocess.run(
+        [sys.executable, "-m", "batchfit", "advise", "--example", "mlp", "--base-learning-rate", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert half.returncode == 1 and half.stderr.startswith(
+        "batchfit: error: plan needs both --base-learning-rate and --base-batch-size"
+    ), half.stderr
 
 
 def test_the_cli_prints_the_advice_and_skips_what_it_is_told() -> None:

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 from tiny_workloads import as_in_ddp
 
-from batchfit import apply_autobatch, find_batch_size, load_config
+from batchfit import (
+    BatchSizes,
+    apply_autobatch,
+    find_batch_size,
+    load_config,
+)
 from batchfit.autobatch import workload_from_config
 from batchfit.runtime.workloads.examples import build_example
 
@@ -30,7 +35,11 @@ def test_enabled_overwrites_both_sizes_and_logs(caplog: pytest.LogCaptureFixture
         results = apply_autobatch(cfg, workload_from_config(cfg))
     train = find_batch_size(build_example("cnn", "cpu"), "train", device="cpu", memory_limit="32MiB")
     evaluation = find_batch_size(
-        build_example("cnn", "cpu"), "eval", device="cpu", memory_limit="32MiB", max_batch_size=1024
+        build_example("cnn", "cpu"),
+        "eval",
+        device="cpu",
+        memory_limit="32MiB",
+        sizes=BatchSizes(max_batch_size=1024),
     )
     assert (cfg.DATA.BATCH_SIZE, cfg.DATA.BATCH_SIZE_VAL) == (train.batch_size, evaluation.batch_size)
     assert [r.mode for r in results] == ["train", "eval"]

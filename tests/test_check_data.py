@@ -31,7 +31,7 @@ from data_workloads import (
 )
 from torch import nn
 
-from batchfit import ConfigurationError, DataCheck, LoaderSetting, Workload, check_data
+from batchfit import ConfigurationError, DataCheck, LoaderSearch, LoaderSetting, Workload, check_data
 from batchfit.policy.loader_settings import WAIT_SHARE_THRESHOLD
 from batchfit.runtime.data import loop as data_loop
 
@@ -93,7 +93,7 @@ def sleepy_check(one_thread: None) -> tuple[DataCheck, Workload, dict[str, Any],
     workload = _mid_training(sleepy())
     random.random(), np.random.rand()
     before = _state(workload)
-    result = check_data(workload, 32, device="cpu", window_seconds=WINDOW_SECONDS)
+    result = check_data(workload, 32, device="cpu", search=LoaderSearch(window_seconds=WINDOW_SECONDS))
     return result, workload, before, _state(workload)
 
 
@@ -152,7 +152,7 @@ def test_the_result_as_json_and_text(
 def test_a_cpu_heavy_transform_is_the_bottleneck_and_a_worker_overlaps_it(one_thread: None) -> None:
     # About 35 ms of arithmetic a batch at 0 workers, in turn with the 50 ms step: one worker
     # computes the next batch while the step runs.
-    result = check_data(heavy(), 32, device="cpu", window_seconds=WINDOW_SECONDS)
+    result = check_data(heavy(), 32, device="cpu", search=LoaderSearch(window_seconds=WINDOW_SECONDS))
     assert result.bottleneck and result.data_wait_share > 0.2, result.table()
     advice = result.recommendation
     assert advice is not None and advice.setting.num_workers >= 1, result.table()
@@ -161,7 +161,7 @@ def test_a_cpu_heavy_transform_is_the_bottleneck_and_a_worker_overlaps_it(one_th
 
 
 def test_in_memory_data_with_a_heavier_step_is_not_the_bottleneck(one_thread: None) -> None:
-    result = check_data(fast(), 128, device="cpu", window_seconds=WINDOW_SECONDS)
+    result = check_data(fast(), 128, device="cpu", search=LoaderSearch(window_seconds=WINDOW_SECONDS))
     assert not result.bottleneck and result.data_wait_share < WAIT_SHARE_THRESHOLD, result.table()
     assert result.loader_samples_per_second > 5 * result.step_samples_per_second, result.table()
     assert result.recommendation is None and result.stop_reason == "not_bottleneck"
@@ -199,7 +199,7 @@ def test_no_timed_step_is_one_a_fresh_scaler_skips_for_overflow(
         return real_timed_steps(*args, **kwargs)
 
     monkeypatch.setattr(data_loop, "timed_steps", spied)
-    check_data(workload, 32, device="cpu", window_seconds=0.05, max_num_workers=0)
+    check_data(workload, 32, device="cpu", search=LoaderSearch(max_num_workers=0, window_seconds=0.05))
     assert timed_from and sum(skipped[: timed_from[0]]) > 2  # the warm-up met them
     assert not any(skipped[timed_from[0] :])
 
@@ -211,7 +211,13 @@ def test_a_factory_is_given_only_the_knobs_it_takes(one_thread: None) -> None:
         seen.append({"batch_size": batch_size, "num_workers": num_workers})
         return sleepy_loader(batch_size, num_workers)
 
-    result = check_data(sleepy(), 32, device="cpu", loader=factory, window_seconds=0.2, time_budget_seconds=0)
+    result = check_data(
+        sleepy(),
+        32,
+        device="cpu",
+        loader=factory,
+        search=LoaderSearch(window_seconds=0.2, time_budget_seconds=0),
+    )
     assert result.source.startswith("loader=") and result.source.endswith("factory")
     assert {call["batch_size"] for call in seen} == {32}
     # The time budget is spent by the first three passes: no setting is tried after them.
@@ -240,7 +246,7 @@ def test_an_error_in_the_step_propagates_with_a_note_and_the_state_put_back(one_
     workload.train_step = train_step
     before = _state(workload)
     with pytest.raises(StepFailed) as info:
-        check_data(workload, 16, device="cpu", window_seconds=0.05)
+        check_data(workload, 16, device="cpu", search=LoaderSearch(window_seconds=0.05))
     assert info.value.__notes__ == ["batchfit: raised by the train step in check_data at batch_size=16."]
     after = _state(workload)
     for key in before:
@@ -303,7 +309,18 @@ def test_bad_input_names_the_parameter(build: Any, arguments: dict[str, Any], me
     arguments = dict(arguments)
     batch_size = arguments.pop("batch_size")
     with pytest.raises(ConfigurationError) as info:
-        check_data(build(), batch_size, device="cpu", window_seconds=0.05, **arguments)
+        searching = {
+            name: arguments.pop(name) for name in list(arguments) if name in LoaderSearch.__dataclass_fields__
+        }
+        setting = {
+            name: arguments.pop(name)
+            for name in list(arguments)
+            if name in LoaderSetting.__dataclass_fields__
+        }
+        search = LoaderSearch(**{"window_seconds": 0.05, **searching})
+        check_data(
+            build(), batch_size, device="cpu", current=LoaderSetting(**setting), search=search, **arguments
+        )
     assert str(info.value) == message
 
 
@@ -322,7 +339,7 @@ def test_a_workload_without_a_dataset_or_a_loader_is_refused() -> None:
 def test_on_cuda_the_device_busy_share_is_measured_with_events() -> None:
     workload = sleepy()
     workload.model.to("cuda")
-    result = check_data(workload, 32, device="cuda", window_seconds=WINDOW_SECONDS)
+    result = check_data(workload, 32, device="cuda", search=LoaderSearch(window_seconds=WINDOW_SECONDS))
     print(result.table())  # the figures, in the gpu session's log (pytest -rP)
     assert result.device.startswith("cuda")
     # The step is a tiny model's real step and 50 ms of the host waiting, as for an accelerator;

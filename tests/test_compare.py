@@ -11,7 +11,14 @@ from compiled_workloads import compiled_truth, pointwise_model
 from compiled_workloads import make_batch as pointwise_batch
 from tiny_workloads import build, lbfgs_mlp
 
-from batchfit import ConfigurationError, Workload, compare, memory_limit
+from batchfit import (
+    BatchSizes,
+    ConfigurationError,
+    Timing,
+    Workload,
+    compare,
+    memory_limit,
+)
 from batchfit.runtime.steps.techniques import applied, compiler_unavailable
 from batchfit.runtime.workloads.examples import build_example
 
@@ -42,9 +49,8 @@ def comparison() -> Any:
         ["amp", "checkpointing", "amp+checkpointing", "amp-fp16"],
         device="cpu",
         memory_limit="64MiB",
-        global_batch_size=96,
-        windows=1,
-        explore_seconds=0,
+        sizes=BatchSizes(global_batch_size=96),
+        timing=Timing(windows=1, time_budget_seconds=0),
     )
 
 
@@ -98,7 +104,9 @@ def test_compare_leaves_the_model_optimizer_and_rng_as_they_were() -> None:
     state = {key: {k: v.clone() for k, v in value.items()} for key, value in workload.optimizer.state.items()}
     rng = torch.get_rng_state()
     gradients = [parameter.grad.clone() for parameter in workload.model.parameters()]
-    compare(workload, ["amp"], device="cpu", memory_limit="16MiB", windows=1, explore_seconds=0)
+    compare(
+        workload, ["amp"], device="cpu", memory_limit="16MiB", timing=Timing(windows=1, time_budget_seconds=0)
+    )
     assert all(torch.equal(value, weights[name]) for name, value in workload.model.state_dict().items())
     for key, value in workload.optimizer.state.items():
         assert all(torch.equal(v, state[key][k]) for k, v in value.items())
@@ -118,7 +126,11 @@ def test_a_technique_that_cannot_wrap_the_step_says_why_and_the_others_run() -> 
 
     workload.train_step = train_step
     result = compare(
-        workload, ["amp", "checkpointing"], device="cpu", memory_limit="8MiB", windows=1, explore_seconds=0
+        workload,
+        ["amp", "checkpointing"],
+        device="cpu",
+        memory_limit="8MiB",
+        timing=Timing(windows=1, time_budget_seconds=0),
     )
     baseline, amp, checkpointing = result.rows
     assert baseline.applied and baseline.batch_size is not None
@@ -135,9 +147,8 @@ def test_an_optimizer_that_needs_a_closure_runs_every_row_a_closure_allows() -> 
         ["amp", "amp-fp16", "accumulation"],
         device="cpu",
         memory_limit="8MiB",
-        global_batch_size=1024,
-        windows=1,
-        explore_seconds=0,
+        sizes=BatchSizes(global_batch_size=1024),
+        timing=Timing(windows=1, time_budget_seconds=0),
     )
     baseline, amp, fp16, accumulation = result.rows
     assert baseline.batch_size is not None and amp.batch_size is not None and amp.note == "autocast bfloat16"
@@ -152,7 +163,7 @@ def test_an_optimizer_that_needs_a_closure_runs_every_row_a_closure_allows() -> 
 
 def test_bad_settings_are_refused_before_any_work() -> None:
     with pytest.raises(ConfigurationError, match=r"^windows \(0\) must be 1 or more\.$"):
-        compare(build("mlp"), windows=0)
+        compare(build("mlp"), timing=Timing(windows=0))
     with pytest.raises(ConfigurationError, match=r"^technique 'fast': 'fast' is not one of"):
         compare(build("mlp"), ["fast"], device="cpu")
 
@@ -181,7 +192,12 @@ def test_the_compile_row_is_the_compiled_step_s_truth_and_the_model_stays_eager(
         model, optimizer, make_batch=pointwise_batch, loss_fn=torch.nn.functional.cross_entropy
     )
     result = compare(
-        workload, ["compile"], device="cpu", memory_limit="64MiB", max_batch_size=8192, explore_seconds=0
+        workload,
+        ["compile"],
+        device="cpu",
+        memory_limit="64MiB",
+        sizes=BatchSizes(max_batch_size=8192),
+        timing=Timing(time_budget_seconds=0),
     )
     baseline, compiled = result.rows
     assert compiled.applied and compiled.note == "torch.compile", compiled

@@ -14,6 +14,7 @@ import statistics
 import pytest
 from tiny_workloads import build
 
+from batchfit import BatchSizes, Goal, Timing
 from batchfit.errors import ConfigurationError
 from batchfit.explore import explore
 from batchfit.policy.contenders import coarse_sizes
@@ -28,9 +29,10 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
         workload,
         device="cpu",
         memory_limit=1_600_000,
-        windows=3,
-        steps_per_window=2,
-        on_update=updates.append,
+        on_progress=lambda event: (
+            updates.append(event.recommendation) if event.stage == "recommendation" else None
+        ),
+        timing=Timing(windows=3, steps_per_window=2),
     )
     batches = [point.batch_size for point in result.points]
     # Coarse: powers of two up to the bound that find_batch_size found, which is measured too.
@@ -84,12 +86,8 @@ def test_global_batch_constraint_and_time_budget() -> None:
     result = explore(
         build("mlp"),
         device="cpu",
-        max_batch_size=48,
-        world_size=2,
-        global_batch_size=96,
-        windows=2,
-        steps_per_window=1,
-        time_budget_seconds=0.0,
+        sizes=BatchSizes(max_batch_size=48, world_size=2, global_batch_size=96),
+        timing=Timing(windows=2, steps_per_window=1, time_budget_seconds=0.0),
     )
     # 96 / 2 devices = 48 per device: every micro-batch measured divides 48.
     assert all(48 % point.batch_size == 0 for point in result.points)
@@ -108,7 +106,7 @@ def test_global_batch_constraint_and_time_budget() -> None:
         ({"confidence_target": 101}, "confidence_target=101 must be in [0, 100]"),
         (
             {"max_batch_size": 10, "multiple_of": 16},
-            "no micro-batch in [1, 10] satisfies multiple_of=16; loosen one or widen the range.",
+            "no multiple of 16 lies in [min_batch_size, max_batch_size] = [1, 10]",
         ),
         (
             {"max_batch_size": 10, "multiple_of": 4, "world_size": 2, "global_batch_size": 36},
@@ -125,6 +123,11 @@ def test_global_batch_constraint_and_time_budget() -> None:
     ],
 )
 def test_bad_input(kwargs: dict[str, object], message: str) -> None:
+    given = {"max_batch_size": 16, **kwargs}
     with pytest.raises(ConfigurationError) as info:
-        explore(build("mlp"), device="cpu", **{"max_batch_size": 16, **kwargs})  # type: ignore[arg-type]
+        options = {
+            name: kind(**{key: value for key, value in given.items() if key in kind.__dataclass_fields__})
+            for name, kind in (("sizes", BatchSizes), ("timing", Timing), ("goal", Goal))
+        }
+        explore(build("mlp"), device="cpu", **options)  # type: ignore[arg-type]
     assert message in str(info.value)

@@ -27,13 +27,23 @@ from tiny_workloads import (
     queue_workload,
     sparse_embedding_workload,
     tiny_mlp,
+    trials_into,
     untraceable,
 )
 from torch import nn
 
 import batchfit
-from batchfit import ConfigurationError, DeviceUnavailableError, DoesNotFitError, Workload, find_batch_size
+from batchfit import (
+    BatchSizes,
+    ConfigurationError,
+    DeviceUnavailableError,
+    DoesNotFitError,
+    Trials,
+    Workload,
+    find_batch_size,
+)
 from batchfit.find import find_on
+from batchfit.options import Target
 from batchfit.policy import search as search_policy
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -96,7 +106,7 @@ def test_train_answer_is_the_true_maximum(kind: str, optimizer: str, limit: int,
         device="cpu",
         memory_limit=limit,
         memory_fraction=fraction,
-        max_batch_size=400,
+        sizes=BatchSizes(max_batch_size=400),
     )
     truth = brute_force(kind, "train", limit, fraction, min(400, result.batch_size + 3), optimizer)
     assert result.batch_size == truth
@@ -117,7 +127,7 @@ def test_eval_answer_is_the_true_maximum(kind: str, limit: int) -> None:
 
 def test_result_holds_the_evidence(mlp_workload: Workload) -> None:
     seen: list[batchfit.Trial] = []
-    result = find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", on_trial=seen.append)
+    result = find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", on_progress=trials_into(seen))
     assert tuple(seen) == result.trials
     document = result.to_dict()
     assert document["batch_size"] == result.batch_size and document["stop_reason"] == "boundary"
@@ -153,23 +163,29 @@ def test_the_summary_says_when_the_answer_needed_allocator_retries(mlp_workload:
 
 def test_the_summary_counts_its_trials_in_words(mlp_workload: Workload) -> None:
     # The forecast places one real trial at max_batch_size, which fits: "1 trial", not "1 trials".
-    result = find_batch_size(mlp_workload, device="cpu", memory_limit="64MiB", max_batch_size=8)
+    result = find_batch_size(
+        mlp_workload, device="cpu", memory_limit="64MiB", sizes=BatchSizes(max_batch_size=8)
+    )
     assert len(result.trials) == 1 and len(result.predicted_trials) > 1
     assert f"); 1 trial (placed by {len(result.predicted_trials)} fake-tensor traces) in " in result.summary()
 
 
 def test_multiple_of_and_bounds(mlp_workload: Workload) -> None:
-    result = find_batch_size(mlp_workload, device="cpu", memory_limit="4MiB", multiple_of=8, min_batch_size=8)
+    result = find_batch_size(
+        mlp_workload, device="cpu", memory_limit="4MiB", sizes=BatchSizes(multiple_of=8, min_batch_size=8)
+    )
     assert result.batch_size % 8 == 0 and all(t.batch_size % 8 == 0 for t in result.trials)
-    capped = find_batch_size(mlp_workload, device="cpu", memory_limit="64MiB", max_batch_size=24)
+    capped = find_batch_size(
+        mlp_workload, device="cpu", memory_limit="64MiB", sizes=BatchSizes(max_batch_size=24)
+    )
     assert (capped.batch_size, capped.stop_reason) == (24, "max_batch_size")
 
 
 def test_steady_state_peak_includes_optimizer_state() -> None:
     workload = build("cnn", "adam")
-    kwargs = {"device": "cpu", "memory_limit": "64MiB", "min_batch_size": 32, "max_batch_size": 32}
-    one = find_batch_size(workload, steps_per_trial=1, **kwargs)  # type: ignore[arg-type]
-    two = find_batch_size(workload, steps_per_trial=2, **kwargs)  # type: ignore[arg-type]
+    kwargs = {"device": "cpu", "memory_limit": "64MiB", "sizes": BatchSizes(32, 32)}
+    one = find_batch_size(workload, **kwargs, trials=Trials(steps_per_trial=1))  # type: ignore[arg-type]
+    two = find_batch_size(workload, **kwargs, trials=Trials(steps_per_trial=2))  # type: ignore[arg-type]
     params = list(workload.model.parameters())
     adam_state = 2 * sum(p.numel() * 4 for p in params) + 4 * len(params)  # two moments + a step count each
     # Adam's state is created inside the first step; the second step's backward carries it.
@@ -294,7 +310,11 @@ def test_optimizer_factory_and_slices_count_their_own_bytes() -> None:
         loss_fn=nn.functional.cross_entropy,
     )
     result = find_batch_size(
-        workload, device="cpu", memory_limit="1MiB", memory_fraction=1.0, max_batch_size=10_000
+        workload,
+        device="cpu",
+        memory_limit="1MiB",
+        memory_fraction=1.0,
+        sizes=BatchSizes(max_batch_size=10_000),
     )
     # Each sample costs its own 64 floats (+ label, activations, gradients), not the 25.6 MB pool.
     assert 1000 < result.batch_size < 4000
@@ -331,7 +351,9 @@ def test_dataset_largest_items_first() -> None:
         loss_fn=workload.loss_fn,
     )
     assert by_key.host_batch(1)[0].shape == (1, 5, 8)  # the user's key decides what is largest
-    result = find_batch_size(workload, device="cpu", memory_limit="512KiB", max_batch_size=64)
+    result = find_batch_size(
+        workload, device="cpu", memory_limit="512KiB", sizes=BatchSizes(max_batch_size=64)
+    )
     assert result.batch_size >= 1
 
 
@@ -419,7 +441,7 @@ def test_model_on_another_device_is_named() -> None:
     with pytest.raises(ConfigurationError, match=named):
         find_batch_size(workload, device="cpu")
     with pytest.raises(ConfigurationError, match=named):
-        batchfit.explore(workload, device="cpu", max_batch_size=4)
+        batchfit.explore(workload, device="cpu", sizes=BatchSizes(max_batch_size=4))
     with pytest.raises(ConfigurationError, match=named):
         batchfit.check_data(workload, 4, device="cpu")
 
@@ -427,7 +449,7 @@ def test_model_on_another_device_is_named() -> None:
 def test_uncapped_cpu_uses_the_host_capacity(mlp_workload: Workload) -> None:
     from batchfit.runtime.devices.device import host_available_bytes
 
-    result = find_batch_size(mlp_workload, device="cpu", max_batch_size=32)
+    result = find_batch_size(mlp_workload, device="cpu", sizes=BatchSizes(max_batch_size=32))
     assert result.batch_size == 32 and result.device == "cpu"
     params = sum(
         t.untyped_storage().nbytes()
@@ -436,21 +458,13 @@ def test_uncapped_cpu_uses_the_host_capacity(mlp_workload: Workload) -> None:
     assert 0 < result.capacity_bytes - params <= host_available_bytes() * 1.1
 
 
-def test_progress_callbacks_bracket_every_trial(mlp_workload: Workload) -> None:
-    events: list[tuple[str, int]] = []
-    result = find_batch_size(
-        mlp_workload,
-        device="cpu",
-        memory_limit="3MiB",
-        on_trial_start=lambda batch: events.append(("start", batch)),
-        on_trial=lambda trial: events.append(("done", trial.batch_size)),
-    )
-    expected = [
-        event
-        for trial in result.trials
-        for event in (("start", trial.batch_size), ("done", trial.batch_size))
-    ]
-    assert events == expected
+def test_progress_events_bracket_every_trial(mlp_workload: Workload) -> None:
+    events: list[batchfit.Event] = []
+    result = find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", on_progress=events.append)
+    expected = [(stage, trial.batch_size) for trial in result.trials for stage in ("started", "trial")]
+    assert [(event.stage, event.batch_size) for event in events] == expected
+    assert {(event.verb, event.label) for event in events} == {("find", "train")}
+    assert [event.trial for event in events if event.stage == "trial"] == list(result.trials)
 
 
 class HistorySGD(torch.optim.SGD):
@@ -517,8 +531,8 @@ def test_confirm_steps_hold_the_answer_to_longer_training() -> None:
         device="cpu",
         memory_limit=limit,
         memory_fraction=1.0,
-        confirm_steps=10,
-        on_trial=seen.append,
+        on_progress=trials_into(seen),
+        trials=Trials(confirm_steps=10),
     )
     assert result.confirm_steps == 10 and result.answer.steps == 10 and result.answer.fits
     assert result.batch_size < short.batch_size and result.stop_reason == "boundary"
@@ -545,7 +559,11 @@ def test_after_the_opening_the_search_runs_the_confirming_trial() -> None:
     limit = 1_500_000
     plain = find_batch_size(untraceable("mlp"), device="cpu", memory_limit=limit, memory_fraction=1.0)
     result = find_batch_size(
-        untraceable("mlp"), device="cpu", memory_limit=limit, memory_fraction=1.0, confirm_steps=4
+        untraceable("mlp"),
+        device="cpu",
+        memory_limit=limit,
+        memory_fraction=1.0,
+        trials=Trials(confirm_steps=4),
     )
     assert not result.predicted_trials and result.stop_reason == "boundary"
     assert result.batch_size == plain.batch_size
@@ -558,7 +576,7 @@ def test_after_the_opening_the_search_runs_the_confirming_trial() -> None:
 
 def test_confirm_steps_must_be_positive(mlp_workload: Workload) -> None:
     with pytest.raises(ConfigurationError, match="confirm_steps"):
-        find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", confirm_steps=0)
+        find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", trials=Trials(confirm_steps=0))
 
 
 def trains(build_fresh: Callable[[], Workload], batch_size: int, limit: str, steps: int) -> bool:
@@ -666,7 +684,12 @@ def test_behind_a_caching_allocator_a_search_whose_first_fp16_steps_overflow_is_
     # nothing (an H200's AMP search replayed no size and took 14 trials). It runs again from the
     # scale it reached: the search is the one whose scaler never overflowed.
     def search(loss_scale: float) -> batchfit.SearchResult:
-        return find_on(CachingCpuDevice(16 * 2**20), overflowing_workload(loss_scale), max_batch_size=4096)
+        return find_on(
+            Target(CachingCpuDevice(16 * 2**20), 0.8),
+            overflowing_workload(loss_scale),
+            "train",
+            BatchSizes(max_batch_size=4096),
+        )
 
     late, prompt = search(1e3), search(1.0)
     assert prompt.replays > 0 and late.replays == prompt.replays
@@ -686,7 +709,12 @@ def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near
     # answer, and the next trial is the candidate after it: 6-7 trials in all (9-11 when the
     # gallop started 7 below).
     def search() -> batchfit.SearchResult:
-        return find_on(CachingCpuDevice(40 * 2**20), large_batch_workspace(per_sample), max_batch_size=8192)
+        return find_on(
+            Target(CachingCpuDevice(40 * 2**20), 0.8),
+            large_batch_workspace(per_sample),
+            "train",
+            BatchSizes(max_batch_size=8192),
+        )
 
     asked_again = search()
     sizes = [trial.batch_size for trial in asked_again.trials]
@@ -718,7 +746,9 @@ def test_behind_a_caching_allocator_a_forecast_that_was_low_is_asked_again_near_
     # again places the answer. The line alone took 17-18 trials there.
     def search() -> batchfit.SearchResult:
         workload = large_batch_workspace(per_sample, small=True)
-        return find_on(CachingCpuDevice(40 * 2**20), workload, max_batch_size=8192)
+        return find_on(
+            Target(CachingCpuDevice(40 * 2**20), 0.8), workload, "train", BatchSizes(max_batch_size=8192)
+        )
 
     asked_again = search()
     sizes = [trial.batch_size for trial in asked_again.trials]
@@ -737,7 +767,7 @@ def test_a_lazy_module_waiting_for_its_first_batch_is_named() -> None:
     with pytest.raises(ConfigurationError, match=named):
         find_batch_size(workload, device="cpu", memory_limit="1MiB")
     with pytest.raises(ConfigurationError, match=named):
-        batchfit.explore(workload, device="cpu", max_batch_size=4)
+        batchfit.explore(workload, device="cpu", sizes=BatchSizes(max_batch_size=4))
 
 
 def test_an_optimizer_that_needs_a_closure_is_stepped_with_one() -> None:
@@ -771,7 +801,11 @@ def test_a_buffer_the_forward_assigns_anew_is_freed_as_in_training() -> None:
     workload = queue_workload()
     queue = workload.model.queue.clone()
     result = find_batch_size(
-        workload, device="cpu", memory_limit="3MiB", memory_fraction=1.0, max_batch_size=4096
+        workload,
+        device="cpu",
+        memory_limit="3MiB",
+        memory_fraction=1.0,
+        sizes=BatchSizes(max_batch_size=4096),
     )
     assert torch.equal(workload.model.queue, queue)
     assert trains(queue_workload, result.batch_size, "3MiB", 2)
@@ -859,7 +893,9 @@ def test_a_scripted_model_s_out_of_memory_is_one(caching: bool) -> None:
     # message now decides.
     limit = 2 * 2**20
     if caching:
-        result = find_on(CachingCpuDevice(limit), scripted_mlp(), memory_fraction=1.0, max_batch_size=4096)
+        result = find_on(
+            Target(CachingCpuDevice(limit), 1.0), scripted_mlp(), "train", BatchSizes(max_batch_size=4096)
+        )
     else:
         result = find_batch_size(scripted_mlp(), device="cpu", memory_limit=limit, memory_fraction=1.0)
     failed = [trial for trial in result.trials if trial.outcome == "oom"]
@@ -890,7 +926,9 @@ def test_a_discriminator_and_an_ema_the_step_updates_are_put_back_and_counted() 
         name: value.clone() for name, value in (*critic.state_dict().items(), *ema.state_dict().items())
     }
     assert set(map(id, workload.reached)) == {id(critic), id(critic_optimizer), id(ema)}
-    result = find_batch_size(workload, device="cpu", memory_limit="8MiB", max_batch_size=8192)
+    result = find_batch_size(
+        workload, device="cpu", memory_limit="8MiB", sizes=BatchSizes(max_batch_size=8192)
+    )
     assert not result.predicted_trials  # no trace: its fakes would not be this other state
     after = {name: value for name, value in (*critic.state_dict().items(), *ema.state_dict().items())}
     assert all(
@@ -923,7 +961,9 @@ def test_the_summary_says_when_the_next_size_failed_with_room_in_the_allocator_s
     # Behind the modelled caching allocator the cnn's next size asks for a 20 MiB segment: under
     # 230 MiB its cache holds more than that free, in pieces; under 64 MiB it does not.
     workload = build_example("cnn", "cpu")
-    result = find_on(CachingCpuDevice(cap_mib << 20), workload, memory_fraction=1.0, max_batch_size=1024)
+    result = find_on(
+        Target(CachingCpuDevice(cap_mib << 20), 1.0), workload, "train", BatchSizes(max_batch_size=1024)
+    )
     said = re.search(
         r"Batch (\d+) ran out of memory asking for 20\.00 MiB while the allocator held ([\d.]+) MiB reserved "
         r"but unallocated: room, not in one piece \(fragmentation\)\. Expandable segments may fit more",

@@ -25,8 +25,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import batchfit
-from batchfit import SearchResult, Workload, find_batch_size
+from batchfit import BatchSizes, Mode, SearchResult, Timing, Workload, find_batch_size
 from batchfit.find import find_on
+from batchfit.options import Target
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.trial import Trial
 from batchfit.policy.trial_cache import TrialCache
@@ -59,10 +60,21 @@ def target_for(device: str, limit: int | None) -> Device:
     return resolve_device(device, limit)
 
 
-def find(workload: Workload, mode: str, device: str, cap: int, **options: Any) -> SearchResult:
+def find(
+    workload: Workload,
+    mode: Mode,
+    device: str,
+    cap: int,
+    *,
+    memory_fraction: float = 0.8,
+    max_batch_size: int | None = None,
+) -> SearchResult:
+    sizes = BatchSizes(max_batch_size=max_batch_size)
     if device in ("cpu-caching", "cpu-expandable"):
-        return find_on(target_for(device, cap), workload, mode, **options)  # type: ignore[arg-type]
-    return find_batch_size(workload, mode, device=device, memory_limit=cap, **options)  # type: ignore[arg-type]
+        return find_on(Target(target_for(device, cap), memory_fraction), workload, mode, sizes)
+    return find_batch_size(
+        workload, mode, device=device, memory_limit=cap, memory_fraction=memory_fraction, sizes=sizes
+    )
 
 
 def cnn_workload(device: str, *, amp: bool = False, loss_scale: float = 1.0) -> Workload:
@@ -279,7 +291,7 @@ def test_on_cuda_compare_measures_expandable_segments_and_puts_the_setting_back(
         device="cuda",
         memory_limit=cap,
         memory_fraction=1.0,
-        explore_seconds=0,
+        timing=Timing(time_budget_seconds=0),
     )
     baseline, row = comparison.rows
     assert row.applied and "expandable_segments:True" in row.note and row.batch_size is not None
@@ -575,10 +587,10 @@ def test_the_user_s_cap_is_put_back(device: str, ending: str) -> None:
     target = target_for(device, cap)
     try:
         if ending == "success":
-            find_on(target, workload)
+            find_on(Target(target, 0.8), workload, "train")
         else:
             with pytest.raises(type(error)):
-                find_on(target, workload)
+                find_on(Target(target, 0.8), workload, "train")
         # The allocator keeps the fraction as bytes of the device's total: it reads back to ~1e-11.
         assert _cap_in_force(target) == pytest.approx(user_fraction if device == "cuda" else 1.0, abs=1e-9)
     finally:
@@ -619,7 +631,7 @@ def test_the_cli_runs_on_cuda(args: tuple[str, ...], tmp_path: Any) -> None:
                 "cnn",
                 "--techniques",
                 "amp,cudnn-benchmark-on",
-                "--explore-seconds",
+                "--time-budget-seconds",
                 "0",
             ),
             lambda document: document["device"],
@@ -788,7 +800,9 @@ def test_the_user_s_memory_fraction_bounds_the_capacity() -> None:
         total = torch.cuda.mem_get_info(index)[1]
         assert resolve_device("cuda", None).capacity_bytes([]) <= int(0.25 * total)
         workload = cnn_workload("cuda")
-        result = find_batch_size(workload, device="cuda", memory_fraction=0.8, max_batch_size=8)
+        result = find_batch_size(
+            workload, device="cuda", memory_fraction=0.8, sizes=BatchSizes(max_batch_size=8)
+        )
         assert result.capacity_bytes <= int(0.25 * total)
         assert user_memory_fraction(index) == 0.25  # put back after the search's own caps
     finally:
@@ -883,8 +897,8 @@ def test_a_search_at_another_fraction_replays_the_requests_its_cached_opening_re
     workload = cnn_workload("cpu-caching")
     cap = reference_cap(workload, "cpu-caching", 48)
     cache = TrialCache()
-    first = find_on(CachingCpuDevice(cap), workload, "train", memory_fraction=1.0, cache=cache)
-    second = find_on(CachingCpuDevice(cap), workload, "train", memory_fraction=0.8, cache=cache)
+    first = find_on(Target(CachingCpuDevice(cap), 1.0), workload, "train", cache=cache)
+    second = find_on(Target(CachingCpuDevice(cap), 0.8), workload, "train", cache=cache)
     fitted = {t.batch_size for t in (*first.trials, *second.trials) if t.fits}
     assert sorted(cache.records) == sorted(fitted) and {2, 4, first.batch_size} <= fitted
     assert first.replays > 0 and second.replays > 0

@@ -1,5 +1,6 @@
-"""The architecture, checked: the policies are free of torch and of the layers above them, and no
-two modules import each other (directly or round a circle)."""
+"""The architecture, checked: the policies are free of torch and of the layers above them, the
+command line reaches only the public API, and no two modules import each other (directly or
+round a circle)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,18 @@ def test_no_import_circles() -> None:
                 elif nxt not in path and nxt != "batchfit":
                     stack.append((nxt, [*path, nxt]))
     assert circles == []
+
+
+#: What the command line may import of batchfit: the package's own names (its public API), the
+#: report, and its own modules.
+CLI_MAY_IMPORT = ("batchfit", "batchfit.report")
+
+
+@pytest.mark.parametrize("name", sorted(name for name in MODULES if name.startswith("batchfit.cli")))
+def test_the_cli_reaches_only_the_public_api(name: str) -> None:
+    inside = {
+        imported
+        for imported in imports(name, top_level_only=False)
+        if imported.split(".")[0] == "batchfit" and not imported.startswith("batchfit.cli")
+    }
+    assert inside <= set(CLI_MAY_IMPORT), inside - set(CLI_MAY_IMPORT)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from batchfit import Workload
+from batchfit import Event, OnProgress, Trial, Workload
 
 
 def tiny_mlp(width: int = 256) -> nn.Module:
@@ -253,3 +253,13 @@ def as_in_ddp(workload: Workload) -> Workload:
         return loss(output, target)
 
     return dataclasses.replace(workload, loss_fn=loss_fn)
+
+
+def trials_into(heard: list[Trial]) -> OnProgress:
+    """A progress callback that keeps every trial that ended, in order."""
+
+    def hear(event: Event) -> None:
+        if event.stage == "trial" and event.trial is not None:
+            heard.append(event.trial)
+
+    return hear

@@ -1,8 +1,14 @@
-"""batchfit: which batch size should I train (and evaluate) with on this hardware?"""
+"""batchfit: which batch size should I train (and evaluate) with on this hardware?
 
-from batchfit.advise import Advice, advise
+What a user imports, all from here: the verbs (``find_batch_size``, ``explore``, ``compare``,
+``check_data``, ``advise``, ``analyze``, ``plan``, ``apply_autobatch``, ``MicroBatchStep``), the
+options they share (``BatchSizes``, ``Trials``, ``Timing``, ``Goal``, ``Where``), the progress
+``Event``, ``Workload`` and ``load_workload``, the results, and the errors."""
+
+from batchfit.advise import STEPS as ADVISE_STEPS
+from batchfit.advise import Advice, Checklist, advise
 from batchfit.analyze import Analysis, AnalysisRow, analyze
-from batchfit.autobatch import apply_autobatch
+from batchfit.autobatch import analyze_config, apply_autobatch
 from batchfit.check_data import DataCheck, check_data
 from batchfit.compare import Comparison, ComparisonRow, compare
 from batchfit.config import ExperimentConfig, load_config
@@ -17,44 +23,72 @@ from batchfit.errors import (
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import SearchResult, find_batch_size
 from batchfit.micro_batch_step import MicroBatchStep
-from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSetting, SettingRow
+from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
+from batchfit.policy.choose import Recommendation
+from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, LoaderSetting, SettingRow
+from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.policy.plan import Plan, plan
-from batchfit.policy.shrink import MicroBatchChange
-from batchfit.policy.trial import MemoryModel, Trial
+from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
+from batchfit.policy.techniques import TECHNIQUES
+from batchfit.policy.trial import MemoryModel, Mode, Trial
+from batchfit.progress import Event, OnProgress
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import memory_limit
+from batchfit.runtime.workloads.examples import EXAMPLES as _BUILDERS
+from batchfit.runtime.workloads.specs import load_workload
 from batchfit.runtime.workloads.workload import Workload
 
 __version__ = "0.1.0"
 
+#: The built-in examples' names (``load_workload("example:NAME")``, ``--example NAME``).
+EXAMPLES: tuple[str, ...] = tuple(sorted(_BUILDERS))
+
 __all__ = [
+    "ADVISE_STEPS",
+    "EXAMPLES",
+    "TECHNIQUES",
     "Advice",
     "Analysis",
     "AnalysisRow",
+    "Baseline",
+    "BatchSizes",
     "BatchfitError",
+    "Checklist",
     "Comparison",
     "ComparisonRow",
     "ConfigurationError",
     "DataCheck",
     "DeviceUnavailableError",
     "DoesNotFitError",
+    "Event",
     "ExperimentConfig",
     "ExploreResult",
+    "Goal",
     "LoaderRecommendation",
+    "LoaderSearch",
     "LoaderSetting",
     "MemoryModel",
     "MicroBatchChange",
     "MicroBatchStep",
+    "Mode",
+    "OnProgress",
     "OptimizerStepOutOfMemoryError",
     "Plan",
     "RankFailedError",
+    "Recommendation",
+    "Scaling",
     "SearchResult",
     "SettingRow",
+    "Timing",
+    "TrainingFacts",
     "Trial",
+    "Trials",
+    "Where",
     "Workload",
     "__version__",
     "advise",
     "analyze",
+    "analyze_config",
     "apply_autobatch",
     "check_data",
     "compare",
@@ -62,6 +96,7 @@ __all__ = [
     "find_batch_size",
     "is_out_of_memory",
     "load_config",
+    "load_workload",
     "memory_limit",
     "plan",
 ]

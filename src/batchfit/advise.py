@@ -4,24 +4,27 @@ learning rate and warm-up for the batch it recommends."""
 
 from __future__ import annotations
 
-import functools
 import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from batchfit.check_data import DataCheck, check_data
-from batchfit.compare import Comparison, compare
+from batchfit.checks import check_positive_int
+from batchfit.compare import Comparison, compare_on
 from batchfit.errors import ConfigurationError
-from batchfit.explore import ExploreResult, explore
-from batchfit.find import SearchResult, find_batch_size
+from batchfit.explore import ExploreResult, explore_on
+from batchfit.find import SearchResult, find_on
+from batchfit.options import BatchSizes, Target, Timing, Where
 from batchfit.policy.advice import Change, costly, rank
 from batchfit.policy.plan import Plan, plan
-from batchfit.policy.trial import Trial
+from batchfit.policy.plan_options import Baseline
+from batchfit.policy.trial import Mode
+from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory
+from batchfit.runtime.workloads.workload import Workload
 
 #: The steps advise runs, in order; each can be skipped.
 STEPS = ("find", "explore", "compare", "check-data", "plan")
@@ -100,111 +103,63 @@ class Advice:
         return "\n".join(lines) + "\n"
 
 
+#: advise's timing unless told: explore gets 10 s.
+ADVISE_TIMING = Timing(time_budget_seconds=10.0)
+
+
+@dataclass(frozen=True)
+class Checklist:
+    """Which of advise's steps run, and what they are given: the steps to ``skip``, the
+    ``batch_size`` to check data and plan at (default: explore's recommendation, else find's
+    largest), compare's ``techniques`` (None: the defaults) and check-data's ``loader`` (a factory
+    or its ``module:function`` spec; None: the workload's dataset)."""
+
+    skip: tuple[str, ...] = ()
+    batch_size: int | None = None
+    techniques: tuple[str, ...] | None = None
+    loader: LoaderFactory | str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [step for step in self.skip if step not in STEPS]
+        if unknown:
+            raise ConfigurationError(f"skip {unknown}: the steps are {', '.join(STEPS)}.")
+        if self.batch_size is not None:
+            check_positive_int("batch_size", self.batch_size)
+
+
 def advise(
-    workload: Any,
+    workload: Workload,
     *,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
     memory_fraction: float = 0.8,
-    skip: Sequence[str] = (),
-    batch_size: int | None = None,
-    explore_seconds: float = 10.0,
-    techniques: Sequence[str] | None = None,
-    loader: LoaderFactory | None = None,
-    global_batch_size: int | None = None,
-    world_size: int = 1,
-    base_learning_rate: float | None = None,
-    base_batch_size: int | None = None,
-    on_step: Callable[[str], None] | None = None,
-    on_trial: Callable[[str, Trial], None] | None = None,
+    sizes: BatchSizes = BatchSizes(),
+    timing: Timing = ADVISE_TIMING,
+    checklist: Checklist = Checklist(),
+    baseline: Baseline | None = None,
+    on_progress: OnProgress | None = None,
 ) -> Advice:
-    """Run the checklist on ``workload``: ``find`` (train and eval), ``explore`` (within
-    ``explore_seconds``), ``compare`` (``techniques``, None: the defaults), ``check-data`` (when the
-    workload has a dataset or ``loader`` is given) and ``plan`` (with ``base_learning_rate`` and
-    ``base_batch_size``: the learning rate and warm-up for ``global_batch_size``, by default the
-    recommended batch x ``world_size``). Steps named in ``skip`` are not run. The batch
-    recommended, and checked by check-data, is ``batch_size`` when given, else explore's
-    recommendation, else find's largest. ``on_step(name)``
-    hears each step as it starts, and ``on_trial(label, trial)`` each memory trial of find (label:
-    the mode) and compare (label: the technique). The model, optimizer and RNG are left as they were.
+    """Run the checklist on ``workload``: ``find`` (train and eval, in ``sizes``), ``explore``
+    (with ``timing``), ``compare``, ``check-data`` (when the workload has a dataset or the
+    checklist a loader) and ``plan`` (with ``baseline``, the run the learning rate was tuned on:
+    the learning rate and warm-up for ``sizes.global_batch_size``, by default the recommended
+    batch x ``sizes.world_size``), each unless ``checklist.skip`` names it. ``on_progress`` hears
+    each step as it starts (``started``, labelled with the step) and the steps' own events. The
+    model, optimizer and RNG are left as they were.
     """
     started = time.perf_counter()
-    unknown = [step for step in skip if step not in STEPS]
-    if unknown:
-        raise ConfigurationError(f"skip {unknown}: the steps are {', '.join(STEPS)}.")
-    if (base_learning_rate is None) != (base_batch_size is None):
-        raise ConfigurationError(
-            "plan needs both base_learning_rate and base_batch_size (the batch that learning rate was "
-            "tuned for), or neither."
-        )
-    skipped: list[str] = [f"{step}: asked" for step in skip]
-
-    def starting(step: str) -> bool:
-        if step in skip:
-            return False
-        if on_step is not None:
-            on_step(step)
-        return True
-
-    train = evaluation = None
-    if starting("find"):
-        train, evaluation = (
-            find_batch_size(
-                workload,
-                mode,
-                device=device,
-                memory_limit=memory_limit,
-                memory_fraction=memory_fraction,
-                on_trial=None if on_trial is None else functools.partial(on_trial, mode),
-            )
-            for mode in ("train", "eval")
-        )
+    run = _Checklist(
+        Target.of(Where(device, memory_limit, memory_fraction)), workload, checklist, on_progress
+    )
+    train, evaluation = run.find(replace(sizes, global_batch_size=None, world_size=None))
     largest = None if train is None else train.batch_size
-    exploration = None
-    if starting("explore"):
-        exploration = explore(
-            workload,
-            device=device,
-            memory_limit=memory_limit,
-            memory_fraction=memory_fraction,
-            max_batch_size=largest,
-            time_budget_seconds=explore_seconds,
-        )
+    exploration = run.explore(sizes, largest, timing)
+    batch_size = checklist.batch_size
     if batch_size is None:
         batch_size = exploration.recommendation.batch_size if exploration is not None else largest
-    comparison = None
-    if starting("compare"):
-        comparison = compare(
-            workload,
-            techniques,
-            device=device,
-            memory_limit=memory_limit,
-            memory_fraction=memory_fraction,
-            explore_seconds=0,
-            on_trial=on_trial,
-        )
-    data = None
-    if "check-data" not in skip:
-        if loader is None and workload.dataset is None:
-            skipped.append("check-data: the workload has no dataset and no loader was given")
-        elif batch_size is None:
-            skipped.append("check-data: no batch size to check (find and explore skipped, none given)")
-        elif starting("check-data"):
-            data = check_data(workload, batch_size, device=device, loader=loader)
-    planned = None
-    if "plan" not in skip:
-        if base_learning_rate is None or base_batch_size is None:
-            skipped.append("plan: base_learning_rate and base_batch_size were not given")
-        elif batch_size is None and global_batch_size is None:
-            skipped.append("plan: no batch size to plan (find and explore skipped, none given)")
-        elif starting("plan"):
-            planned = plan(
-                global_batch_size or (batch_size or 1) * world_size,
-                max_micro_batch_size=largest,
-                world_size=world_size,
-                base_learning_rate=base_learning_rate,
-                base_batch_size=base_batch_size,
-            )
+    comparison = run.compare()
+    data = run.check_data(batch_size)
+    planned = run.plan(batch_size, largest, sizes, baseline)
     changes = _changes(comparison, data)
     return Advice(
         train,
@@ -216,9 +171,85 @@ def advise(
         batch_size,
         rank(changes),
         costly(changes),
-        tuple(skipped),
+        tuple(run.skipped),
         time.perf_counter() - started,
     )
+
+
+@dataclass
+class _Checklist:
+    """advise's steps on one target, each run unless skipped and told as it starts; ``skipped``
+    collects why a step did not run."""
+
+    target: Target
+    workload: Workload
+    checklist: Checklist
+    on_progress: OnProgress | None
+    skipped: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.skipped = [f"{step}: asked" for step in self.checklist.skip]
+
+    def starting(self, step: str) -> bool:
+        if step in self.checklist.skip:
+            return False
+        tell(self.on_progress, Event("advise", "started", step))
+        return True
+
+    def find(self, sizes: BatchSizes) -> tuple[SearchResult | None, SearchResult | None]:
+        if not self.starting("find"):
+            return None, None
+        modes: tuple[Mode, Mode] = ("train", "eval")
+        train, evaluation = (
+            find_on(self.target, self.workload, mode, sizes.for_mode(mode), on_progress=self.on_progress)
+            for mode in modes
+        )
+        return train, evaluation
+
+    def explore(self, sizes: BatchSizes, largest: int | None, timing: Timing) -> ExploreResult | None:
+        if not self.starting("explore"):
+            return None
+        up_to = replace(sizes, max_batch_size=largest, global_batch_size=None, world_size=None)
+        return explore_on(self.target, self.workload, up_to, timing)
+
+    def compare(self) -> Comparison | None:
+        if not self.starting("compare"):
+            return None
+        no_explore = Timing(time_budget_seconds=0)
+        techniques = self.checklist.techniques
+        return compare_on(
+            self.target, self.workload, techniques, timing=no_explore, on_progress=self.on_progress
+        )
+
+    def check_data(self, batch_size: int | None) -> DataCheck | None:
+        loader = self.checklist.loader
+        if "check-data" in self.checklist.skip:
+            return None
+        if loader is None and self.workload.dataset is None:
+            self.skipped.append("check-data: the workload has no dataset and no loader was given")
+        elif batch_size is None:
+            self.skipped.append("check-data: no batch size to check (find and explore skipped, none given)")
+        elif self.starting("check-data"):
+            device = self.target.device.torch_device
+            return check_data(self.workload, batch_size, device=device, loader=loader)
+        return None
+
+    def plan(
+        self, batch_size: int | None, largest: int | None, sizes: BatchSizes, baseline: Baseline | None
+    ) -> Plan | None:
+        if "plan" in self.checklist.skip:
+            return None
+        if baseline is None:
+            self.skipped.append("plan: base_learning_rate and base_batch_size were not given")
+            return None
+        if batch_size is None and sizes.global_batch_size is None:
+            self.skipped.append("plan: no batch size to plan (find and explore skipped, none given)")
+            return None
+        if not self.starting("plan"):
+            return None
+        world_size = sizes.world_size or 1
+        global_batch_size = sizes.global_batch_size or (batch_size or 1) * world_size
+        return plan(global_batch_size, baseline, max_micro_batch_size=largest, world_size=world_size)
 
 
 def _changes(comparison: Comparison | None, data: DataCheck | None) -> list[Change]:

@@ -7,36 +7,26 @@ first reuses the trials (and fake-tensor traces) of the others and runs only wha
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from batchfit.checks import DEFAULT_MAX_BATCH_SIZE, default_max_batch_size
+import torch
+
+from batchfit.checks import check_memory_fraction
 from batchfit.errors import ConfigurationError
-from batchfit.find import SearchResult, find_batch_size
-from batchfit.policy.trial import Mode, Trial
+from batchfit.find import SearchResult, find_on
+from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
+from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
+from batchfit.progress import OnProgress
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
 #: What ``Analysis.render`` writes: the report file's suffixes, and the table the CLI prints.
 REPORT_FORMATS = ("json", "jsonl", "csv")
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """Where one mode's search looks: [min_batch_size, max_batch_size], steps_per_trial steps a trial."""
-
-    min_batch_size: int = 1
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    steps_per_trial: int = 2
-
-    @classmethod
-    def default(cls, mode: Mode) -> Bounds:
-        return cls(max_batch_size=default_max_batch_size(mode))
 
 
 @dataclass(frozen=True)
@@ -103,34 +93,37 @@ class Analysis:
 def analyze(
     workload: Workload,
     memory_fractions: Sequence[float],
-    modes: Sequence[Mode] = ("train", "eval"),
+    modes: Sequence[str] = ("train", "eval"),
     *,
-    bounds: Mapping[Mode, Bounds] | None = None,
-    device: str | None = None,
+    device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    on_trial: Callable[[float, Mode, Trial], None] | None = None,
+    sizes: Mapping[Mode, BatchSizes] | None = None,
+    trials: Mapping[Mode, Trials] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> Analysis:
-    """One search per (memory_fraction, mode); each mode's searches share one cache of measurements."""
+    """One search per (memory_fraction, mode), each mode's in ``sizes[mode]`` with
+    ``trials[mode]`` (the defaults where a mode is missing); each mode's searches share one cache
+    of measurements. ``on_progress`` hears every trial, labelled ``mode@fraction``."""
     if not memory_fractions:
         raise ConfigurationError("memory_fractions is empty: give at least one, e.g. 0.6,0.8.")
+    for fraction in memory_fractions:
+        check_memory_fraction(fraction)
+    named = [mode_named(mode) for mode in dict.fromkeys(modes)]
+    base = Target.of(Where(device, memory_limit))
     rows, results = [], []
-    caches = {mode: TrialCache() for mode in modes}
-    for mode in modes:
-        limits = (bounds or {}).get(mode) or Bounds.default(mode)
+    caches = {mode: TrialCache() for mode in named}
+    for mode in named:
         cache = caches[mode]
         for memory_fraction in memory_fractions:
             runs_before = cache.runs
-            result = find_batch_size(
+            result = find_on(
+                replace(base, memory_fraction=memory_fraction),
                 workload,
                 mode,
-                device=device,
-                memory_limit=memory_limit,
-                memory_fraction=memory_fraction,
-                min_batch_size=limits.min_batch_size,
-                max_batch_size=limits.max_batch_size,
-                steps_per_trial=limits.steps_per_trial,
-                cache=cache,
-                on_trial=None if on_trial is None else functools.partial(on_trial, memory_fraction, mode),
+                (sizes or {}).get(mode) or BatchSizes(),
+                (trials or {}).get(mode) or Trials(),
+                _told(on_progress, f"{mode}@{memory_fraction:g}"),
+                cache,
             )
             results.append(result)
             rows.append(
@@ -153,3 +146,10 @@ def analyze(
         separate_traces=sum(len(result.predicted_trials) for result in results),
         results=tuple(results),
     )
+
+
+def _told(on_progress: OnProgress | None, label: str) -> OnProgress | None:
+    """The progress callback, each trial told as analyze's under ``label``."""
+    if on_progress is None:
+        return None
+    return lambda event: on_progress(event.relabelled("analyze", label))

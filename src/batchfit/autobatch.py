@@ -1,18 +1,27 @@
-"""At the start of training: run the searches an experiment config asks for, write the sizes in."""
+"""Experiment configs' searches: at the start of training, the sizes a config asks for written into
+it (``apply_autobatch``); outside training, its searches at several memory fractions
+(``analyze_config``)."""
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Sequence
 
-from batchfit.analyze import Bounds
-from batchfit.config import ExperimentConfig
+from batchfit.analyze import Analysis, analyze
+from batchfit.config import AutobatchConfig, ExperimentConfig
 from batchfit.find import SearchResult, find_batch_size
-from batchfit.policy.trial import Mode, Trial
+from batchfit.options import BatchSizes, Trials
+from batchfit.policy.trial import Mode
+from batchfit.progress import Event, OnProgress
 from batchfit.runtime.workloads.specs import load_workload
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
+
+#: Each mode's keys in DATA.AUTOBATCH: eval's are the _VAL twins.
+SUFFIXES: dict[Mode, str] = {"train": "", "eval": "_VAL"}
 
 
 def workload_from_config(cfg: ExperimentConfig) -> Workload:
@@ -20,13 +29,14 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
     return load_workload(cfg.WORKLOAD, device=cfg.DEVICE, source="WORKLOAD")
 
 
-def bounds_from_config(cfg: ExperimentConfig) -> dict[Mode, Bounds]:
-    """Each mode's search bounds as ``DATA.AUTOBATCH`` sets them (eval's are the ``_VAL`` keys)."""
-    auto = cfg.DATA.AUTOBATCH
-    return {
-        "train": Bounds(auto.MIN_BATCH_SIZE, auto.MAX_BATCH_SIZE, auto.STEPS_PER_TRIAL),
-        "eval": Bounds(auto.MIN_BATCH_SIZE_VAL, auto.MAX_BATCH_SIZE_VAL, auto.STEPS_PER_TRIAL_VAL),
-    }
+def sizes_from_config(auto: AutobatchConfig, mode: Mode) -> BatchSizes:
+    """The sizes a ``mode`` search may answer, as ``DATA.AUTOBATCH`` sets them."""
+    suffix = SUFFIXES[mode]
+    return BatchSizes(getattr(auto, "MIN_BATCH_SIZE" + suffix), getattr(auto, "MAX_BATCH_SIZE" + suffix))
+
+
+def trials_from_config(auto: AutobatchConfig, mode: Mode) -> Trials:
+    return Trials(getattr(auto, "STEPS_PER_TRIAL" + SUFFIXES[mode]))
 
 
 def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchResult]:
@@ -34,17 +44,22 @@ def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchRes
     ``DATA.BATCH_SIZE`` / ``DATA.BATCH_SIZE_VAL`` in ``cfg``; the trials are logged at
     ``LOG_LEVEL`` (``LOG_LEVEL_VAL``) and each choice at INFO. Returns the searches' results."""
     auto = cfg.DATA.AUTOBATCH
-    bounds = bounds_from_config(cfg)
     results = []
-    modes: tuple[tuple[Mode, str, bool], ...] = (
-        ("train", "", auto.ENABLED),
-        ("eval", "_VAL", auto.ENABLED_VAL),
-    )
-    for mode, suffix, enabled in modes:
-        if not enabled:
+    for mode, suffix in SUFFIXES.items():
+        if not getattr(auto, "ENABLED" + suffix):
             continue
-        fraction = getattr(auto, "TARGET_MEMORY_FRACTION" + suffix)
-        result = _search(cfg, workload, mode, fraction, bounds[mode], getattr(auto, "LOG_LEVEL" + suffix))
+        level = logging.getLevelName(getattr(auto, "LOG_LEVEL" + suffix).upper())
+        result = find_batch_size(
+            workload,
+            mode,
+            device=cfg.DEVICE,
+            memory_limit=cfg.MEMORY_LIMIT,
+            memory_fraction=getattr(auto, "TARGET_MEMORY_FRACTION" + suffix),
+            sizes=sizes_from_config(auto, mode),
+            trials=trials_from_config(auto, mode),
+            on_progress=functools.partial(_log_trial, level=level),
+        )
+        logger.log(level, "autobatch: %s", result.summary())
         key = "BATCH_SIZE" + suffix
         logger.info("autobatch: DATA.%s %d -> %d", key, getattr(cfg.DATA, key), result.batch_size)
         setattr(cfg.DATA, key, result.batch_size)
@@ -52,36 +67,36 @@ def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchRes
     return results
 
 
-def _search(
+def analyze_config(
     cfg: ExperimentConfig,
     workload: Workload,
-    mode: Mode,
-    memory_fraction: float,
-    bounds: Bounds,
-    level_name: str,
-) -> SearchResult:
-    level = logging.getLevelName(level_name.upper())
+    memory_fractions: Sequence[float],
+    modes: Sequence[str] = ("train", "eval"),
+    on_progress: OnProgress | None = None,
+) -> Analysis:
+    """``analyze`` on the config's device and memory limit, each mode's search bounded and
+    stepped as ``DATA.AUTOBATCH`` says."""
+    auto = cfg.DATA.AUTOBATCH
+    return analyze(
+        workload,
+        memory_fractions,
+        modes,
+        device=cfg.DEVICE,
+        memory_limit=cfg.MEMORY_LIMIT,
+        sizes={mode: sizes_from_config(auto, mode) for mode in SUFFIXES},
+        trials={mode: trials_from_config(auto, mode) for mode in SUFFIXES},
+        on_progress=on_progress,
+    )
 
-    def log_trial(trial: Trial) -> None:
+
+def _log_trial(event: Event, *, level: int) -> None:
+    if event.stage == "trial" and event.trial is not None:
+        trial = event.trial
         logger.log(
             level,
             "autobatch %s trial batch_size=%d: %s, peak %s",
-            mode,
+            event.label,
             trial.batch_size,
             trial.outcome,
             format_bytes(trial.peak_bytes),
         )
-
-    result = find_batch_size(
-        workload,
-        mode,
-        device=cfg.DEVICE,
-        memory_limit=cfg.MEMORY_LIMIT,
-        memory_fraction=memory_fraction,
-        min_batch_size=bounds.min_batch_size,
-        max_batch_size=bounds.max_batch_size,
-        steps_per_trial=bounds.steps_per_trial,
-        on_trial=log_trial,
-    )
-    logger.log(level, "autobatch: %s", result.summary())
-    return result

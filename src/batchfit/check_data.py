@@ -6,29 +6,30 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from batchfit.checks import check_positive_int, check_positive_number
+from batchfit.checks import check_positive_int
+from batchfit.options import Target, Where
 from batchfit.policy.loader_settings import (
     KNOBS,
     WAIT_SHARE_THRESHOLD,
+    DataCheckStopReason,
     LoaderRecommendation,
+    LoaderSearch,
     LoaderSetting,
     SettingRow,
-    StopReason,
-    check_tolerance,
     is_bottleneck,
     recommend,
     try_settings,
 )
+from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory, LoaderSource
 from batchfit.runtime.data.loop import DataLoop
 from batchfit.runtime.devices.host import usable_cores
-from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.workloads.specs import load_function
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 
@@ -49,7 +50,7 @@ class DataCheck:
     tolerance: float
     settings: tuple[SettingRow, ...]  # the current setting first, then each one tried
     recommendation: LoaderRecommendation | None  # None when the loader is not the bottleneck
-    stop_reason: StopReason
+    stop_reason: DataCheckStopReason
     batches_per_epoch: int | None
     notes: tuple[str, ...]
     seconds: float
@@ -122,79 +123,46 @@ def check_data(
     batch_size: int,
     *,
     device: str | torch.device | None = None,
-    loader: LoaderFactory | None = None,
-    num_workers: int = 0,
-    pin_memory: bool = False,
-    persistent_workers: bool = False,
-    prefetch_factor: int | None = None,
-    max_num_workers: int | None = None,
-    tolerance: float = 0.03,
-    window_seconds: float = 1.0,
-    time_budget_seconds: float | None = None,
-    on_setting: Callable[[SettingRow], None] | None = None,
+    loader: LoaderFactory | str | None = None,
+    current: LoaderSetting = LoaderSetting(),
+    search: LoaderSearch = LoaderSearch(),
+    on_progress: OnProgress | None = None,
 ) -> DataCheck:
     """Measure whether loading the data holds training back at ``batch_size``, and what fixes it.
 
     The batches come from ``loader(batch_size=..., num_workers=..., pin_memory=...,
-    persistent_workers=..., prefetch_factor=...) -> DataLoader``, called with only the keywords
-    its signature names (all of them with ``**kwargs``; only those are varied), or else from a
-    DataLoader over the workload's map-style ``dataset`` (shuffled, ``drop_last=True``).
-    ``num_workers``, ``pin_memory``, ``persistent_workers`` and ``prefetch_factor`` are the
-    setting used now. Three passes time the loader alone, the step alone and the two together;
-    when the loader is the bottleneck (more than ``WAIT_SHARE_THRESHOLD`` of the loop waits for
-    data), settings are tried up to ``max_num_workers`` (default: the cores this process may use)
-    and the cheapest within ``tolerance`` of the fastest is recommended. Each pass times at least
-    ``window_seconds``; no setting is started after ``time_budget_seconds``. ``on_setting(row)``
-    hears each setting's row as it is measured, the current one first. The model, optimizer and
-    RNG are left as they were. docs/check-data.md explains.
+    persistent_workers=..., prefetch_factor=...) -> DataLoader`` (a function, or its
+    ``module:function`` spec), called with only the keywords its signature names (all of them
+    with ``**kwargs``; only those are varied), or else from a DataLoader over the workload's
+    map-style ``dataset`` (shuffled, ``drop_last=True``). ``current`` is the setting used now.
+    Three passes time the loader alone, the step alone and the two together; when the loader is
+    the bottleneck (more than ``WAIT_SHARE_THRESHOLD`` of the loop waits for data), settings are
+    tried up to ``search.max_num_workers`` (default: the cores this process may use) and the
+    cheapest within ``search.tolerance`` of the fastest is recommended. Each pass times at least
+    ``search.window_seconds``; no setting is started after ``search.time_budget_seconds``. ``on_progress``
+    hears each setting as it is measured, the current one first. The model, optimizer and RNG
+    are left as they were. docs/check-data.md explains.
     """
     started = time.perf_counter()
     check_positive_int("batch_size", batch_size)
-    check_tolerance(tolerance)
-    check_positive_number("window_seconds", window_seconds)
-    if time_budget_seconds is not None:
-        check_positive_number("time_budget_seconds", time_budget_seconds, allow_zero=True)
-    if max_num_workers is None:
-        max_num_workers = usable_cores()
-    check_positive_int("max_num_workers", max_num_workers, minimum=0)
-    current = LoaderSetting(num_workers, pin_memory, persistent_workers, prefetch_factor)
-    source = LoaderSource(workload, batch_size, loader)
+    if search.max_num_workers is None:
+        search = replace(search, max_num_workers=usable_cores())
+    factory = load_function(loader, "loader") if isinstance(loader, str) else loader
+    source = LoaderSource(workload, batch_size, factory)
     source.check(current)
-    target = resolve_device(device, None)
+    target = Target.of(Where(device)).device
     check_model_on(workload.module, target.torch_device)
-
-    def out_of_time() -> bool:
-        return time_budget_seconds is not None and time.perf_counter() - started > time_budget_seconds
-
-    with DataLoop(workload, target, source, window_seconds) as loop:
+    trying = _Trying(source, search, started, on_progress)
+    with DataLoop(workload, target, source, search.window_seconds) as loop:
         loader_rate = loop.loader_alone(current)
         step_rate = loop.step_alone()
         now, busy_share = loop.together(current)
-        if on_setting is not None:
-            on_setting(now)
-
-        def measure(setting: LoaderSetting) -> SettingRow:
-            row = loop.together(setting)[0]
-            if on_setting is not None:
-                on_setting(row)
-            return row
-
-        settings: tuple[SettingRow, ...] = (now,)
-        stop: StopReason = "not_bottleneck"
-        if is_bottleneck(now.data_wait_share):
-            settings, stop = try_settings(
-                now,
-                measure,
-                max_num_workers=max_num_workers,
-                knobs=source.knobs,
-                cuda=target.torch_device.type == "cuda",
-                tolerance=tolerance,
-                out_of_time=out_of_time,
-            )
+        trying.heard(now)
+        settings, stop = trying.run(loop, now)
     recommendation = recommend(
         now,
         settings,
-        tolerance=tolerance,
+        tolerance=search.tolerance,
         batch_size=batch_size,
         batches_per_epoch=loop.batches_per_epoch,
         knobs=source.knobs,
@@ -210,7 +178,7 @@ def check_data(
         busy_share,
         is_bottleneck(now.data_wait_share),
         WAIT_SHARE_THRESHOLD,
-        tolerance,
+        search.tolerance,
         settings,
         recommendation,
         stop,
@@ -218,6 +186,46 @@ def check_data(
         _notes(source, target.torch_device.type, recommendation, loop.batches_per_epoch),
         time.perf_counter() - started,
     )
+
+
+@dataclass(frozen=True)
+class _Trying:
+    """The settings tried where the loader is the bottleneck, each measured with the loop, told
+    as it comes, and none started after the time budget."""
+
+    source: LoaderSource
+    search: LoaderSearch
+    started: float
+    on_progress: OnProgress | None
+
+    def run(self, loop: DataLoop, now: SettingRow) -> tuple[tuple[SettingRow, ...], DataCheckStopReason]:
+        if not is_bottleneck(now.data_wait_share):
+            return (now,), "not_bottleneck"
+
+        def measure(setting: LoaderSetting) -> SettingRow:
+            return self.heard(loop.together(setting)[0])
+
+        return try_settings(
+            now,
+            measure,
+            max_num_workers=self.search.max_num_workers or 0,
+            knobs=self.source.knobs,
+            cuda=loop.device.torch_device.type == "cuda",
+            tolerance=self.search.tolerance,
+            out_of_time=self.out_of_time,
+        )
+
+    def out_of_time(self) -> bool:
+        budget = self.search.time_budget_seconds
+        return budget is not None and time.perf_counter() - self.started > budget
+
+    def heard(self, row: SettingRow) -> SettingRow:
+        message = (
+            f"{row.setting.describe():<40} {row.samples_per_second:10.1f} samples/s  "
+            f"data wait {row.data_wait_share:6.1%}"
+        )
+        tell(self.on_progress, Event("check-data", "setting", row.setting.describe(), message=message))
+        return row
 
 
 def _notes(

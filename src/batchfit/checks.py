@@ -4,6 +4,8 @@ upper bounds of a search (eval's is twice train's: an eval step keeps no activat
 from __future__ import annotations
 
 import math
+from dataclasses import field
+from typing import Any
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy.trial import Mode
@@ -54,3 +56,9 @@ def check_memory_fraction(memory_fraction: object, name: str = "memory_fraction"
         raise ConfigurationError(
             f"{name}={memory_fraction!r} must be in (0, 1]: the share of device memory a batch may use."
         )
+
+
+def option(default: Any, help: str, *, cli: bool = True) -> Any:
+    """An options object's field: its default (``dataclasses.MISSING``: none, the flag is required)
+    and the one-line help its flag shows (``cli=False``: no flag)."""
+    return field(default=default, metadata={"help": help, "cli": cli})

@@ -5,21 +5,20 @@ its throughput, against the baseline as given."""
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
 from batchfit.errors import ConfigurationError, DoesNotFitError
-from batchfit.explore import explore
+from batchfit.explore import explore_on
 from batchfit.find import find_on
-from batchfit.policy.exploration import Meter
+from batchfit.options import BatchSizes, Target, Timing, Where
 from batchfit.policy.micro_batch import chosen_micro_batch
 from batchfit.policy.techniques import (
     ACCUMULATION,
@@ -31,11 +30,10 @@ from batchfit.policy.techniques import (
     setting_name,
     why_not,
 )
-from batchfit.policy.trial import Trial
+from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.caching_device import expandable_segments
 from batchfit.runtime.devices.device import Device
-from batchfit.runtime.devices.resolve import resolve_device
-from batchfit.runtime.distributed.lockstep import Lockstep, LockstepMeter
+from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.runtime.steps.runner import StepTimer
 from batchfit.runtime.steps.techniques import (
     applied,
@@ -67,6 +65,12 @@ class ComparisonRow:
     at_max_batch_size: bool = False  # the search reached max_batch_size: batch_size is a lower bound
     trials: int = 0
     seconds: float = 0.0
+
+    def line(self) -> str:
+        """What the row found, in a line."""
+        if self.applied and self.batch_size is not None:
+            return f"{self.technique}: batch_size={self.batch_size} ({self.note}) in {self.seconds:.1f} s"
+        return f"{self.technique}: {self.note}"
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,10 @@ class Comparison:
         return "\n".join(lines) + "\n"
 
 
+#: compare's timing unless told: explore gets 10 s for each technique's recommended batch.
+COMPARE_TIMING = Timing(time_budget_seconds=10.0)
+
+
 def compare(
     workload: Workload,
     techniques: Sequence[str] | None = None,
@@ -128,64 +136,46 @@ def compare(
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
     memory_fraction: float = 0.8,
-    min_batch_size: int = 1,
-    max_batch_size: int | None = None,
-    multiple_of: int | None = None,
-    global_batch_size: int | None = None,
+    sizes: BatchSizes = BatchSizes(),
+    timing: Timing = COMPARE_TIMING,
     checkpoint_module: str | None = None,
-    windows: int = 3,
-    explore_seconds: float = 10.0,
-    on_row: Callable[[ComparisonRow], None] | None = None,
-    on_trial: Callable[[str, Trial], None] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> Comparison:
     """Apply each technique to ``workload`` (``techniques``: names such as ``amp`` (or ``amp-fp16``,
     ``amp-bf16``), ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``,
-    ``expandable-segments``, ``accumulation``;
-    None: the defaults for the device) and measure it as ``find`` and ``explore`` would: the largest
-    batch under a hard cap at ``memory_fraction``, its peak and memory line, the throughput at that
-    batch (the median of ``windows`` rounds of one window per row) and at explore's recommendation
-    (within ``explore_seconds``; 0 skips it; ``multiple_of`` as in both). ``accumulation`` reaches
-    ``global_batch_size`` with the baseline's largest batch as micro-batch. Checkpointing wraps
-    ``checkpoint_module`` (a type name), by default the most repeated block. The model, optimizer and
-    RNG are left as they were.
+    ``expandable-segments``, ``accumulation``; None: the defaults for the device) and measure it as
+    ``find`` and ``explore`` would: the largest batch in ``sizes`` under a hard cap at
+    ``memory_fraction``, its peak and memory line, the throughput at that batch (the median of
+    ``timing.windows`` rounds of one window per row) and at explore's recommendation (within
+    ``timing.time_budget_seconds``; 0 skips it). ``accumulation`` reaches
+    ``sizes.global_batch_size`` with the baseline's largest batch as micro-batch. Checkpointing
+    wraps ``checkpoint_module`` (a type name), by default the most repeated block.
+    ``on_progress`` hears each trial (labelled with its technique) and each row. The model,
+    optimizer and RNG are left as they were.
     """
+    target = Target.of(Where(device, memory_limit, memory_fraction))
+    return compare_on(target, workload, techniques, sizes, timing, checkpoint_module, on_progress)
+
+
+def compare_on(
+    target: Target,
+    workload: Workload,
+    techniques: Sequence[str] | None = None,
+    sizes: BatchSizes = BatchSizes(),
+    timing: Timing = COMPARE_TIMING,
+    checkpoint_module: str | None = None,
+    on_progress: OnProgress | None = None,
+) -> Comparison:
+    """``compare`` on a resolved target (advise compares on its own)."""
     started = time.perf_counter()
-    if windows < 1:
-        raise ConfigurationError(f"windows ({windows}) must be 1 or more.")
-    if explore_seconds < 0:
-        raise ConfigurationError(f"explore_seconds ({explore_seconds}) must be 0 (no explore) or more.")
-    target = resolve_device(device, memory_limit)
-    facts = Facts(
-        cuda=target.torch_device.type == "cuda",
-        custom_train_step=workload.train_step is not None,
-        repeated_block=checkpoint_module or repeated_block(module_blocks(workload.module)),
-        global_batch_size=global_batch_size,
-        bfloat16=runs_bfloat16(target.torch_device),
-        closure_optimizer=_needs_closure(workload),
-        compiled=workload.compiled,
-        expandable_segments=expandable_segments(),
-        compiler=(
-            compiler_unavailable(target.torch_device.type)
-            if any(COMPILE in name.split("+") for name in techniques or ())
-            else None
-        ),
-    )
+    facts = _facts(workload, target.device, sizes, techniques, checkpoint_module)
+    global_batch_size = sizes.global_batch_size
     if techniques is None:
         settings = default_settings(facts, torch.backends.cudnn.benchmark)
     else:  # a global batch asked for is reached with accumulation, named or not
         settings = parse_settings([*techniques, *([ACCUMULATION] if global_batch_size else [])])
-    measure = _Measure(
-        workload,
-        target,
-        memory_limit,
-        memory_fraction,
-        min_batch_size,
-        max_batch_size,
-        multiple_of,
-        windows,
-        explore_seconds,
-        on_trial,
-    )
+    searched = replace(sizes, global_batch_size=None, world_size=None)
+    measure = _Measure(workload, target, searched, timing, on_progress)
     rows: list[ComparisonRow] = []
     for parts in settings:
         reason = why_not(parts, facts)
@@ -196,20 +186,45 @@ def compare(
         else:
             row = measure.row(parts, facts)
         rows.append(row)
-        if on_row is not None:
-            on_row(row)
+        event = Event("compare", "row", row.technique, batch_size=row.batch_size, message=row.line())
+        tell(on_progress, event)
     # Every row's throughput in the same rounds, each round over all rows in turn: a drift of
     # the machine's speed (a slow spell) falls on every row alike instead of on one.
     readings = measure.speeds(rows, facts.repeated_block)
     rows = [_against(row, rows[0], readings.get(index), readings.get(0)) for index, row in enumerate(rows)]
     return Comparison(
         tuple(rows),
-        target.name,
-        float(memory_fraction),
+        target.device.name,
+        float(target.memory_fraction),
         measure.budget_bytes,
         "tokens/s" if workload.tokens_per_sample else "samples/s",
         global_batch_size,
         time.perf_counter() - started,
+    )
+
+
+def _facts(
+    workload: Workload,
+    device: Device,
+    sizes: BatchSizes,
+    techniques: Sequence[str] | None,
+    checkpoint_module: str | None,
+) -> Facts:
+    """What decides which techniques apply to this workload on this device."""
+    return Facts(
+        cuda=device.torch_device.type == "cuda",
+        custom_train_step=workload.train_step is not None,
+        repeated_block=checkpoint_module or repeated_block(module_blocks(workload.module)),
+        global_batch_size=sizes.global_batch_size,
+        bfloat16=runs_bfloat16(device.torch_device),
+        closure_optimizer=_needs_closure(workload),
+        compiled=workload.compiled,
+        expandable_segments=expandable_segments(),
+        compiler=(
+            compiler_unavailable(device.torch_device.type)
+            if any(COMPILE in name.split("+") for name in techniques or ())
+            else None
+        ),
     )
 
 
@@ -218,34 +233,18 @@ class _Measure:
     """The measurements of the rows: a search, timing rounds, an exploration, as ``compare`` asks."""
 
     workload: Workload
-    target: Device
-    memory_limit: str | int | None
-    memory_fraction: float
-    min_batch_size: int
-    max_batch_size: int | None
-    multiple_of: int | None
-    windows: int
-    explore_seconds: float
-    on_trial: Callable[[str, Trial], None] | None
+    target: Target
+    sizes: BatchSizes
+    timing: Timing
+    on_progress: OnProgress | None
     budget_bytes: int | None = None  # the searches' budget, once one has run
 
     def row(self, parts: tuple[str, ...], facts: Facts) -> ComparisonRow:
         name, started = setting_name(parts), time.perf_counter()
-        device = self.target.torch_device
+        device = self.target.device.torch_device
         with applied(self.workload, parts, device, block=facts.repeated_block) as (variant, how):
-            report = self.on_trial
-            on_trial = None if report is None else functools.partial(report, name)
             try:
-                result = find_on(
-                    self.target,
-                    variant,
-                    "train",
-                    memory_fraction=self.memory_fraction,
-                    min_batch_size=self.min_batch_size,
-                    max_batch_size=self.max_batch_size,
-                    multiple_of=self.multiple_of,
-                    on_trial=on_trial,
-                )
+                result = find_on(self.target, variant, "train", self.sizes, on_progress=self._told(name))
             except DoesNotFitError as error:
                 return ComparisonRow(name, True, f"{how}; {error}", seconds=time.perf_counter() - started)
             self.budget_bytes = result.budget_bytes
@@ -265,6 +264,13 @@ class _Measure:
             trials=len(result.trials),
             seconds=time.perf_counter() - started,
         )
+
+    def _told(self, technique: str) -> OnProgress | None:
+        """The progress callback, each trial told as compare's, labelled with ``technique``."""
+        if self.on_progress is None:
+            return None
+        on_progress = self.on_progress
+        return lambda event: on_progress(event.relabelled("compare", technique))
 
     def accumulation(self, baseline: ComparisonRow, global_batch_size: int) -> ComparisonRow:
         """The baseline's largest batch (or a divisor of the global batch below it) as the
@@ -291,34 +297,35 @@ class _Measure:
         step of micro-batch x steps samples); under a process group, the slowest rank's."""
         timed = {index: row for index, row in enumerate(rows) if row.applied and row.batch_size is not None}
         readings: dict[int, list[float]] = {index: [] for index in timed}
-        lockstep = Lockstep.current()
-        for _ in range(self.windows):
+        team = ranks()
+        for _ in range(self.timing.windows):
             for index, row in timed.items():
                 parts = tuple(row.technique.split("+")) if index else ()
                 steps = row.accumulation_steps or 1
-                device = self.target.torch_device
-                variant_of = applied(self.workload, parts, device, block=block, accumulation_steps=steps)
+                device = self.target.device
+                variant_of = applied(
+                    self.workload, parts, device.torch_device, block=block, accumulation_steps=steps
+                )
                 with (
                     variant_of as (variant, _),
-                    StepTimer(variant, self.target, None, variant.tokens_per_sample) as timer,
+                    StepTimer(
+                        variant, device, self.timing.steps_per_window, variant.tokens_per_sample
+                    ) as timer,
                 ):
-                    meter: Meter = timer if lockstep is None else LockstepMeter(timer, lockstep)
+                    meter = team.meter(timer)
                     meter.first_visit(row.batch_size or 1)
                     readings[index].append(meter.window(row.batch_size or 1) * steps)
         return readings
 
     def recommend(self, workload: Workload, batch_size: int) -> tuple[int | None, float | None]:
-        if self.explore_seconds <= 0:
+        """Explore's recommendation up to ``batch_size`` and its throughput (None, None when
+        compare's time budget is 0)."""
+        if self.timing.time_budget_seconds == 0:
             return None, None
-        result = explore(
-            workload,
-            device=self.target.torch_device,
-            memory_limit=self.memory_limit,
-            min_batch_size=min(self.min_batch_size, batch_size),
-            max_batch_size=batch_size,
-            multiple_of=self.multiple_of,
-            time_budget_seconds=self.explore_seconds,
-        )
+        sizes = replace(self.sizes, min_batch_size=min(self.sizes.min_batch_size, batch_size))
+        sizes = replace(sizes, max_batch_size=batch_size)
+        timing = Timing(time_budget_seconds=self.timing.time_budget_seconds)
+        result = explore_on(self.target, workload, sizes, timing)
         chosen = result.recommendation.batch_size
         return chosen, result.estimates()[chosen]
 

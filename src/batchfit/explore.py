@@ -8,20 +8,20 @@ import csv
 import io
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from batchfit.checks import check_batch_range, check_positive_int
 from batchfit.find import find_on
-from batchfit.policy.choose import Objective, Point, Recommendation, estimates
-from batchfit.policy.exploration import Meter, Rules, StopReason, explore_rounds
+from batchfit.options import BatchSizes, Goal, Target, Timing, Where
+from batchfit.policy.choose import Recommendation
+from batchfit.policy.exploration import ExploreStopReason, Rules, explore_rounds
 from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
-from batchfit.policy.trial import Trial
-from batchfit.runtime.devices.resolve import resolve_device
-from batchfit.runtime.distributed.lockstep import Lockstep, LockstepMeter
+from batchfit.policy.throughput import Point, estimates
+from batchfit.progress import Event, OnProgress, tell
+from batchfit.runtime.devices.host import malloc_advice
+from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.runtime.steps.runner import StepTimer
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
@@ -35,8 +35,9 @@ class ExploreResult:
     history: tuple[Recommendation, ...]  # the live recommendation after each measurement
     max_batch_size: int  # the memory-safe bound explored up to
     unit: str  # "samples/s" or "tokens/s"
-    stop_reason: StopReason
+    stop_reason: ExploreStopReason
     explore_seconds: float
+    device: str = ""  # the torch device timed, as "cpu" or "cuda:0"
 
     def estimates(self) -> dict[int, float]:
         """Each batch size's throughput with the rounds' drift divided out (what the rule compares)."""
@@ -52,6 +53,7 @@ class ExploreResult:
             "unit": self.unit,
             "stop_reason": self.stop_reason,
             "explore_seconds": self.explore_seconds,
+            "device": self.device,
         }
 
     def to_json(self) -> str:
@@ -94,89 +96,76 @@ def explore(
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
     memory_fraction: float = 0.8,
-    min_batch_size: int = 1,
-    max_batch_size: int | None = None,
-    tolerance: float = 0.03,
-    objective: Objective = "smallest-within-tolerance",
-    base_batch_size: int | None = None,
-    world_size: int | None = None,
-    global_batch_size: int | None = None,
-    multiple_of: int | None = None,
-    windows: int = 3,
-    steps_per_window: int | None = None,
-    time_budget_seconds: float | None = None,
-    confidence_target: int = 90,
-    tokens_per_sample: int | None = None,
-    on_update: Callable[[Recommendation], None] | None = None,
-    on_trial: Callable[[Trial], None] | None = None,
-    on_trial_start: Callable[[int], None] | None = None,
+    sizes: BatchSizes = BatchSizes(),
+    timing: Timing = Timing(),
+    goal: Goal = Goal(),
+    on_progress: OnProgress | None = None,
 ) -> ExploreResult:
     """Measure training throughput against batch size and recommend one.
 
-    The bound is ``max_batch_size`` or, when not given, the memory-safe maximum that
+    The bound is ``sizes.max_batch_size`` or, when not given, the memory-safe maximum that
     ``find_batch_size`` finds at ``memory_fraction``. The batch sizes timed, the rounds and the
     stop follow ``batchfit.policy.exploration`` (see docs/explore.md): the recommendation is the
-    smallest batch within ``tolerance`` of the fastest that reaches ``confidence_target``, or the
-    fastest with ``objective="max-throughput"``; ``on_update`` hears each new recommendation, and
-    ``on_trial_start`` / ``on_trial`` each trial of the search for the memory-safe maximum.
-    A window is ``steps_per_window`` steps or, when None, the fewest that last 20 ms. With
-    ``global_batch_size``, the micro-batch must divide ``global_batch_size / world_size`` (the
-    ranks of the process group when None, else 1); with ``multiple_of``, be a multiple of it.
-    Under torch.distributed every rank runs it together and gets the same result.
+    smallest batch within ``goal.tolerance`` of the fastest that reaches
+    ``goal.confidence_target``, or the fastest with ``goal.objective="max-throughput"``. A window
+    is ``timing.steps_per_window`` steps or, when None, the fewest that last 20 ms. With
+    ``sizes.global_batch_size``, the micro-batch must divide ``global_batch_size / world_size``
+    (the ranks of the process group when None, else 1); with ``multiple_of``, be a multiple of it.
+    ``on_progress`` hears the memory search's trials, each new recommendation, and on the CPU a
+    note on glibc's malloc. Under torch.distributed every rank runs it together and gets the same
+    result.
     """
+    target = Target.of(Where(device, memory_limit, memory_fraction))
+    return explore_on(target, workload, sizes, timing, goal, on_progress)
+
+
+def explore_on(
+    target: Target,
+    workload: Workload,
+    sizes: BatchSizes = BatchSizes(),
+    timing: Timing = Timing(),
+    goal: Goal = Goal(),
+    on_progress: OnProgress | None = None,
+) -> ExploreResult:
+    """``explore`` on a resolved target (compare explores each technique on its own)."""
     started = time.perf_counter()
-    lockstep = Lockstep.current()  # under torch.distributed every rank times the same windows
-    if world_size is None:
-        world_size = 1 if lockstep is None else lockstep.world_size
-    for name, value in (
-        ("steps_per_window", steps_per_window),
-        ("world_size", world_size),
-        ("multiple_of", multiple_of),
-        ("global_batch_size", global_batch_size),
-    ):
-        if value is not None:
-            check_positive_int(name, value)
-    check_batch_range(min_batch_size, min_batch_size if max_batch_size is None else max_batch_size)
+    team = ranks()  # under torch.distributed every rank times the same windows
+    world_size = sizes.world_size or team.world_size
     rules = Rules(
-        tolerance=tolerance,
-        objective=objective,
-        base_batch_size=base_batch_size,
-        confidence_target=confidence_target,
-        windows=windows,
-        time_budget_seconds=time_budget_seconds,
+        tolerance=goal.tolerance,
+        objective=goal.objective,
+        base_batch_size=goal.base_batch_size,
+        confidence_target=goal.confidence_target,
+        windows=timing.windows,
+        time_budget_seconds=timing.time_budget_seconds,
     )
     rules.check()
-    check_divisible(global_batch_size, world_size)  # before any work is done
-    target = resolve_device(device, memory_limit)
-    if lockstep is None:
-        check_model_on(workload.module, target.torch_device)
-    else:  # a rank whose model is elsewhere stops every rank, not only itself
-        lockstep.run(lambda: check_model_on(workload.module, target.torch_device))
+    check_divisible(sizes.global_batch_size, world_size)  # before any work is done
+    device = target.device
+    # A rank whose model is elsewhere stops every rank, not only itself.
+    team.run(lambda: check_model_on(workload.module, device.torch_device))
+    max_batch_size = sizes.max_batch_size
     if max_batch_size is None:
-        max_batch_size = find_on(
-            target,
-            workload,
-            "train",
-            memory_fraction=memory_fraction,
-            min_batch_size=min_batch_size,
-            multiple_of=multiple_of,
-            on_trial=on_trial,
-            on_trial_start=on_trial_start,
-        ).batch_size
+        searched = replace(sizes, global_batch_size=None, world_size=None)
+        max_batch_size = find_on(target, workload, "train", searched, on_progress=on_progress).batch_size
     candidates = micro_batch_sizes(
-        min_batch_size,
+        sizes.min_batch_size,
         max_batch_size,
-        multiple_of=multiple_of,
-        global_batch_size=global_batch_size,
+        multiple_of=sizes.multiple_of,
+        global_batch_size=sizes.global_batch_size,
         world_size=world_size,
     )
-    tokens_per_sample = tokens_per_sample or workload.tokens_per_sample
-    with StepTimer(workload, target, steps_per_window, tokens_per_sample) as timer:
-        meter: Meter = timer
-        if lockstep is not None:
-            meter = LockstepMeter(timer, lockstep)
-            started = lockstep.shared(lambda: started)  # the time budget on rank 0's clock
-        exploration = explore_rounds(candidates, meter, rules, started=started, on_update=on_update)
+    advice = malloc_advice() if device.torch_device.type == "cpu" else None
+    if advice:
+        tell(on_progress, Event("explore", "note", message=advice))
+    tokens_per_sample = timing.tokens_per_sample or workload.tokens_per_sample
+
+    def update(recommendation: Recommendation) -> None:
+        tell(on_progress, Event("explore", "recommendation", "train", recommendation=recommendation))
+
+    with StepTimer(workload, device, timing.steps_per_window, tokens_per_sample) as timer:
+        started = team.shared(lambda: started)  # the time budget on rank 0's clock
+        exploration = explore_rounds(candidates, team.meter(timer), rules, started=started, on_update=update)
     return ExploreResult(
         exploration.points,
         exploration.recommendation,
@@ -185,4 +174,5 @@ def explore(
         "tokens/s" if tokens_per_sample else "samples/s",
         exploration.stop_reason,
         exploration.seconds,
+        str(device.torch_device),
     )

@@ -5,24 +5,23 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from batchfit.checks import check_memory_fraction, check_positive_int, default_max_batch_size
 from batchfit.errors import ConfigurationError, DoesNotFitError
-from batchfit.policy.allocation_replay import ReplayForecast
-from batchfit.policy.search import Candidates, SearchOutcome, StopReason, search_and_confirm
+from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
+from batchfit.policy.replay_forecast import ReplayForecast
+from batchfit.policy.search import SearchStopReason, search_and_confirm
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
+from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.oom import fragmented
-from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.distributed.data_parallel import note_unwrapped
-from batchfit.runtime.distributed.lockstep import Lockstep, LockstepForecast
+from batchfit.runtime.distributed.lockstep import Alone, Lockstep, LockstepForecast, ranks
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.trace import forecast_search
@@ -46,7 +45,7 @@ class SearchResult:
     trials: tuple[Trial, ...]  # real trials, in the order they ran
     predicted_trials: tuple[Trial, ...]  # fake-tensor traces that placed them (CPU devices)
     memory_model: MemoryModel | None
-    stop_reason: StopReason
+    stop_reason: SearchStopReason
     search_seconds: float
     min_batch_size: int
     max_batch_size: int
@@ -139,83 +138,50 @@ def find_batch_size(
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
     memory_fraction: float = 0.8,
-    min_batch_size: int = 1,
-    max_batch_size: int | None = None,
-    multiple_of: int | None = None,
-    steps_per_trial: int = 2,
-    confirm_steps: int | None = None,
-    eval_with_training_state: bool = True,
-    on_trial: Callable[[Trial], None] | None = None,
-    on_trial_start: Callable[[int], None] | None = None,
-    cache: TrialCache | None = None,
+    sizes: BatchSizes = BatchSizes(),
+    trials: Trials = Trials(),
+    on_progress: OnProgress | None = None,
 ) -> SearchResult:
-    """Find the largest batch in [min_batch_size, max_batch_size] whose ``mode`` steps complete under a hard
-    cap at ``memory_fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
+    """Find the largest batch in ``sizes`` whose ``mode`` steps complete under a hard cap at
+    ``memory_fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
 
     ``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (default: cuda if available); with
     ``memory_limit`` (e.g. ``"2GiB"``) the device's capacity is that size (a smaller GPU, or a
-    CPU standing in for one).
-    The opening trials run ``steps_per_trial`` steps; every later one, which may be the answer,
-    runs ``confirm_steps`` (default: 10 on CUDA, whose caching allocator fragments over the first
-    steps; none on the CPU); an answer not found by such a trial runs them once more and, if they
-    no longer fit, the search goes on below it. On CUDA the trials record their allocator
-    requests, whose replay at other sizes places the later trials (``SearchResult.replays``).
-    For ``mode="eval"`` with ``eval_with_training_state`` the eval step is measured with
-    gradients and optimizer state resident, as when validation runs inside a training loop.
-    ``on_trial_start(batch_size)`` and ``on_trial(trial)`` report progress. A ``cache`` shared by
-    searches of the same workload, mode and device (at other fractions, say) reuses their
-    measurements instead of running them again.
+    CPU standing in for one). ``mode`` is ``"train"`` or ``"eval"`` (``"val"`` too).
+    The opening trials run ``trials.steps_per_trial`` steps; every later one, which may be the
+    answer, runs ``trials.confirm_steps`` (default: 10 on CUDA, whose caching allocator fragments
+    over the first steps; none on the CPU); an answer not found by such a trial runs them once
+    more and, if they no longer fit, the search goes on below it. On CUDA the trials record their
+    allocator requests, whose replay at other sizes places the later trials
+    (``SearchResult.replays``). For ``mode="eval"`` with ``trials.eval_with_training_state`` the
+    eval step is measured with gradients and optimizer state resident, as when validation runs
+    inside a training loop. ``on_progress`` hears each trial start and end (``batchfit.Event``).
     """
-    return find_on(
-        resolve_device(device, memory_limit),
-        workload,
-        mode,
-        memory_fraction=memory_fraction,
-        min_batch_size=min_batch_size,
-        max_batch_size=max_batch_size,
-        multiple_of=multiple_of,
-        steps_per_trial=steps_per_trial,
-        confirm_steps=confirm_steps,
-        eval_with_training_state=eval_with_training_state,
-        on_trial=on_trial,
-        on_trial_start=on_trial_start,
-        cache=cache,
-    )
+    target = Target.of(Where(device, memory_limit, memory_fraction))
+    return find_on(target, workload, mode_named(mode), sizes, trials, on_progress)
 
 
 def find_on(
-    target: Device,
+    target: Target,
     workload: Workload,
-    mode: Mode = "train",
-    *,
-    memory_fraction: float = 0.8,
-    min_batch_size: int = 1,
-    max_batch_size: int | None = None,
-    multiple_of: int | None = None,
-    steps_per_trial: int = 2,
-    confirm_steps: int | None = None,
-    eval_with_training_state: bool = True,
-    on_trial: Callable[[Trial], None] | None = None,
-    on_trial_start: Callable[[int], None] | None = None,
+    mode: Mode,
+    sizes: BatchSizes = BatchSizes(),
+    trials: Trials = Trials(),
+    on_progress: OnProgress | None = None,
     cache: TrialCache | None = None,
 ) -> SearchResult:
-    """``find_batch_size`` on a device already resolved (``explore`` searches on the one it times)."""
-    check_memory_fraction(memory_fraction)
-    check_positive_int("steps_per_trial", steps_per_trial)
-    if confirm_steps is not None:
-        check_positive_int("confirm_steps", confirm_steps)
-    asked = target.confirm_steps if confirm_steps is None else confirm_steps
-    confirming = asked if asked is not None and asked > steps_per_trial else None
-    if max_batch_size is None:
-        max_batch_size = default_max_batch_size(mode)
-    candidates = Candidates.between(min_batch_size, max_batch_size, multiple_of)
-    lockstep = Lockstep.current()  # under torch.distributed every rank searches together
-    if lockstep is None:
-        _check_workload(workload, mode, target)
-    else:  # a rank whose workload is wrong stops every rank, not only itself
-        lockstep.run(lambda: _check_workload(workload, mode, target))
-        note_unwrapped(workload.model, lockstep.world_size)
-
+    """``find_batch_size`` on a resolved target (explore, compare and analyze search on theirs); a
+    ``cache`` shared by searches of one workload, mode and device (at other fractions) reuses
+    their measurements instead of running them again."""
+    device = target.device
+    candidates = sizes.candidates(mode)
+    asked = device.confirm_steps if trials.confirm_steps is None else trials.confirm_steps
+    confirming = asked if asked is not None and asked > trials.steps_per_trial else None
+    team = ranks()  # under torch.distributed every rank searches together
+    # A rank whose workload is wrong stops every rank, not only itself.
+    team.run(lambda: _check_workload(workload, mode, device))
+    if team.world_size > 1:
+        note_unwrapped(workload.model, team.world_size)
     started = time.perf_counter()
     snapshot = TrainingSnapshot.capture(
         workload.module,
@@ -224,69 +190,34 @@ def find_on(
     )
     try:
         snapshot.set_gradients_aside()
-
-        def prepare() -> int:
-            held = resident_tensors(workload.module, workload.optimizer, *workload.reached)
-            return target.capacity_bytes(held, workload.wrapper_bytes)
-
         # With several ranks the answer must fit the smallest device: one budget for all.
-        capacity = prepare() if lockstep is None else min(lockstep.run(prepare))
-        budget = int(memory_fraction * capacity)
-        warm_batch = candidates.first if mode == "eval" and eval_with_training_state else None
-        # Behind a caching allocator the trials record their requests: replayed at other sizes
-        # (policy.allocation_replay), the opening's place the confirming trials, and a confirming
-        # trial's that fitted carry a batch near the boundary's requests (on every rank alike).
-        record = confirming is not None
-        runner = TrialRunner(
-            workload, target, mode, steps_per_trial, budget, snapshot, warm_batch, record=record
+        capacity = min(team.run(lambda: _capacity(workload, device)))
+        budget = int(target.memory_fraction * capacity)
+        warm_batch = candidates.first if mode == "eval" and trials.eval_with_training_state else None
+        search = _Search(
+            workload, device, mode, trials, budget, snapshot, warm_batch, confirming, team, cache, on_progress
         )
-        if cache is not None:  # another fraction's search recorded them: a cached trial runs nothing
-            runner.records = cache.records
-
-        def forecast_here() -> SearchOutcome | None:
-            return forecast_search(
-                workload, target, mode, steps_per_trial, budget, warm_batch, candidates, cache
+        forecast = team.shared(
+            lambda: forecast_search(
+                workload, device, mode, trials.steps_per_trial, budget, warm_batch, candidates, cache
             )
-
-        forecast = forecast_here() if lockstep is None else lockstep.shared(forecast_here)
-        replay: ReplayForecast | LockstepForecast | None = None
-        if confirming is not None:
-            replay = ReplayForecast(runner.records, budget, confirming, target.soft_workspaces)
-            replay = replay if lockstep is None else LockstepForecast(replay, lockstep)
-        run = _Oracle(runner, budget, cache, on_trial, on_trial_start, lockstep)
-        longer = None
-        if confirming is not None:
-            # Its record pairs with the opening's, of steps_per_trial steps: only those are taken.
-            confirmer = TrialRunner(
-                workload,
-                target,
-                mode,
-                confirming,
-                budget,
-                snapshot,
-                warm_batch,
-                record=record,
-                record_steps=steps_per_trial,
-            )
-            confirmer.records = runner.records
-            longer = _Oracle(confirmer, budget, None, on_trial, on_trial_start, lockstep)
+        )
         outcome = search_and_confirm(
-            run,
+            search.oracle(),
             candidates,
             budget,
             prior=forecast.trials if forecast else (),
             seed=forecast.batch_size if forecast else None,
-            longer=longer,
-            exact=target.exact,
-            forecast=replay,
+            longer=search.confirming_oracle(),
+            exact=device.exact,
+            forecast=search.replay,
         )
     finally:
         snapshot.restore(gradients=True)
-        target.release()
-    elapsed = time.perf_counter() - started
+        device.release()
     if outcome.batch_size is None:
         smallest = min(outcome.trials, key=lambda trial: trial.batch_size)
-        raise _does_not_fit(workload, mode, target, smallest, budget, capacity, memory_fraction)
+        raise _does_not_fit(workload, mode, device, smallest, budget, capacity, target.memory_fraction)
     answer = [t for t in outcome.trials if t.batch_size == outcome.batch_size][-1]
     return SearchResult(
         mode=mode,
@@ -294,64 +225,126 @@ def find_on(
         peak_bytes=answer.peak_bytes,
         budget_bytes=budget,
         capacity_bytes=capacity,
-        memory_fraction=float(memory_fraction),
-        device=target.name,
+        memory_fraction=float(target.memory_fraction),
+        device=device.name,
         trials=outcome.trials,
         predicted_trials=forecast.trials if forecast else (),
         memory_model=outcome.memory_model or (forecast.memory_model if forecast else None),
         stop_reason=outcome.stop_reason,
-        search_seconds=elapsed,
-        min_batch_size=min_batch_size,
-        max_batch_size=max_batch_size,
-        multiple_of=multiple_of,
-        steps_per_trial=steps_per_trial,
+        search_seconds=time.perf_counter() - started,
+        min_batch_size=sizes.min_batch_size,
+        max_batch_size=sizes.upper(mode),
+        multiple_of=sizes.multiple_of,
+        steps_per_trial=trials.steps_per_trial,
         confirm_steps=confirming,
-        world_size=1 if lockstep is None else lockstep.world_size,
-        replays=replay.replays_run if replay is not None else 0,
+        world_size=team.world_size,
+        replays=search.replay.replays_run if search.replay is not None else 0,
         compiled=workload.compiled,
         wrapper_bytes=workload.wrapper_bytes,
     )
 
 
+def _capacity(workload: Workload, device: Device) -> int:
+    """The device's capacity for this workload: what its resident tensors leave room for."""
+    held = resident_tensors(workload.module, workload.optimizer, *workload.reached)
+    return device.capacity_bytes(held, workload.wrapper_bytes)
+
+
+class _Search:
+    """What one search runs its trials with: the opening's runner and, behind a caching allocator,
+    the confirming trials' runner and the replay of their recorded requests. Both runners record
+    into one store of records (the cache's, when searches share one), which the replay reads."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        device: Device,
+        mode: Mode,
+        trials: Trials,
+        budget: int,
+        snapshot: TrainingSnapshot,
+        warm_batch: int | None,
+        confirming: int | None,
+        team: Lockstep | Alone,
+        cache: TrialCache | None,
+        on_progress: OnProgress | None,
+    ) -> None:
+        # An eval search with the training state resident trains the smallest candidate first.
+        self.warm_batch = warm_batch
+        self.budget, self.team, self.cache, self.on_progress = budget, team, cache, on_progress
+        records = cache.records if cache is not None else {}
+        # Behind a caching allocator the trials record their requests: replayed at other sizes
+        # (policy.allocation_replay), the opening's place the confirming trials, and a confirming
+        # trial's that fitted carry a batch near the boundary's requests (on every rank alike).
+        record = confirming is not None
+        self.runner = TrialRunner(
+            workload, device, mode, trials.steps_per_trial, budget, snapshot, self.warm_batch, record=record
+        )
+        self.runner.records = records
+        self.confirmer: TrialRunner | None = None
+        self.replay: ReplayForecast | LockstepForecast | None = None
+        if confirming is not None:
+            # Its record pairs with the opening's, of steps_per_trial steps: only those are taken.
+            self.confirmer = TrialRunner(
+                workload,
+                device,
+                mode,
+                confirming,
+                budget,
+                snapshot,
+                self.warm_batch,
+                record=record,
+                record_steps=trials.steps_per_trial,
+            )
+            self.confirmer.records = records
+            self.replay = team.forecast(ReplayForecast(records, budget, confirming, device.soft_workspaces))
+
+    def oracle(self) -> _Oracle:
+        """The opening's trials, through the cache when there is one."""
+        return _Oracle(self.runner, self.budget, self.cache, self.on_progress, self.team)
+
+    def confirming_oracle(self) -> _Oracle | None:
+        """The confirming trials (never cached: they decide the answer), or None on an exact device."""
+        if self.confirmer is None:
+            return None
+        return _Oracle(self.confirmer, self.budget, None, self.on_progress, self.team)
+
+
 class _Oracle:
     """The search's ``run(batch) -> Trial``: the cached trial where the cache decides, else a real
-    one (cached for the next search); each reported to the callbacks."""
+    one on every rank (cached for the next search); each reported as it starts and ends."""
 
     def __init__(
         self,
         runner: TrialRunner,
         budget: int,
         cache: TrialCache | None,
-        on_trial: Callable[[Trial], None] | None,
-        on_trial_start: Callable[[int], None] | None,
-        lockstep: Lockstep | None = None,
+        on_progress: OnProgress | None,
+        team: Lockstep | Alone,
     ) -> None:
-        self.runner, self.budget, self.cache, self.lockstep = runner, budget, cache, lockstep
-        self.on_trial, self.on_trial_start = on_trial, on_trial_start
+        self.runner, self.budget, self.cache, self.team = runner, budget, cache, team
+        self.on_progress = on_progress
 
     def __call__(self, batch_size: int) -> Trial:
+        mode = self.runner.mode
         trial = self.cache.lookup_real(batch_size, self.budget) if self.cache is not None else None
         if trial is None:
-            if self.on_trial_start is not None:
-                self.on_trial_start(batch_size)
-            if self.lockstep is None:
-                trial = self.runner.run(batch_size)
-            else:  # every rank runs it on its own device; all act on the merged trial
-                trial = self.lockstep.trial(lambda: self.runner.run(batch_size))
+            tell(self.on_progress, Event("find", "started", mode, batch_size=batch_size))
+            # Every rank runs it on its own device; all act on the merged trial.
+            trial = self.team.trial(lambda: self.runner.run(batch_size))
             if self.cache is not None:
                 self.cache.real[batch_size] = (trial, self.budget)
                 self.cache.runs += 1
             logger.debug(
                 "%s trial batch_size=%d: %s, peak %s (budget %s)%s",
-                self.runner.mode,
+                mode,
                 batch_size,
                 trial.outcome,
                 format_bytes(trial.peak_bytes),
                 format_bytes(self.budget),
                 f", {trial.step_seconds * 1000:.1f} ms/step" if trial.step_seconds else "",
             )
-        if self.on_trial is not None:
-            self.on_trial(trial)
+        tell(self.on_progress, Event("find", "trial", mode, batch_size=batch_size, trial=trial))
         return trial
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import ConfigurationError, OptimizerStepOutOfMemoryError
-from batchfit.policy.shrink import MicroBatchChange, MicroBatchShrink, merge_outcomes
+from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchShrink, merge_outcomes
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
 from batchfit.runtime.distributed.lockstep import Lockstep

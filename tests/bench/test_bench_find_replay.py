@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from batchfit.policy import search as search_policy
-from batchfit.policy.allocation_replay import ReplayForecast
+from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.search import Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS

@@ -120,7 +120,7 @@ BAD = [
             "did you mean DATA.AUTOBATCH.ENABLED"
         ),
     ),
-    (["--cfg", "CONFIG", "--output", "report.txt"], "batchfit: error: --output 'report.txt' must end in"),
+    (["--cfg", "CONFIG", "--modes", "train,test"], "batchfit: error: --modes 'train,test': use"),
     (["--cfg", "SYNTAX"], "batchfit: error: config file"),
 ]
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from batchfit import Timing
 from batchfit.compare import compare
 from batchfit.runtime.workloads.examples import build_example
 
@@ -18,7 +19,7 @@ ARGS = (
     "64MiB",
     "--windows",
     "1",
-    "--explore-seconds",
+    "--time-budget-seconds",
     "0",
 )
 
@@ -41,7 +42,11 @@ def test_compare_prints_rows_as_json_and_a_line_per_setting() -> None:
     rows = json.loads(done.stdout)["rows"]
     assert [row["technique"] for row in rows] == ["baseline", "amp", "cudnn-benchmark-on", "accumulation"]
     alone = compare(
-        build_example("cnn", "cpu"), ["amp"], device="cpu", memory_limit="64MiB", windows=1, explore_seconds=0
+        build_example("cnn", "cpu"),
+        ["amp"],
+        device="cpu",
+        memory_limit="64MiB",
+        timing=Timing(windows=1, time_budget_seconds=0),
     )
     assert [row["batch_size"] for row in rows[:2]] == [row.batch_size for row in alone.rows]
     assert rows[2]["applied"] is False and rows[2]["note"] == "cuDNN's benchmark needs CUDA"
@@ -62,7 +67,7 @@ def test_a_bad_technique_is_one_message() -> None:
 def test_a_row_at_the_search_s_upper_bound_is_marked_as_a_lower_bound() -> None:
     done = run(
         "--example", "mlp", "--device", "cpu", "--memory-limit", "64MiB", "--windows", "1",
-        "--explore-seconds", "0", "--techniques", "amp", "--max-batch-size", "64",
+        "--time-budget-seconds", "0", "--techniques", "amp", "--max-batch-size", "64",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[1:3]]

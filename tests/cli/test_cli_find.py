@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import batchfit
-from batchfit import find_batch_size
+from batchfit import BatchSizes, find_batch_size
 from batchfit.cli import main
 from batchfit.runtime.steps.techniques import compiler_unavailable
 from batchfit.runtime.workloads.examples import build_example
@@ -346,7 +346,7 @@ def test_find_json_agrees_with_the_library(cli: dict[str, Done | None]) -> None:
             from_cli["mode"],
             device="cpu",
             memory_limit="48MiB",
-            max_batch_size=from_cli["max_batch_size"],
+            sizes=BatchSizes(max_batch_size=from_cli["max_batch_size"]),
         )
         assert from_api.batch_size == from_cli["batch_size"]
         assert from_api.budget_bytes == from_cli["budget_bytes"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tiny_workloads import as_in_ddp
 
-from batchfit import find_batch_size
+from batchfit import BatchSizes, find_batch_size
 from batchfit.runtime.workloads.examples import build_example
 
 pytestmark = pytest.mark.distributed
@@ -117,7 +117,10 @@ def test_find_under_torchrun_speaks_once_with_the_single_process_answer(runs: di
     # Each rank's example comes wrapped in DDP, as data-parallel training runs it: the answer of
     # one process whose MLP holds DDP's buckets beside it (unwrapped it would be 1024).
     alone = find_batch_size(
-        as_in_ddp(build_example("mlp", "cpu")), device="cpu", memory_limit="56MiB", max_batch_size=1024
+        as_in_ddp(build_example("mlp", "cpu")),
+        device="cpu",
+        memory_limit="56MiB",
+        sizes=BatchSizes(max_batch_size=1024),
     )
     assert (
         run.stdout

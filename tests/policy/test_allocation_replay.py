@@ -8,15 +8,11 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from batchfit.policy.allocation_replay import (
-    ALLOC,
-    FREE,
-    AllocationRecord,
-    AllocationReplay,
-    Recording,
-    ReplayForecast,
-)
-from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator
+from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Recording
+from batchfit.policy.allocation_replay import AllocationReplay
+from batchfit.policy.allocator_blocks import Block
+from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
+from batchfit.policy.replay_forecast import ReplayForecast
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -7,15 +7,8 @@ import random
 
 import pytest
 
-from batchfit.policy.caching_allocator import (
-    LARGE_PAGE,
-    SMALL_PAGE,
-    AllocatorOutOfMemory,
-    Block,
-    CachingAllocator,
-    rounded,
-    segment_size,
-)
+from batchfit.policy.allocator_blocks import LARGE_PAGE, SMALL_PAGE, Block, rounded, segment_size
+from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 
 KiB, MiB = 1 << 10, 1 << 20
 

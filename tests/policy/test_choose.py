@@ -12,16 +12,8 @@ from pathlib import Path
 import pytest
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.choose import (
-    Point,
-    Recommendation,
-    _assess,
-    _confidences,
-    _corrected,
-    confidences,
-    estimates,
-    recommend,
-)
+from batchfit.policy.choose import Recommendation, _confidences, confidences, recommend
+from batchfit.policy.throughput import Point, _corrected, assess, estimates
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -125,7 +117,7 @@ def test_a_size_measured_only_on_its_own_carries_the_drift() -> None:
     fit = _corrected([lucky, *shared])
     spread = statistics.pstdev(math.log(d) for d in drift)
     assert fit.fitted == 6 and fit.drift == pytest.approx(spread, rel=0.35)  # the rounds measure it
-    _, error = _assess([lucky, *shared])
+    _, error = assess([lucky, *shared])
     assert error is not None
     assert error[8] >= 0.9 * fit.drift and max(error[b] for b in (16, 24, 32)) < 0.02
     # So the lucky size is taken less often than when the drift is invisible (no rounds).
@@ -184,7 +176,7 @@ def test_a_size_measured_in_few_windows_leans_on_its_measured_neighbours() -> No
     ]
     lucky = tuple(1090 * d * math.exp(g) for d, g in zip(drift[-3:], (0.05, -0.05, 0.0), strict=True))
     points.append(Point(448, lucky, (21, 22, 23)))
-    (own, own_error), (level, error) = _assess(points, pool=False), _assess(points)
+    (own, own_error), (level, error) = assess(points, pool=False), assess(points)
     assert own_error is not None and error is not None
     assert max(own, key=own.__getitem__) == 448 and own[448] / own[512] > 1.05
     assert _confidences(own, own_error, 0.03, 400, 0)[448] > 0.9  # the target: it would stop there

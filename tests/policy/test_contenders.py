@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from batchfit.policy.choose import Point, Recommendation
+from batchfit.policy.choose import Recommendation
 from batchfit.policy.contenders import KEEP_CHANCE, focus_sizes, lone_dips, refinement
+from batchfit.policy.throughput import Point
 
 
 def test_contenders_and_refinements() -> None:

@@ -3,30 +3,41 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import math
 import re
 import subprocess
 import sys
+from dataclasses import FrozenInstanceError, fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import batchfit
-from batchfit.cli import main
+from batchfit.cli import main, parser
 from batchfit.errors import ConfigurationError
 from batchfit.policy.plan import Plan, plan
+from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 
 HINT = "(set BATCHFIT_DEBUG=1 to see the traceback)"
 BASE: dict[str, Any] = {"base_learning_rate": 0.1, "base_batch_size": 256}
 
 
 def make(global_batch_size: int = 1024, **overrides: Any) -> Plan:
+    """``plan`` with the tables' flat overrides sorted into the option objects that own them."""
     arguments: dict[str, Any] = {"max_micro_batch_size": 48, "world_size": 8, **BASE}
     arguments.update(overrides)
-    return plan(global_batch_size, **arguments)
+
+    def take(options: type[Any]) -> Any:
+        return options(
+            **{field.name: arguments.pop(field.name) for field in fields(options) if field.name in arguments}
+        )
+
+    baseline, scaling, training = take(Baseline), take(Scaling), take(TrainingFacts)
+    return plan(global_batch_size, baseline, scaling=scaling, training=training, **arguments)
 
 
 def error_of(global_batch_size: int, **overrides: Any) -> str:
@@ -392,6 +403,49 @@ def test_bad_input_names_the_parameter(
     global_batch_size: Any, overrides: dict[str, Any], message: str
 ) -> None:
     assert error_of(global_batch_size, **overrides) == message
+
+
+@pytest.mark.parametrize(
+    ("make_options", "message"),
+    [
+        (lambda: Baseline(0.1, 0), "base_batch_size must be a positive integer, got 0."),
+        (lambda: Baseline(-0.1, 256), "base_learning_rate must be a positive number, got -0.1."),
+        (
+            lambda: Baseline(0.1, 256, weight_decay=-1.0),
+            "weight_decay must be a non-negative number, got -1.0.",
+        ),
+        (lambda: Scaling(scaling_rule="cubic"), "scaling_rule must be 'linear' or 'sqrt', got 'cubic'."),
+        (lambda: Scaling(warmup_steps=-1), "warmup_steps must be an integer >= 0, got -1."),
+        (lambda: Scaling(steps_per_epoch=0), "steps_per_epoch must be a positive integer, got 0."),
+    ],
+)
+def test_options_are_checked_once_when_made(make_options: Any, message: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        make_options()
+    assert str(caught.value) == message
+
+
+def test_options_are_frozen_and_the_common_call_is_short() -> None:
+    baseline = Baseline(0.1, 256)
+    with pytest.raises(FrozenInstanceError):
+        baseline.base_batch_size = 512  # type: ignore[misc]
+    assert plan(1024, baseline, world_size=8, max_micro_batch_size=48) == make(1024)
+    assert batchfit.plan(1024, batchfit.Baseline(0.1, 256), world_size=8, max_micro_batch_size=48) == make(
+        1024
+    )
+    assert (batchfit.Scaling(), batchfit.TrainingFacts()) == (Scaling("linear"), TrainingFacts(False))
+
+
+def test_each_option_field_is_a_flag_with_the_same_default() -> None:
+    commands = next(action for action in parser()._actions if action.dest == "command")
+    plan_flags = {action.dest: action for action in commands.choices["plan"]._actions}  # type: ignore[attr-defined]
+    for options in (Baseline, Scaling, TrainingFacts):
+        for field in fields(options):
+            flag = plan_flags[field.name]
+            if field.default is dataclasses.MISSING:
+                assert flag.required, field.name
+            else:
+                assert flag.default == field.default, field.name
 
 
 def test_zero_weight_decay_is_accepted() -> None:

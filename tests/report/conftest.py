@@ -14,13 +14,14 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import batchfit
-from batchfit import find_batch_size
+from batchfit import BatchSizes, Checklist, LoaderSearch, Timing, find_batch_size
 from batchfit.advise import advise
 from batchfit.analyze import analyze
 from batchfit.check_data import check_data
 from batchfit.compare import compare
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
+from batchfit.policy.plan_options import Baseline
 from batchfit.report import SavedResult
 from batchfit.runtime.workloads.examples import build_example
 
@@ -42,7 +43,11 @@ def find_document() -> dict[str, Any]:
     """What ``batchfit find --format json`` writes, for train and eval; each hits a real oom."""
     results = [
         find_batch_size(
-            build_example("mlp", "cpu"), mode, device="cpu", memory_limit="48MiB", max_batch_size=1024
+            build_example("mlp", "cpu"),
+            mode,
+            device="cpu",
+            memory_limit="48MiB",
+            sizes=BatchSizes(max_batch_size=1024),
         )
         for mode in ("train", "eval")
     ]
@@ -60,10 +65,8 @@ def explore_result() -> SavedResult:
     result = explore(
         build_example("mlp", "cpu"),
         device="cpu",
-        max_batch_size=64,
-        windows=2,
-        steps_per_window=2,  # short windows: several sizes within the second
-        time_budget_seconds=1,
+        sizes=BatchSizes(max_batch_size=64),
+        timing=Timing(windows=2, steps_per_window=2, time_budget_seconds=1),
     )
     document = {**result.to_dict(), "workload": "mlp", "device": "cpu", "tolerance": 0.03, **WHAT_RAN}
     return SavedResult("explore", as_saved(document), "explore.json")
@@ -88,7 +91,7 @@ def explore_one_point_result(explore_result: SavedResult) -> SavedResult:
 @pytest.fixture(scope="session")
 def plan_result() -> SavedResult:
     """What ``batchfit plan --format json`` writes for 1024 samples over 8 ranks."""
-    result = plan(1024, world_size=8, max_micro_batch_size=48, base_learning_rate=0.1, base_batch_size=256)
+    result = plan(1024, Baseline(0.1, 256), world_size=8, max_micro_batch_size=48)
     document = {**result.to_dict(), "batchfit_version": batchfit.__version__, "created_at": CREATED_AT}
     return SavedResult("plan", as_saved(document), "plan.json")
 
@@ -127,10 +130,8 @@ def compare_result() -> SavedResult:
         ["baseline", "amp", "checkpointing", "accumulation"],
         device="cpu",
         memory_limit="8MiB",
-        max_batch_size=4096,  # above the largest batch of each: every row ends at a real boundary
-        global_batch_size=8192,
-        windows=1,
-        explore_seconds=0,
+        sizes=BatchSizes(max_batch_size=4096, global_batch_size=8192),
+        timing=Timing(windows=1, time_budget_seconds=0),
     )
     return SavedResult("compare", stamped(comparison.to_dict(), "blocks"), "compare.json")
 
@@ -166,7 +167,9 @@ def check_data_result() -> SavedResult:
         train_step=slow_step,
         name="sleepy",
     )
-    result = check_data(workload, 32, device="cpu", max_num_workers=1, window_seconds=0.3)
+    result = check_data(
+        workload, 32, device="cpu", search=LoaderSearch(max_num_workers=1, window_seconds=0.3)
+    )
     return SavedResult("check-data", stamped(result.to_dict(), "sleepy"), "check-data.json")
 
 
@@ -177,10 +180,9 @@ def advise_result() -> SavedResult:
         build_example("mlp", "cpu"),
         device="cpu",
         memory_limit="48MiB",
-        explore_seconds=0.5,
-        techniques=["baseline", "amp"],
-        base_learning_rate=0.1,
-        base_batch_size=256,
+        checklist=Checklist(techniques=("baseline", "amp")),
+        baseline=Baseline(0.1, 256),
+        timing=Timing(time_budget_seconds=0.5),
     )
     document = {**result.to_dict(), "context": "--example mlp --device cpu --memory-limit 48MiB"}
     return SavedResult("advise", stamped(document), "advise.json")

@@ -92,7 +92,7 @@ WITH_REPORT = {  # command: (its argv, writing x.json; what follows --report; th
         1,
     ),
     "compare": (
-        ("compare", *MLP, "--techniques", "baseline,amp", "--windows", "1", "--explore-seconds", "0"),
+        ("compare", *MLP, "--techniques", "baseline,amp", "--windows", "1", "--time-budget-seconds", "0"),
         ("--format", "json", "--output", "x.json"),
         (),
         1,
@@ -104,7 +104,7 @@ WITH_REPORT = {  # command: (its argv, writing x.json; what follows --report; th
         1,
     ),
     "advise": (
-        ("advise", *MLP, "--techniques", "baseline,amp", "--explore-seconds", "0.5"),
+        ("advise", *MLP, "--techniques", "baseline,amp", "--time-budget-seconds", "0.5"),
         ("--format", "json", "--output", "x.json"),
         (),
         3,  # find (train and eval), explore, compare; no plan without a base learning rate

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 import batchfit
+from batchfit import BatchSizes, Timing
 from batchfit.errors import ConfigurationError
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
+from batchfit.policy.plan_options import Baseline
 from batchfit.report import SavedResult, read_result, recognise, render_report
 from batchfit.runtime.workloads.examples import build_example
 from batchfit.units import format_bytes
@@ -138,7 +140,7 @@ def test_what_was_not_recorded_is_said(find_document: dict[str, Any]) -> None:
 
 
 def test_plan_page_plots_the_learning_rate_with_the_plans_numbers() -> None:
-    result = plan(1024, world_size=8, max_micro_batch_size=48, base_learning_rate=0.1, base_batch_size=256)
+    result = plan(1024, Baseline(0.1, 256), world_size=8, max_micro_batch_size=48)
     document = {**json.loads(result.to_json()), "batchfit_version": batchfit.__version__}
     assert recognise(document) == "plan"
     text = render_report([SavedResult("plan", document, "plan.json")])
@@ -154,7 +156,7 @@ def test_plan_page_plots_the_learning_rate_with_the_plans_numbers() -> None:
 
 
 def test_one_page_holds_a_section_per_result_in_order(find_document: dict[str, Any]) -> None:
-    planned = json.loads(plan(64, micro_batch_size=32, base_learning_rate=0.1, base_batch_size=32).to_json())
+    planned = json.loads(plan(64, Baseline(0.1, 32), micro_batch_size=32).to_json())
     results = [SavedResult("plan", planned, "p.json"), SavedResult("find", find_document, "f.json")]
     page = Page(render_report(results))
     assert [(section["kind"], section["svgs"]) for section in page.sections] == [
@@ -164,7 +166,12 @@ def test_one_page_holds_a_section_per_result_in_order(find_document: dict[str, A
 
 
 def test_explore_page_plots_throughput_and_confidence_with_the_results_numbers() -> None:
-    result = explore(build_example("mlp", "cpu"), device="cpu", max_batch_size=64, time_budget_seconds=1)
+    result = explore(
+        build_example("mlp", "cpu"),
+        device="cpu",
+        sizes=BatchSizes(max_batch_size=64),
+        timing=Timing(time_budget_seconds=1),
+    )
     document = {**json.loads(result.to_json()), "tolerance": 0.03}
     assert recognise(document) == "explore"
     text = render_report([SavedResult("explore", document, "explore.json")])

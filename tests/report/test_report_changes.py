@@ -7,6 +7,7 @@ from typing import Any
 
 from test_report import Page
 
+from batchfit import Timing
 from batchfit.compare import compare
 from batchfit.policy.advice import Change
 from batchfit.policy.loader_settings import LoaderSetting
@@ -68,8 +69,7 @@ def test_a_technique_that_cannot_apply_says_why_on_the_page() -> None:
         ["baseline", "checkpointing"],
         device="cpu",
         memory_limit="48MiB",
-        windows=1,
-        explore_seconds=0,
+        timing=Timing(windows=1, time_budget_seconds=0),
     )
     section = only_section(comparison.to_dict(), "compare")
     refused = comparison.rows[1]

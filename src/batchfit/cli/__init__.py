@@ -10,9 +10,9 @@ import traceback
 from collections.abc import Sequence
 
 import batchfit
+from batchfit import BatchfitError, ConfigurationError, RankFailedError
 from batchfit.cli import advise, analyze, check_data, compare, explore, find, plan, report
-from batchfit.errors import BatchfitError, ConfigurationError, RankFailedError
-from batchfit.runtime.distributed.launch import exit_launched, launched_world_size
+from batchfit.cli.launch import exit_launched, launched_world_size
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
 

@@ -7,10 +7,11 @@ import argparse
 import shlex
 from typing import Any
 
-from batchfit.advise import STEPS, advise
+import batchfit
+from batchfit import Baseline, BatchSizes, Checklist, ConfigurationError, Timing, Where
 from batchfit.cli import flags
-from batchfit.errors import ConfigurationError
-from batchfit.runtime.workloads.specs import load_function
+
+STEPS = ", ".join(batchfit.ADVISE_STEPS)
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -21,68 +22,79 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     flags.add_workload(parser)
     parser.add_argument("--loader", metavar="MODULE:FUNCTION", help="a DataLoader factory for check-data")
-    parser.add_argument("--skip", default="", help=f"comma-separated steps not to run, of {', '.join(STEPS)}")
+    parser.add_argument("--skip", default="", help=f"comma-separated steps not to run, of {STEPS}")
     parser.add_argument(
         "--batch-size",
         type=int,
         default=None,
         help="the batch to check data and plan at (default: explore's)",
     )
-    parser.add_argument(
-        "--explore-seconds", type=float, default=10.0, help="explore's time (default: %(default)s)"
-    )
     parser.add_argument("--techniques", default=None, help="compare's settings (default: the usual ones)")
-    parser.add_argument(
-        "--memory-fraction", type=float, default=0.8, help="share of device memory (default: %(default)s)"
-    )
-    parser.add_argument("--global-batch-size", type=int, default=None, help="the plan's global batch")
-    parser.add_argument("--world-size", type=int, default=1, help="the plan's devices (default: 1)")
     parser.add_argument("--base-learning-rate", type=float, default=None, help="for the plan")
     parser.add_argument("--base-batch-size", type=int, default=None, help="the batch the base rate is for")
-    flags.add_device(parser)
+    flags.add_where(parser)
+    flags.add_options(
+        parser,
+        BatchSizes,
+        help={
+            "global_batch_size": "the plan's global batch (default: the recommended batch x --world-size)",
+            "world_size": "the plan's devices (default: 1)",
+        },
+    )
+    flags.add_options(
+        parser,
+        flags.default_of(batchfit.advise, "timing"),
+        help={"time_budget_seconds": "explore's time"},
+    )
     flags.add_output(parser, ("text", "json"))
-    flags.add_report(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    skip = [step.strip() for step in args.skip.split(",") if step.strip()]
-    unknown = [step for step in skip if step not in STEPS]
+    skip = tuple(step.strip() for step in args.skip.split(",") if step.strip())
+    unknown = [step for step in skip if step not in batchfit.ADVISE_STEPS]
     if unknown:
-        raise ConfigurationError(f"--skip {args.skip!r}: the steps are {', '.join(STEPS)}.")
-    return flags.run_launched(args, args.device, lambda: _run(args, skip))
+        raise ConfigurationError(f"--skip {args.skip!r}: the steps are {STEPS}.")
+    techniques = None if args.techniques is None else tuple(args.techniques.split(","))
+    checklist = Checklist(skip, args.batch_size, techniques, args.loader)
+    if (args.base_learning_rate is None) != (args.base_batch_size is None):
+        raise ConfigurationError(
+            "plan needs both --base-learning-rate and --base-batch-size (the batch that learning rate "
+            "was tuned for), or neither."
+        )
+    baseline = None
+    if args.base_learning_rate is not None:
+        baseline = Baseline(args.base_learning_rate, args.base_batch_size)
+    where, sizes = flags.options(args, Where), flags.options(args, BatchSizes)
+    timing = flags.options(args, Timing)
+    return flags.run_launched(args, where, lambda: _run(args, where, sizes, timing, checklist, baseline))
 
 
-def _run(args: argparse.Namespace, skip: list[str]) -> int:
-    loader = None if args.loader is None else load_function(args.loader, "--loader")
-    workload = flags.workload(args)
-    display = flags.progress(args, "advise")
-
-    def step(name: str) -> None:
-        flags.say(f"advise: {name}...")
-        display.start(name)
-
-    with display:
-        result = advise(
+def _run(
+    args: argparse.Namespace,
+    where: Where,
+    sizes: BatchSizes,
+    timing: Timing,
+    checklist: Checklist,
+    baseline: Baseline | None,
+) -> int:
+    workload = flags.workload(args, where)
+    with flags.progress(args, "advise") as display:
+        result = batchfit.advise(
             workload,
-            device=args.device,
-            memory_limit=args.memory_limit,
-            memory_fraction=args.memory_fraction,
-            skip=skip,
-            batch_size=args.batch_size,
-            explore_seconds=args.explore_seconds,
-            techniques=None if args.techniques is None else args.techniques.split(","),
-            loader=loader,
-            global_batch_size=args.global_batch_size,
-            world_size=args.world_size,
-            base_learning_rate=args.base_learning_rate,
-            base_batch_size=args.base_batch_size,
-            on_step=step,
-            on_trial=display.trial,
+            device=where.device,
+            memory_limit=where.memory_limit,
+            memory_fraction=where.memory_fraction,
+            sizes=sizes,
+            timing=timing,
+            checklist=checklist,
+            baseline=baseline,
+            on_progress=display.hear,
         )
         flags.say(f"advise: done in {result.seconds:.1f} s.")
-    document = {**result.to_dict(), **flags.what_ran(workload.name), "context": _context(args)}
-    flags.publish(args, document, text=lambda: result.report(_context(args)))
+    context = _context(args)
+    document = {**result.to_dict(), **flags.what_ran(workload.name), "context": context}
+    flags.publish(args, document, {"text": lambda: result.report(context)})
     return 0
 
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from batchfit.analyze import REPORT_FORMATS, analyze
-from batchfit.autobatch import bounds_from_config, workload_from_config
+import batchfit
+from batchfit import ConfigurationError, ExperimentConfig, Mode, Where
 from batchfit.cli import flags
-from batchfit.config import ExperimentConfig, load_config
-from batchfit.errors import ConfigurationError
-from batchfit.policy.trial import Mode
+
+FORMATS = ("text", "json", "jsonl", "csv")
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -25,11 +23,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--fractions", default="0.8", help="comma-separated memory fractions (default: %(default)s)"
     )
-    parser.add_argument(
-        "--modes", default="train,val", help="comma-separated: train, val (default: %(default)s)"
-    )
-    parser.add_argument("--output", type=Path, default=None, help="report.json, report.jsonl or report.csv")
-    flags.add_report(parser)
+    flags.add_modes(parser)
+    flags.add_output(parser, FORMATS)
     flags.add_ranks(parser)
     parser.add_argument(
         "overrides",
@@ -41,44 +36,25 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.cfg, args.overrides)
+    cfg = batchfit.load_config(args.cfg, args.overrides)
     fractions = _parse_fractions(args.fractions)
     modes = flags.parse_modes(args.modes)
-    suffix = args.output.suffix.lower().lstrip(".") if args.output is not None else None
-    if suffix is not None and suffix not in REPORT_FORMATS:
-        raise ConfigurationError(f"--output {str(args.output)!r} must end in .json, .jsonl or .csv.")
-    return flags.run_launched(args, cfg.DEVICE, lambda: _run(args, cfg, fractions, modes, suffix))
+    where = Where(cfg.DEVICE, cfg.MEMORY_LIMIT)
+    return flags.run_launched(args, where, lambda: _run(args, cfg, fractions, modes))
 
 
-def _run(
-    args: argparse.Namespace,
-    cfg: ExperimentConfig,
-    fractions: list[float],
-    modes: list[Mode],
-    suffix: str | None,
-) -> int:
-    workload = workload_from_config(cfg)
+def _run(args: argparse.Namespace, cfg: ExperimentConfig, fractions: list[float], modes: list[Mode]) -> int:
+    workload = batchfit.load_workload(cfg.WORKLOAD, device=cfg.DEVICE, source="WORKLOAD")
     with flags.progress(args, "analyze") as display:
-        analysis = analyze(
-            workload,
-            fractions,
-            modes,
-            bounds=bounds_from_config(cfg),
-            device=cfg.DEVICE,
-            memory_limit=cfg.MEMORY_LIMIT,
-            on_trial=lambda fraction, mode, trial: display.trial(f"{mode}@{fraction:g}", trial),
-        )
+        analysis = batchfit.analyze_config(cfg, workload, fractions, modes, on_progress=display.hear)
     flags.say(
         f"{analysis.trials_run} real trials for {len(analysis.rows)} searches "
         f"({analysis.separate_trials} if run separately), {analysis.traces_run} fake-tensor traces "
         f"({analysis.separate_traces} if run separately)."
     )
     document = {**analysis.to_dict(), **flags.what_ran(workload.name)}
-    rendered = (
-        json.dumps(document, indent=2) + "\n" if suffix == "json" else analysis.render(suffix or "table")
-    )
-    flags.emit(rendered, args.output)
-    flags.write_report(args, document)
+    renders = {name: (lambda name=name: analysis.render(name)) for name in ("jsonl", "csv")}
+    flags.publish(args, document, {"text": analysis.table, **renders})
     return 0
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import batchfit
+from batchfit import BatchSizes, Timing, Where
 from batchfit.cli import flags
-from batchfit.compare import ComparisonRow, compare
-from batchfit.policy.techniques import TECHNIQUES
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -24,67 +24,61 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--techniques",
         default=None,
         help=(
-            f"comma-separated settings, each one of {', '.join(TECHNIQUES)} or several joined with '+' "
-            f"(amp+checkpointing), or accumulation; amp is bfloat16 where the device runs it, else float16 "
-            f"with a GradScaler, as amp-fp16 always is; compile is torch.compile of the model, not among "
-            f"the defaults (default: the usual ones for the device)"
+            f"comma-separated settings, each one of {', '.join(batchfit.TECHNIQUES)} or several joined "
+            "with '+' (amp+checkpointing), or accumulation; amp is bfloat16 where the device runs it, "
+            "else float16 with a GradScaler, as amp-fp16 always is; compile is torch.compile of the "
+            "model, not among the defaults (default: the usual ones for the device)"
         ),
     )
-    flags.add_bounds(parser, flags.DEFAULT_MAX_HELP)
-    parser.add_argument(
-        "--global-batch-size", type=int, default=None, help="adds accumulation to reach this global batch"
+    flags.add_where(parser)
+    flags.add_options(
+        parser,
+        BatchSizes,
+        exclude=("world_size",),
+        help={"global_batch_size": "adds accumulation to reach this global batch"},
+    )
+    flags.add_options(
+        parser,
+        flags.default_of(batchfit.compare, "timing"),
+        help={
+            "windows": "timing windows at each largest batch",
+            "time_budget_seconds": "explore's time for each technique's recommended batch; 0 skips it",
+        },
     )
     parser.add_argument(
         "--checkpoint-module",
         default=None,
         help="the module type checkpointing wraps (default: the most repeated block)",
     )
-    parser.add_argument(
-        "--windows", type=int, default=3, help="timing windows at each largest batch (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--explore-seconds",
-        type=float,
-        default=10.0,
-        help="explore's time for each technique's recommended batch; 0 skips it (default: %(default)s)",
-    )
-    flags.add_device(parser)
     flags.add_output(parser, ("text", "json", "csv"))
-    flags.add_report(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    return flags.run_launched(args, args.device, lambda: _run(args))
+    where, sizes, timing = (
+        flags.options(args, Where),
+        flags.options(args, BatchSizes),
+        flags.options(args, Timing),
+    )
+    return flags.run_launched(args, where, lambda: _run(args, where, sizes, timing))
 
 
-def _run(args: argparse.Namespace) -> int:
-    def row_done(row: ComparisonRow) -> None:
-        if row.applied and row.batch_size is not None:
-            flags.say(f"{row.technique}: batch_size={row.batch_size} ({row.note}) in {row.seconds:.1f} s")
-        else:
-            flags.say(f"{row.technique}: {row.note}")
-
+def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timing) -> int:
     techniques = None if args.techniques is None else args.techniques.split(",")
-    workload = flags.workload(args)
+    workload = flags.workload(args, where)
     with flags.progress(args, "compare") as display:
-        comparison = compare(
+        comparison = batchfit.compare(
             workload,
             techniques,
-            device=args.device,
-            memory_limit=args.memory_limit,
-            memory_fraction=args.memory_fraction,
-            min_batch_size=args.min_batch_size,
-            max_batch_size=args.max_batch_size,
-            multiple_of=args.multiple_of,
-            global_batch_size=args.global_batch_size,
+            device=where.device,
+            memory_limit=where.memory_limit,
+            memory_fraction=where.memory_fraction,
+            sizes=sizes,
+            timing=timing,
             checkpoint_module=args.checkpoint_module,
-            windows=args.windows,
-            explore_seconds=args.explore_seconds,
-            on_row=row_done,
-            on_trial=display.trial,
+            on_progress=display.hear,
         )
         flags.say(f"compared {len(comparison.rows)} settings in {comparison.seconds:.1f} s.")
     document = {**comparison.to_dict(), **flags.what_ran(workload.name)}
-    flags.publish(args, document, text=comparison.table, csv=comparison.to_csv)
+    flags.publish(args, document, {"text": comparison.table, "csv": comparison.to_csv})
     return 0

@@ -1,45 +1,91 @@
-"""The flags several subcommands share, defined once, and the output they share: messages and
-progress on stderr, the result on stdout or in ``--output``. A flag is its parameter's name with dashes."""
+"""What the subcommands share: flags generated from the options' fields (so a flag is its field's
+name with dashes and says what its field says), the workload and output flags, and the one way a
+result is written: ``--format`` to stdout or ``--output``, then ``--report``'s page."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import inspect
 import json
 import os
 import sys
+import types
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from batchfit.checks import DEFAULT_MAX_BATCH_SIZE
+import batchfit
+from batchfit import ConfigurationError, Mode, Where, Workload
+from batchfit.cli.launch import launched_process_group, launched_world_size
 from batchfit.cli.progress import Display
-from batchfit.errors import ConfigurationError
-from batchfit.policy.trial import Mode
-from batchfit.runtime.distributed.launch import launched_process_group, launched_world_size
-from batchfit.runtime.workloads.examples import EXAMPLES
-from batchfit.runtime.workloads.specs import example_as_trained, load_workload
-from batchfit.runtime.workloads.workload import Workload
+
+T = TypeVar("T")
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    options: Any,
+    *,
+    exclude: tuple[str, ...] = (),
+    help: Mapping[str, str] | None = None,
+) -> None:
+    """One flag per field of ``options`` (an options class, or an instance whose values are this
+    command's defaults), its help the field's own unless ``help`` names the field."""
+    kind = options if isinstance(options, type) else type(options)
+    hints = typing.get_type_hints(kind)
+    for field in dataclasses.fields(kind):
+        if field.name in exclude or not field.init or not field.metadata.get("cli", True):
+            continue
+        default = getattr(options, field.name) if not isinstance(options, type) else field.default
+        text = (help or {}).get(field.name, field.metadata["help"])
+        flag = "--" + field.name.replace("_", "-")
+        if default is dataclasses.MISSING:
+            parser.add_argument(flag, required=True, help=text, **_argument(hints[field.name], None))
+            continue
+        if default not in (None, False) and "default:" not in text:
+            text += " (default: %(default)s)"
+        parser.add_argument(flag, default=default, help=text, **_argument(hints[field.name], default))
+
+
+def _argument(hint: Any, default: Any) -> dict[str, Any]:
+    """What argparse needs to read a field of type ``hint``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        parts = [part for part in typing.get_args(hint) if part is not type(None)]
+        hint = str if str in parts else parts[0]
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction if default else "store_true"}
+    if typing.get_origin(hint) is typing.Literal:
+        return {"choices": typing.get_args(hint)}
+    return {"type": hint}
+
+
+def default_of(function: Callable[..., Any], parameter: str) -> Any:
+    """The default of ``function``'s ``parameter``: a verb's own options, for its flags' defaults."""
+    return inspect.signature(function).parameters[parameter].default
+
+
+def options(args: argparse.Namespace, kind: type[T], **given: Any) -> T:
+    """The ``kind`` options from the parsed flags (and ``given``), validated as they are made."""
+    names = [field.name for field in dataclasses.fields(kind) if field.init]  # type: ignore[arg-type]
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return kind(**{**values, **given})
 
 
 def add_workload(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in workload")
+    source.add_argument("--example", choices=batchfit.EXAMPLES, help="a built-in workload")
     source.add_argument(
         "--workload", metavar="MODULE:FUNCTION", help="a function returning a batchfit.Workload"
     )
 
 
-def add_device(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
-    )
-    parser.add_argument(
-        "--memory-limit",
-        default=None,
-        help="a capacity such as 2GiB: the device's memory is capped there (a smaller GPU, or a CPU as one)",
-    )
+def add_where(parser: argparse.ArgumentParser, *, memory: bool = True) -> None:
+    """--device, and with ``memory`` --memory-limit and --memory-fraction; then --all-ranks."""
+    add_options(parser, Where, exclude=() if memory else ("memory_limit", "memory_fraction"))
     add_ranks(parser)
 
 
@@ -51,30 +97,34 @@ def add_ranks(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_bounds(parser: argparse.ArgumentParser, max_help: str) -> None:
+def add_modes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--memory-fraction",
-        type=float,
-        default=0.8,
-        help="share of device memory a batch may use (default: %(default)s)",
+        "--modes",
+        default="train,eval",
+        help="comma-separated: train, eval (or val) (default: %(default)s)",
     )
-    parser.add_argument("--min-batch-size", type=int, default=1, help="lower bound (default: %(default)s)")
-    parser.add_argument("--max-batch-size", type=int, default=None, help=max_help)
-    parser.add_argument(
-        "--multiple-of", type=int, default=None, help="only batch sizes that are multiples of N"
-    )
+
+
+def parse_modes(text: str) -> list[Mode]:
+    """The modes named in ``--modes``, each once (``val`` is ``eval``); an error names the flag."""
+    modes = [mode.strip() for mode in text.split(",") if mode.strip()]
+    if not modes or any(mode not in ("train", "eval", "val") for mode in modes):
+        raise ConfigurationError(f"--modes {text!r}: use a comma-separated list of train and eval (or val).")
+    named = ["eval" if mode == "val" else mode for mode in modes]
+    return [typing.cast(Mode, mode) for mode in dict.fromkeys(named)]
 
 
 def add_output(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -> None:
+    """--format, --output and --report. The format defaults to the one --output's suffix names."""
     parser.add_argument(
-        "--format", choices=formats, default="text", help="output format (default: %(default)s)"
+        "--format",
+        choices=formats,
+        default=None,
+        help="output format (default: the one --output's suffix names, else text)",
     )
     parser.add_argument(
         "--output", type=Path, default=None, help="write the result to this file instead of stdout"
     )
-
-
-def add_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report",
         type=Path,
@@ -84,36 +134,43 @@ def add_report(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def output_format(args: argparse.Namespace, formats: tuple[str, ...]) -> str:
+    """``--format``, else the format ``--output``'s suffix names, else text."""
+    if args.format is not None:
+        return str(args.format)
+    suffix = "" if args.output is None else args.output.suffix.lower().lstrip(".")
+    return suffix if suffix in formats else "text"
+
+
 def check_report(args: argparse.Namespace) -> None:
     """With ``--report``, fail before any work when the plotting extra is missing."""
-    if args.report is not None:
+    if getattr(args, "report", None) is not None:
         from batchfit.report import require_matplotlib
 
         require_matplotlib()
 
 
-def run_launched(args: argparse.Namespace, device: str | None, body: Callable[[], int]) -> int:
+def run_launched(args: argparse.Namespace, where: Where, body: Callable[[], int]) -> int:
     """A command's work: ``--report``'s extra checked before any, then ``body`` on every rank
     under torchrun (rank 0 alone speaking), or in this process."""
     check_report(args)
-    with launched(args, device):
+    with launched(args, where):
         return body()
 
 
-def write_report(args: argparse.Namespace, document: Mapping[str, Any]) -> None:
-    """With ``--report``, the HTML page of this command's JSON document."""
-    if args.report is not None:
+def publish(
+    args: argparse.Namespace, document: Mapping[str, Any], renders: Mapping[str, Callable[[], str]]
+) -> None:
+    """The result in its format (json: ``document`` itself; the others: ``renders``) to stdout
+    or ``--output``, then, with ``--report``, its HTML page."""
+    chosen = output_format(args, ("json", *renders))
+    text = renders[chosen]() if chosen in renders else json.dumps(document, indent=2) + "\n"
+    emit(text, args.output)
+    if getattr(args, "report", None) is not None:
         from batchfit.report import SavedResult, recognise, write_report
 
-        write_report([SavedResult(recognise(document), document, args.command)], args.report)
-
-
-def publish(args: argparse.Namespace, document: Mapping[str, Any], **renders: Callable[[], str]) -> None:
-    """The command's result in ``--format`` (json: ``document`` itself; the others: ``renders``) to
-    stdout or ``--output``, then, with ``--report``, its HTML page."""
-    render = renders.get(args.format, lambda: json.dumps(document, indent=2) + "\n")
-    emit(render(), args.output)
-    write_report(args, document)
+        plain = json.loads(json.dumps(document))
+        write_report([SavedResult(recognise(plain), plain, args.command)], args.report)
 
 
 def created_at() -> str:
@@ -125,8 +182,6 @@ def what_ran(workload_name: str | None) -> dict[str, Any]:
     """What a JSON document records beside its result, so that a report can say what ran."""
     import torch
 
-    import batchfit
-
     return {
         "workload": workload_name,
         "batchfit_version": batchfit.__version__,
@@ -135,21 +190,18 @@ def what_ran(workload_name: str | None) -> dict[str, Any]:
     }
 
 
-DEFAULT_MAX_HELP = f"upper bound for train (default: {DEFAULT_MAX_BATCH_SIZE}); eval's is twice it"
-
-
-def workload(args: argparse.Namespace) -> Workload:
-    """The workload, built on the device the command runs on (--device, else cuda if available)."""
+def workload(args: argparse.Namespace, where: Where) -> Workload:
+    """The workload, built on the device the command runs on."""
     if args.example:
-        return example_as_trained(args.example, args.device)
-    return load_workload(args.workload, device=args.device, source="--workload")
+        return batchfit.load_workload(f"example:{args.example}", device=where.device)
+    return batchfit.load_workload(args.workload, device=where.device, source="--workload")
 
 
 @contextmanager
-def launched(args: argparse.Namespace, device: str | None) -> Iterator[None]:
+def launched(args: argparse.Namespace, where: Where) -> Iterator[None]:
     """Under torchrun, the command runs on every rank in one process group (the search in
     lockstep); rank 0 alone prints and writes ``--output``, unless ``--all-ranks``."""
-    with launched_process_group(device) as rank:
+    with launched_process_group(where) as rank:
         if rank in (None, 0) or args.all_ranks:
             yield
             return
@@ -158,15 +210,6 @@ def launched(args: argparse.Namespace, device: str | None) -> Iterator[None]:
             args.report = None
         with open(os.devnull, "w") as sink, redirect_stdout(sink), redirect_stderr(sink):
             yield
-
-
-def parse_modes(text: str) -> list[Mode]:
-    modes = [mode.strip() for mode in text.split(",") if mode.strip()]
-    aliases: dict[str, Mode] = {"train": "train", "eval": "eval", "val": "eval"}
-    unknown = [mode for mode in modes if mode not in aliases]
-    if unknown or not modes:
-        raise ConfigurationError(f"--modes {text!r}: use a comma-separated list of train and eval (or val).")
-    return [aliases[mode] for mode in dict.fromkeys(modes)]
 
 
 def emit(text: str, output: Path | None) -> None:
@@ -182,8 +225,8 @@ def say(text: str) -> None:
     print(f"batchfit: {text}", file=sys.stderr, flush=True)
 
 
-def progress(args: argparse.Namespace, command: str, noun: str = "trials") -> Display:
+def progress(args: argparse.Namespace, command: str, noun: str = "trials", **kwargs: Any) -> Display:
     """The trial lines and, on a terminal, the live line; under torchrun with ``--all-ranks`` the
     ranks share one terminal, so each prints its lines alone."""
     several = args.all_ranks and launched_world_size() > 1
-    return Display(command, noun=noun, live=not several)
+    return Display(command, noun=noun, live=not several, **kwargs)

@@ -12,9 +12,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
-from batchfit.policy.choose import Recommendation
-from batchfit.policy.trial import Trial
-from batchfit.units import format_bytes
+from batchfit import Event, Recommendation, Trial
 
 
 @dataclass(frozen=True)
@@ -58,26 +56,8 @@ class Status:
 
 
 def trial_line(label: str, trial: Trial, usual_steps: int | None = None) -> str:
-    """A trial's line: its label, batch, outcome and peak; the step that ran out of memory, or the
-    steps when unusual; the step time, and on a GPU what the allocator reserved and its retries."""
-    peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"  # 0: failed before a step
-    extras = []
-    if trial.failed_at_step is not None and trial.steps is not None:
-        step = trial.failed_at_step
-        extras.append(f"out at step {step} of {trial.steps}" if step else "out in the warm-up step")
-    elif trial.steps is not None and usual_steps is not None and trial.steps != usual_steps:
-        repeated = f" (state of step {trial.steady_from} repeated)" if trial.steady_from is not None else ""
-        extras.append(f"{trial.steps} steps{repeated}")
-    if trial.step_seconds is not None:
-        extras.append(f"{trial.step_seconds * 1000:8.1f} ms/step")
-    if trial.reserved_peak_bytes is not None:
-        extras.append(f"reserved {format_bytes(trial.reserved_peak_bytes)}")
-    if trial.allocator_retries:
-        extras.append(f"{trial.allocator_retries} allocator retries")
-    return (
-        f"batchfit: {label:<5} batch_size={trial.batch_size:<6} {trial.outcome:<11} "
-        f"peak {peak:>11}{''.join('  ' + extra for extra in extras)}"
-    )
+    """A trial's line on stderr (``Trial.line``)."""
+    return f"batchfit: {trial.line(label, usual_steps)}"
 
 
 class Display:
@@ -87,8 +67,11 @@ class Display:
     drawn, whatever is printed to stderr goes above it, unchanged. ``live=False`` keeps it off
     (several ranks printing to one terminal)."""
 
-    def __init__(self, command: str, *, noun: str = "trials", live: bool = True) -> None:
+    def __init__(
+        self, command: str, *, noun: str = "trials", live: bool = True, usual_steps: int | None = None
+    ) -> None:
         self.status = Status(command, noun=noun)
+        self.usual_steps = usual_steps  # a trial of other steps says how many it ran
         # soft_wrap: the lines printed above the live line reach the terminal as they are, unwrapped.
         console = Console(stderr=True, soft_wrap=True)
         self.live = live and sys.stderr.isatty() and console.is_interactive
@@ -125,10 +108,30 @@ class Display:
         """``label`` runs now, at ``batch_size`` when it is a trial."""
         self._show(self.status.started(label, batch_size))
 
-    def trial(self, label: str, trial: Trial, usual_steps: int | None = None) -> None:
+    def hear(self, event: Event) -> None:
+        """A verb's progress: a trial's line, a step or a setting, a recommendation or a note,
+        printed and shown on the live line."""
+        if event.stage == "started":
+            if event.batch_size is None:  # a step of advise, not a trial
+                _say(f"{event.verb}: {event.label}...")
+            self.start(event.label, event.batch_size)
+        elif event.stage == "trial" and event.trial is not None:
+            self.trial(event.label, event.trial)
+        elif event.stage == "recommendation" and event.recommendation is not None:
+            self.recommend(event.recommendation)
+            _say(event.recommendation.line())
+        elif event.stage == "setting":
+            self.finish(event.label, event.message)
+            _say(event.message)
+        elif event.stage == "note":
+            _say(f"note: {event.message}")
+        else:
+            _say(event.message)
+
+    def trial(self, label: str, trial: Trial) -> None:
         """A trial finished: its line, and one more trial on the live line."""
         self._show(self.status.finished(label, f"batch_size={trial.batch_size} {trial.outcome}"))
-        print(trial_line(label, trial, usual_steps), file=sys.stderr, flush=True)
+        print(trial_line(label, trial, self.usual_steps), file=sys.stderr, flush=True)
 
     def finish(self, label: str, outcome: str) -> None:
         """One more done (a setting measured, say) whose line the command printed."""
@@ -140,3 +143,7 @@ class Display:
     def _show(self, status: Status) -> None:
         self.status = status
         self._progress.update(self._task, description=status.text(), refresh=True)
+
+
+def _say(text: str) -> None:
+    print(f"batchfit: {text}", file=sys.stderr, flush=True)

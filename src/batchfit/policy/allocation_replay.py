@@ -3,97 +3,25 @@
 A trial's requests to the allocator are the same at every batch size, in the same order; only
 their sizes change, each along a straight line in the batch (an activation of ``n`` samples is
 ``n`` times one sample's, a weight's gradient does not grow). Two trials that recorded their
-requests (``AllocationRecord``) at two batch sizes give each request's line. ``AllocationReplay``
-plays the requests at the sizes of another batch on the modelled allocator
+requests (``policy.allocation_record``) at two batch sizes give each request's line.
+``AllocationReplay`` plays the requests at the sizes of another batch on the modelled allocator
 (``policy.caching_allocator``), from the state the trials started in and under the trial's cap,
 and says whether they are placed: fragmentation and segment sizes included, which a line through
 the allocated peaks cannot see. Its last recorded step is the steady state: it is played again,
 each repetition freeing what the one before handed on, up to the trial's steps or until the
 allocator's state recurs (after which the steps repeat steps played, as ``policy.steady`` argues).
 
-Torch-free: the devices record (``runtime.devices.caching_device``), the search consults the forecast to place
-its real trials, and only real trials decide.
+Torch-free: the devices record (``runtime.devices.caching_device``), the search consults the
+forecast (``policy.replay_forecast``) to place its real trials, and only real trials decide.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any
 
-from batchfit.policy.caching_allocator import AllocatorOutOfMemory, Block, CachingAllocator, Segments
-
-ALLOC, FREE = 0, 1
-#: ``(ALLOC, bytes)`` asks for a block; ``(FREE, k)`` gives back the block of the trial's ``k``-th request.
-Event = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class AllocationRecord:
-    """What one trial asked of a caching allocator: the segments it started from, and its requests
-    and frees, step by step (``steps[0]``: what ran before the first step, such as an eval trial's
-    training step; often nothing); ``expandable``: the allocator ran with expandable segments."""
-
-    batch_size: int
-    start: Segments
-    steps: tuple[tuple[Event, ...], ...]
-    expandable: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def truncated(self, steps: int) -> AllocationRecord:
-        """The record of what ran before the steps and the first ``steps`` steps (a confirming
-        trial's, to align with an opening trial's: each free names a request made before it)."""
-        return replace(self, steps=self.steps[: steps + 1])
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AllocationRecord:
-        """The record ``to_dict`` gave (its tuples as JSON's lists)."""
-        start = tuple(
-            tuple((int(size), None if state is None else bool(state)) for size, state in blocks)
-            for blocks in data["start"]
-        )
-        steps = tuple(tuple((int(kind), int(value)) for kind, value in events) for events in data["steps"])
-        return cls(int(data["batch_size"]), start, steps, bool(data.get("expandable", False)))
-
-
-class Recording:
-    """Takes down a trial's requests and frees as an allocator serves them (``mark_step`` between
-    steps); ``record`` makes the ``AllocationRecord``, or None where a free named a block the
-    recording did not see requested (a resident tensor freed: the trials would not align)."""
-
-    def __init__(self, start: Segments, expandable: bool = False) -> None:
-        self.start, self.expandable = start, expandable
-        self.steps: list[list[Event]] = [[]]
-        self.requests = 0
-        self.complete = True
-
-    def alloc(self, nbytes: int) -> int:
-        """Take down a request of ``nbytes``; its ordinal, for ``free``."""
-        self.steps[-1].append((ALLOC, nbytes))
-        self.requests += 1
-        return self.requests - 1
-
-    def free(self, ordinal: int | None) -> None:
-        """Take down the free of request ``ordinal`` (None: a block requested before the recording)."""
-        if ordinal is None:
-            self.complete = False
-        else:
-            self.steps[-1].append((FREE, ordinal))
-
-    def mark_step(self) -> None:
-        """A step begins (the device's hook: a recording read back later notes where)."""
-        self.next_step()
-
-    def next_step(self) -> None:
-        self.steps.append([])
-
-    def record(self, batch_size: int) -> AllocationRecord | None:
-        if not self.complete:
-            return None
-        steps = tuple(tuple(events) for events in self.steps)
-        return AllocationRecord(batch_size, self.start, steps, self.expandable)
+from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event
+from batchfit.policy.allocator_blocks import Block, Segments
+from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 
 
 class AllocationReplay:
@@ -325,65 +253,3 @@ def _handed_on(
     if any(lines[a] != lines[b] for a, b in zip(freed_earlier, kept, strict=True)):
         return None
     return tuple(zip(freed_earlier, kept, strict=True))
-
-
-class ReplayForecast:
-    """The search's ``Forecast`` on a caching allocator: the replay of two recorded trials that
-    fitted (``records``, filled in as they run: the opening's, then the confirming trials' that
-    fitted), at ``steps`` steps under the trial's cap of ``limit_bytes`` (``soft_workspaces``: the
-    device's kernels do without a workspace the allocator cannot place, as cuDNN's do).
-
-    The pair is the largest record and, below it, the largest record at most half its size that
-    aligns with it (else the nearest below that does; else the next largest record and so on).
-    The larger carries the requests of a batch near the boundary, which small batches may not make
-    (on the H100 a transformer near its boundary asked for 512 KiB per sample that batches 2 and 4
-    did not, and cuDNN's workspaces there were another algorithm's); the smaller keeps the span of
-    the line wide, so that a size rounded in both stays a small error in its slope. The longer
-    trial's record is cut to the shorter's steps; the replay plays its last step again as before.
-    """
-
-    def __init__(
-        self,
-        records: dict[int, AllocationRecord],
-        limit_bytes: int,
-        steps: int,
-        soft_workspaces: bool = False,
-    ) -> None:
-        self.records, self.limit_bytes, self.steps = records, limit_bytes, steps
-        self.soft_workspaces = soft_workspaces
-        # Each pair's replay, with the records it was made of (a size recorded again makes a new one).
-        self._replays: dict[
-            tuple[int, int], tuple[AllocationRecord, AllocationRecord, AllocationReplay | None]
-        ] = {}
-        self.replays_run = 0
-
-    def evidence(self) -> tuple[int, int] | None:
-        """The batch sizes of the pair of records the forecast replays (None: no pair aligns)."""
-        sizes = sorted(self.records)
-        for reference in reversed(sizes):
-            below = [size for size in sizes if size < reference]
-            half = [size for size in below if size <= reference // 2]
-            for other in half[::-1] + [size for size in below if size > reference // 2][::-1]:
-                if self._replay(other, reference) is not None:
-                    return other, reference
-        return None
-
-    def replay(self) -> AllocationReplay | None:
-        pair = self.evidence()
-        return None if pair is None else self._replay(*pair)
-
-    def _replay(self, smaller: int, larger: int) -> AllocationReplay | None:
-        first, second = self.records[smaller], self.records[larger]
-        cached = self._replays.get((smaller, larger))
-        if cached is None or cached[0] is not first or cached[1] is not second:  # new, or recorded again
-            steps = min(len(first.steps), len(second.steps)) - 1
-            replay = AllocationReplay.of(first.truncated(steps), second.truncated(steps))
-            cached = self._replays[(smaller, larger)] = (first, second, replay)
-        return cached[2]
-
-    def fits(self, batch_size: int) -> bool | None:
-        replay = self.replay()
-        if replay is None:
-            return None
-        self.replays_run += 1
-        return replay.fits(batch_size, self.limit_bytes, self.steps, self.soft_workspaces)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from batchfit.policy.choose import Objective, Point, Recommendation, estimates
+from batchfit.policy.choose import Objective, Recommendation
+from batchfit.policy.throughput import Point, estimates
 
 #: A size at least this likely to be within the tolerance of the best stays in the rounds.
 KEEP_CHANCE = 0.2

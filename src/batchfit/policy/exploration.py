@@ -14,10 +14,11 @@ from typing import Literal, Protocol
 
 from batchfit.checks import check_positive_int
 from batchfit.errors import ConfigurationError
-from batchfit.policy.choose import Objective, Point, Recommendation, confidences, recommend
+from batchfit.policy.choose import Objective, Recommendation, confidences, recommend
 from batchfit.policy.contenders import KEEP_CHANCE, coarse_sizes, focus_sizes, lone_dips, refinement
+from batchfit.policy.throughput import Point
 
-StopReason = Literal["confident", "time_budget", "exhausted"]
+ExploreStopReason = Literal["confident", "time_budget", "exhausted"]
 
 
 class Meter(Protocol):
@@ -81,7 +82,7 @@ class Exploration:
 
     points: tuple[Point, ...]
     history: tuple[Recommendation, ...]  # the live recommendation after each measurement
-    stop_reason: StopReason
+    stop_reason: ExploreStopReason
     seconds: float  # on the meter's clock, from ``started``
 
     @property
@@ -131,7 +132,7 @@ class _Explorer:
         self.rounds = 0
 
     def run(self) -> Exploration:
-        reason: StopReason = "exhausted"
+        reason: ExploreStopReason = "exhausted"
         coarse_started = self.meter.now()
         if not self.coarse_pass(coarse_sizes(self.candidates, self.rules.base_batch_size)):
             reason = "time_budget"
@@ -140,7 +141,7 @@ class _Explorer:
             reason = self.focus(focus_ends)
         return Exploration(tuple(self.points()), tuple(self.history), reason, self.meter.now() - self.started)
 
-    def focus(self, focus_ends: float) -> StopReason:
+    def focus(self, focus_ends: float) -> ExploreStopReason:
         """Rounds over the contenders until the recommendation is settled or a limit is reached."""
         rules = self.rules
         refinements = focus_rounds = settled = 0

@@ -5,9 +5,10 @@ recommend: the cheapest within ``tolerance`` of the fastest measured."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from batchfit.checks import check_positive_int, check_positive_number, option
 from batchfit.errors import ConfigurationError
 
 #: Above this share of a training step spent waiting for data, the loader is the bottleneck. Below
@@ -22,7 +23,9 @@ PREFETCH_FACTORS = (4,)
 #: The knobs a loader factory may accept, in the order they are tried.
 KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 
-StopReason = Literal["not_bottleneck", "no_wait_left", "slower_with_more_workers", "exhausted", "time_budget"]
+DataCheckStopReason = Literal[
+    "not_bottleneck", "no_wait_left", "slower_with_more_workers", "exhausted", "time_budget"
+]
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,14 @@ class LoaderSetting:
     """The DataLoader keywords the check measures; ``prefetch_factor=None`` is the DataLoader's
     default (2 with workers, nothing without)."""
 
-    num_workers: int = 0
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    prefetch_factor: int | None = None
+    num_workers: int = field(default=0, metadata={"help": "the setting used now"})
+    pin_memory: bool = field(default=False, metadata={"help": "the setting used now pins memory"})
+    persistent_workers: bool = field(
+        default=False, metadata={"help": "the setting used now keeps its workers"}
+    )
+    prefetch_factor: int | None = field(
+        default=None, metadata={"help": "the setting used now (default: the DataLoader's)"}
+    )
 
     def check(self) -> None:
         if (
@@ -99,6 +106,27 @@ def check_tolerance(tolerance: object) -> None:
         raise ConfigurationError(f"tolerance={tolerance!r} must be in [0, 1), e.g. 0.03 for 3%.")
 
 
+@dataclass(frozen=True)
+class LoaderSearch:
+    """How the data check measures and how far it searches: each pass's length, the time allowed,
+    the most workers to try, and what counts as as fast as the best."""
+
+    max_num_workers: int | None = option(
+        None, "the most workers to try (default: the cores this process may use)"
+    )
+    tolerance: float = option(0.03, "within this of the best counts as as fast")
+    window_seconds: float = option(1.0, "the timed length of each pass")
+    time_budget_seconds: float | None = option(None, "start no setting after this many seconds")
+
+    def __post_init__(self) -> None:
+        check_tolerance(self.tolerance)
+        check_positive_number("window_seconds", self.window_seconds)
+        if self.time_budget_seconds is not None:
+            check_positive_number("time_budget_seconds", self.time_budget_seconds, allow_zero=True)
+        if self.max_num_workers is not None:
+            check_positive_int("max_num_workers", self.max_num_workers, minimum=0)
+
+
 def is_bottleneck(data_wait_share: float) -> bool:
     return data_wait_share > WAIT_SHARE_THRESHOLD
 
@@ -130,7 +158,7 @@ def try_settings(
     cuda: bool,
     tolerance: float,
     out_of_time: Callable[[], bool] = lambda: False,
-) -> tuple[tuple[SettingRow, ...], StopReason]:
+) -> tuple[tuple[SettingRow, ...], DataCheckStopReason]:
     """Every setting measured (``current`` first), and why the trying stopped.
 
     ``num_workers`` climbs ``worker_ladder`` and stops once a rung's data wait is within
@@ -154,7 +182,7 @@ def try_settings(
             rows.append(measured[setting])
         return measured[setting]
 
-    stop: StopReason = "exhausted"
+    stop: DataCheckStopReason = "exhausted"
     if "num_workers" in knobs:
         climbed = 0.0  # the fastest rung so far
         for workers in worker_ladder(max_num_workers):

@@ -1,11 +1,15 @@
-"""Micro-batches that split a global batch: a divisor of the per-device batch, chosen for plan
-(the largest that fits, or a forced one) or listed for explore (every one in a range)."""
+"""The micro-batch decisions, free of torch: the divisor of the per-device batch that plan chooses
+(the largest that fits, or a forced one) or explore lists (every one in a range), and the micro-batch
+a ``MicroBatchStep`` runs at (halved after an out-of-memory, grown back after clean steps)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
-from batchfit.errors import ConfigurationError
+from batchfit.errors import ConfigurationError, DoesNotFitError
 
 #: A chosen micro-batch must use at least this share of max_micro_batch_size (or the whole
 #: per-device batch, if that is smaller); otherwise the global batch is refused with nearby ones.
@@ -116,3 +120,130 @@ def _largest_divisor(number: int, limit: int) -> int:
                 if best < divisor <= limit:
                     best = divisor
     return best
+
+
+@dataclass(frozen=True)
+class MicroBatchChange:
+    """One change of the micro-batch size, and why."""
+
+    optimizer_step: int  # the optimizer step (0-based) that first runs at new_micro_batch_size
+    old_micro_batch_size: int
+    new_micro_batch_size: int
+    reason: str  # "out of memory in backward", "grew back after 100 clean steps"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def split(batch_size: int, micro_batch_size: int) -> list[int]:
+    """The sizes of the micro-batches of a batch: ``micro_batch_size`` each, the last one the rest."""
+    if batch_size < 1 or micro_batch_size < 1:
+        raise ValueError(f"cannot split {batch_size} samples into micro-batches of {micro_batch_size}")
+    full, rest = divmod(batch_size, micro_batch_size)
+    return [micro_batch_size] * full + ([rest] if rest else [])
+
+
+#: One rank's micro-batch: the samples of its batch, and where it ran out of memory ("forward",
+#: "backward") with the error's first line, or None.
+Outcome = tuple[int, tuple[str, str] | None]
+
+
+def merge_outcomes(outcomes: Sequence[Outcome], *, ranks: bool) -> tuple[str, str] | None:
+    """Where a micro-batch ran out of memory on any rank (index = rank), and the first error; None if
+    nowhere. With ``ranks``, the place names the ranks ("backward on rank 1"). The ranks' batches must
+    hold as many samples: otherwise they would run different micro-batches."""
+    if len({samples for samples, _ in outcomes}) > 1:
+        sizes = ", ".join(f"rank {rank}: {samples}" for rank, (samples, _) in enumerate(outcomes))
+        raise ConfigurationError(
+            f"the ranks' batches hold different numbers of samples ({sizes}); under a process group "
+            f"every rank's batch must hold as many (DistributedSampler gives each rank as many "
+            f"samples), so that the ranks run the same micro-batches."
+        )
+    failed = [(rank, failure) for rank, (_, failure) in enumerate(outcomes) if failure is not None]
+    if not failed:
+        return None
+    if not ranks:
+        return failed[0][1]
+    where = ", ".join(f"{phase} on rank {rank}" for rank, (phase, _) in failed)
+    return where, f"rank {failed[0][0]}: {failed[0][1][1]}"
+
+
+class MicroBatchShrink:
+    """Decides the micro-batch: start at ``micro_batch_size``; after an out-of-memory, half of the
+    micro-batch that failed (at 1 it gives up with ``DoesNotFitError``); with ``grow_after``, double
+    after that many clean optimizer steps in a row (steps without an out-of-memory), never above the
+    starting micro-batch nor the batch.
+
+    The caller reports what happened (``out_of_memory``, ``stepped``) and splits batches with
+    ``sizes``. Ranks that report the same events hold the same micro-batch.
+    """
+
+    def __init__(self, micro_batch_size: int, *, grow_after: int | None = None) -> None:
+        if not _is_count(micro_batch_size):
+            raise ConfigurationError(
+                f"micro_batch_size ({micro_batch_size!r}) must be a whole number of samples, 1 or more: the "
+                f"largest micro-batch to run, halved after each out-of-memory."
+            )
+        if grow_after is not None and not _is_count(grow_after):
+            raise ConfigurationError(
+                f"grow_after ({grow_after!r}) must be a whole number of optimizer steps, 1 or more; None "
+                f"never grows the micro-batch back."
+            )
+        self.start_micro_batch_size = micro_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.grow_after = grow_after
+        self.clean_steps = 0  # optimizer steps in a row without an out-of-memory, since the last change
+        self._step_is_clean = True
+        self._history: list[MicroBatchChange] = []
+
+    @property
+    def history(self) -> tuple[MicroBatchChange, ...]:
+        return tuple(self._history)
+
+    def sizes(self, batch_size: int) -> list[int]:
+        """The micro-batches a batch of ``batch_size`` samples runs as now."""
+        return split(batch_size, self.micro_batch_size)
+
+    def out_of_memory(
+        self, optimizer_step: int, batch_size: int, where: str, detail: str = ""
+    ) -> MicroBatchChange:
+        """The micro-batch that retries the batch after an out-of-memory ``where`` ("backward",
+        "forward on rank 1"): half of the one that failed. Raises ``DoesNotFitError`` when that was
+        a single sample."""
+        failed = min(self.micro_batch_size, batch_size)
+        self.clean_steps = 0
+        self._step_is_clean = False
+        if failed == 1:
+            cause = f" The out-of-memory: {detail}" if detail else ""
+            raise DoesNotFitError(
+                f"out of memory in {where} at micro_batch_size 1 (optimizer step {optimizer_step}): not "
+                f"even one sample fits beside the weights, gradients and optimizer state. Lower the memory "
+                f"of a sample (shorter sequences, smaller images, activation checkpointing, mixed "
+                f"precision) or of the model, or use a device with more memory. The optimizer did not "
+                f"step and the batch's gradients were dropped.{cause}"
+            )
+        return self._change(optimizer_step, failed // 2, f"out of memory in {where}")
+
+    def stepped(self, optimizer_step: int, batch_size: int) -> MicroBatchChange | None:
+        """Optimizer step ``optimizer_step`` (0-based) is done; the change from the next step on, if any."""
+        if self._step_is_clean:
+            self.clean_steps += 1
+        self._step_is_clean = True
+        ceiling = min(self.start_micro_batch_size, batch_size)
+        if self.grow_after is None or self.clean_steps < self.grow_after or self.micro_batch_size >= ceiling:
+            return None
+        grown = min(2 * self.micro_batch_size, ceiling)
+        steps = f"{self.clean_steps} clean step{'' if self.clean_steps == 1 else 's'}"
+        return self._change(optimizer_step + 1, grown, f"grew back after {steps}")
+
+    def _change(self, optimizer_step: int, micro_batch_size: int, reason: str) -> MicroBatchChange:
+        change = MicroBatchChange(optimizer_step, self.micro_batch_size, micro_batch_size, reason)
+        self._history.append(change)
+        self.micro_batch_size = micro_batch_size
+        self.clean_steps = 0
+        return change
+
+
+def _is_count(value: object) -> bool:
+    """A whole number, 1 or more (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

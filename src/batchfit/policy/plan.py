@@ -9,14 +9,12 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from batchfit.checks import check_positive_int, check_positive_number
+from batchfit.checks import check_positive_int
 from batchfit.errors import ConfigurationError
 from batchfit.policy.micro_batch import chosen_micro_batch, forced_micro_batch
-
-ScalingRule = Literal["linear", "sqrt"]
-SCALING_RULES: tuple[str, ...] = ("linear", "sqrt")
+from batchfit.policy.plan_options import Baseline, Scaling, ScalingRule, TrainingFacts
 
 # Warm-up: 100 optimizer steps per unit of learning-rate scale-up (seed 002's example: 1000 steps
 # for a 10x scale-up), at most 5 epochs (Goyal et al. 2017: 5 epochs for 256 -> 8192, a 32x scale-up).
@@ -98,124 +96,66 @@ class Plan:
 
 def plan(
     global_batch_size: int,
+    baseline: Baseline,
     *,
+    world_size: int = 1,
     max_micro_batch_size: int | None = None,
     micro_batch_size: int | None = None,
-    world_size: int = 1,
-    base_learning_rate: float,
-    base_batch_size: int,
-    scaling_rule: ScalingRule = "linear",
-    warmup_steps: int | None = None,
-    weight_decay: float | None = None,
-    scale_weight_decay: bool = False,
-    uses_batchnorm: bool = False,
-    uses_ema: bool = False,
-    fine_tuning: bool = False,
-    steps_per_epoch: int | None = None,
+    scaling: Scaling = Scaling(),
+    training: TrainingFacts = TrainingFacts(),
 ) -> Plan:
     """Split ``global_batch_size`` over ``world_size`` devices and scale the learning rate to it.
 
-    **Micro-batch.** The per-device batch ``global_batch_size / world_size`` must be whole. Unless
-    ``micro_batch_size`` forces one, the micro-batch is the largest divisor of the per-device batch
-    that is at most ``max_micro_batch_size``, so ``accumulation_steps`` is the fewest possible. A
-    divisor under half of ``max_micro_batch_size`` (when the per-device batch is larger than it) wastes
-    the memory that was measured, so that global batch is refused and the nearest ones that work
-    are named. A forced ``micro_batch_size`` must divide the per-device batch.
+    ``plan(1024, Baseline(0.1, 256), world_size=8, max_micro_batch_size=48)`` trains 32 samples x 4
+    accumulation steps x 8 devices at a learning rate of 0.4 (the linear rule), warming up 400 steps.
 
-    **Learning rate.** ``k = global_batch_size / base_batch_size``; the linear rule (Goyal et al.
-    2017) gives ``base_learning_rate x k``, the square-root rule (Krizhevsky 2014; Hoffer et al.
-    2017, often used with Adam) ``base_learning_rate x sqrt(k)``.
+    Args:
+        global_batch_size: the samples of one optimizer step, over all devices.
+        baseline: the learning rate (and weight decay) tuned at a batch size.
+        world_size: the devices the batch is split over.
+        max_micro_batch_size: the largest micro-batch that fits a device, as ``find`` measured it.
+        micro_batch_size: a micro-batch to use as given (one of the two is needed).
+        scaling: the learning-rate rule, the weight-decay scaling and the warm-up.
+        training: what the training does (BatchNorm, EMA, fine-tuning), for ``Plan.warnings``.
 
-    **Warm-up** (``warmup_steps=None``), in optimizer steps, for the learning-rate scale-up
-    ``s = learning_rate / base_learning_rate``: 0 when ``s <= 1``, else ``ceil(100 x s)`` (seed 002
-    warms up 1000 steps for a 10x scale-up), at most ``5 x steps_per_epoch`` when that is given
-    (Goyal et al. warm up over 5 epochs for their largest scale-up, 256 -> 8192). ``steps_per_epoch``
-    counts optimizer steps at ``global_batch_size``.
-
-    **Weight decay.** Unchanged, or with ``scale_weight_decay`` multiplied by ``sqrt(k)`` whatever the
-    learning-rate rule: seed 002 ("weight_decay ~ sqrt(batch_size)") and the normalized weight decay
-    of Loshchilov & Hutter (2019, AdamW) both grow it with the square root of the batch.
-
-    The warnings (seed 002) are in ``Plan.warnings``: over 16 accumulation steps; a 4x or larger
-    learning-rate jump with ``warmup_steps=0``; BatchNorm with a micro-batch under 16; EMA with
-    accumulation; fine-tuning with a global batch over 64 or a scaled-up learning rate.
+    The micro-batch is the largest divisor of the per-device batch up to ``max_micro_batch_size`` (a
+    global batch that leaves under half of it is refused, naming ones that work); the learning rate
+    scales by ``k = global_batch_size / base_batch_size`` (linear) or ``sqrt(k)``; the warm-up, unless
+    given, is 100 optimizer steps per 1x of scale-up, at most 5 epochs. Rules and sources: docs/plan.md.
     """
-    _check_inputs(
-        global_batch_size,
-        max_micro_batch_size,
-        micro_batch_size,
-        world_size,
-        base_learning_rate,
-        base_batch_size,
-        scaling_rule,
-        warmup_steps,
-        weight_decay,
-        scale_weight_decay,
-        steps_per_epoch,
-    )
-    if micro_batch_size is not None:
-        micro = forced_micro_batch(global_batch_size, world_size, micro_batch_size)
-    elif max_micro_batch_size is not None:
-        micro = chosen_micro_batch(global_batch_size, world_size, max_micro_batch_size)
-    else:
-        raise ConfigurationError(
-            "plan needs max_micro_batch_size (the largest micro-batch that fits) or micro_batch_size."
-        )
-    accumulation = global_batch_size // (world_size * micro)
-    scale = global_batch_size / base_batch_size
-    lr_scale = _learning_rate_scale(scale, scaling_rule)
-    learning_rate = base_learning_rate * lr_scale
-    recommended = warmup_steps is None
+    _check_split(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
+    if scaling.scale_weight_decay and baseline.weight_decay is None:
+        raise ConfigurationError("scale_weight_decay needs weight_decay (the value at base_batch_size).")
+    micro = _micro_batch(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
+    scale = global_batch_size / baseline.base_batch_size
+    lr_scale = _learning_rate_scale(scale, scaling.scaling_rule)
+    warmup_steps = scaling.warmup_steps
     if warmup_steps is None:
-        warmup_steps = 0 if lr_scale <= 1 else math.ceil(WARMUP_STEPS_PER_LR_SCALE * lr_scale)
-        if steps_per_epoch is not None:
-            warmup_steps = min(warmup_steps, WARMUP_MAX_EPOCHS * steps_per_epoch)
-    scaled_decay = weight_decay
-    if weight_decay is not None and scale_weight_decay:
-        scaled_decay = weight_decay * math.sqrt(scale)
-
+        warmup_steps = _recommended_warmup(lr_scale, scaling.steps_per_epoch)
     result = Plan(
         micro_batch_size=micro,
-        accumulation_steps=accumulation,
+        accumulation_steps=global_batch_size // (world_size * micro),
         world_size=world_size,
         global_batch_size=global_batch_size,
         scale_factor=scale,
-        learning_rate=learning_rate,
-        base_learning_rate=base_learning_rate,
-        base_batch_size=base_batch_size,
-        scaling_rule=scaling_rule,
+        learning_rate=baseline.base_learning_rate * lr_scale,
+        base_learning_rate=baseline.base_learning_rate,
+        base_batch_size=baseline.base_batch_size,
+        scaling_rule=scaling.scaling_rule,
         warmup_steps=warmup_steps,
-        warmup_recommended=recommended,
-        weight_decay=scaled_decay,
-        base_weight_decay=weight_decay,
+        warmup_recommended=scaling.warmup_steps is None,
+        weight_decay=_weight_decay(baseline.weight_decay, scale, scaling.scale_weight_decay),
+        base_weight_decay=baseline.weight_decay,
         warnings=(),
     )
-    return dataclasses.replace(
-        result, warnings=_warnings(result, uses_batchnorm, uses_ema, fine_tuning, steps_per_epoch)
-    )
+    return dataclasses.replace(result, warnings=_warnings(result, training, scaling.steps_per_epoch))
 
 
-def _learning_rate_scale(scale: float, scaling_rule: str) -> float:
-    return scale if scaling_rule == "linear" else math.sqrt(scale)
-
-
-def _check_inputs(
-    global_batch_size: int,
-    max_micro_batch_size: int | None,
-    micro_batch_size: int | None,
-    world_size: int,
-    base_learning_rate: float,
-    base_batch_size: int,
-    scaling_rule: str,
-    warmup_steps: int | None,
-    weight_decay: float | None,
-    scale_weight_decay: bool,
-    steps_per_epoch: int | None,
+def _check_split(
+    global_batch_size: int, world_size: int, max_micro_batch_size: int | None, micro_batch_size: int | None
 ) -> None:
     check_positive_int("global_batch_size", global_batch_size)
     check_positive_int("world_size", world_size)
-    check_positive_int("base_batch_size", base_batch_size)
-    check_positive_number("base_learning_rate", base_learning_rate)
     if max_micro_batch_size is not None:
         check_positive_int("max_micro_batch_size", max_micro_batch_size)
     if micro_batch_size is not None:
@@ -229,22 +169,57 @@ def _check_inputs(
             f"micro_batch_size ({micro_batch_size}) is larger than max_micro_batch_size "
             f"({max_micro_batch_size}); lower micro_batch_size or raise max_micro_batch_size."
         )
-    if scaling_rule not in SCALING_RULES:
-        raise ConfigurationError(f"scaling_rule must be 'linear' or 'sqrt', got {scaling_rule!r}.")
-    if warmup_steps is not None:
-        check_positive_int("warmup_steps", warmup_steps, minimum=0)
+
+
+def _micro_batch(
+    global_batch_size: int, world_size: int, max_micro_batch_size: int | None, micro_batch_size: int | None
+) -> int:
+    """The micro-batch of each forward. The per-device batch ``global_batch_size / world_size`` must
+    be whole. Unless ``micro_batch_size`` forces one (which must divide the per-device batch), it is
+    the largest divisor of the per-device batch up to ``max_micro_batch_size``, so accumulation_steps
+    is the fewest possible. A divisor under half of ``max_micro_batch_size`` (when the per-device batch
+    is larger than it) wastes the memory that was measured, so that global batch is refused and the
+    nearest ones that work are named."""
+    if micro_batch_size is not None:
+        return forced_micro_batch(global_batch_size, world_size, micro_batch_size)
+    if max_micro_batch_size is not None:
+        return chosen_micro_batch(global_batch_size, world_size, max_micro_batch_size)
+    raise ConfigurationError(
+        "plan needs max_micro_batch_size (the largest micro-batch that fits) or micro_batch_size."
+    )
+
+
+def _learning_rate_scale(scale: float, scaling_rule: str) -> float:
+    """What the learning rate is multiplied by for ``scale = global_batch_size / base_batch_size``:
+    ``scale`` by the linear rule (Goyal et al. 2017), ``sqrt(scale)`` by the square-root rule
+    (Krizhevsky 2014; Hoffer et al. 2017, often used with Adam)."""
+    return scale if scaling_rule == "linear" else math.sqrt(scale)
+
+
+def _recommended_warmup(lr_scale: float, steps_per_epoch: int | None) -> int:
+    """Optimizer steps of warm-up for a learning-rate scale-up ``lr_scale``: 0 when it is at most 1,
+    else ``ceil(100 x lr_scale)`` (seed 002 warms up 1000 steps for a 10x scale-up), at most 5 epochs
+    of ``steps_per_epoch`` optimizer steps at the global batch (Goyal et al. warm up over 5 epochs for
+    their largest scale-up, 256 -> 8192)."""
+    steps = 0 if lr_scale <= 1 else math.ceil(WARMUP_STEPS_PER_LR_SCALE * lr_scale)
     if steps_per_epoch is not None:
-        check_positive_int("steps_per_epoch", steps_per_epoch)
-    if weight_decay is not None:
-        check_positive_number("weight_decay", weight_decay, allow_zero=True)
-    elif scale_weight_decay:
-        raise ConfigurationError("scale_weight_decay needs weight_decay (the value at base_batch_size).")
+        steps = min(steps, WARMUP_MAX_EPOCHS * steps_per_epoch)
+    return steps
 
 
-def _warnings(
-    result: Plan, uses_batchnorm: bool, uses_ema: bool, fine_tuning: bool, steps_per_epoch: int | None
-) -> tuple[str, ...]:
-    """Seed 002's warnings that apply to ``result``."""
+def _weight_decay(weight_decay: float | None, scale: float, scale_weight_decay: bool) -> float | None:
+    """Unchanged, or with ``scale_weight_decay`` multiplied by ``sqrt(scale)`` whatever the
+    learning-rate rule: seed 002 ("weight_decay ~ sqrt(batch_size)") and the normalized weight decay
+    of Loshchilov & Hutter (2019, AdamW) both grow it with the square root of the batch."""
+    if weight_decay is not None and scale_weight_decay:
+        return weight_decay * math.sqrt(scale)
+    return weight_decay
+
+
+def _warnings(result: Plan, training: TrainingFacts, steps_per_epoch: int | None) -> tuple[str, ...]:
+    """Seed 002's warnings that apply to ``result``: over 16 accumulation steps; a 4x or larger
+    learning-rate jump with ``warmup_steps=0``; BatchNorm with a micro-batch under 16; EMA with
+    accumulation; fine-tuning with a global batch over 64 or a scaled-up learning rate."""
     accumulation, micro, world_size = result.accumulation_steps, result.micro_batch_size, result.world_size
     lr_scale, learning_rate = result.learning_rate_scale, result.learning_rate
     global_batch_size = result.global_batch_size
@@ -258,16 +233,13 @@ def _warnings(
             f"or a smaller global_batch_size."
         )
     if not recommended and warmup_steps == 0 and lr_scale >= NO_WARMUP_MAX_LR_SCALE:
-        advice = min(
-            math.ceil(WARMUP_STEPS_PER_LR_SCALE * lr_scale),
-            WARMUP_MAX_EPOCHS * steps_per_epoch if steps_per_epoch is not None else math.inf,
-        )
+        advice = _recommended_warmup(lr_scale, steps_per_epoch)
         warnings.append(
             f"learning_rate {learning_rate:g} is {lr_scale:g}x base_learning_rate with warmup_steps 0: "
             f"a jump this large can diverge in the first steps; warm up linearly over about {advice} "
             f"steps (leave warmup_steps unset for this recommendation)."
         )
-    if uses_batchnorm and micro < BATCHNORM_MIN_MICRO_BATCH:
+    if training.uses_batchnorm and micro < BATCHNORM_MIN_MICRO_BATCH:
         fix = (
             f"convert the model with torch.nn.SyncBatchNorm.convert_sync_batchnorm (statistics over "
             f"{micro} x {world_size} = {micro * world_size} samples) or use GroupNorm"
@@ -279,13 +251,13 @@ def _warnings(
             f"samples of one forward pass, not the global batch, and under {BATCHNORM_MIN_MICRO_BATCH} "
             f"they are noisy; {fix}."
         )
-    if uses_ema and accumulation > 1:
+    if training.uses_ema and accumulation > 1:
         warnings.append(
             f"uses_ema with accumulation_steps {accumulation}: update the EMA once per optimizer step "
             f"(right after optimizer.step()), not after each of the {accumulation} backward passes, "
             f"or it decays {accumulation} times per update."
         )
-    if fine_tuning and (global_batch_size > FINE_TUNING_MAX_GLOBAL_BATCH or lr_scale > 1):
+    if training.fine_tuning and (global_batch_size > FINE_TUNING_MAX_GLOBAL_BATCH or lr_scale > 1):
         warnings.append(
             f"fine_tuning with global_batch_size {global_batch_size} and learning_rate {learning_rate:g} "
             f"({lr_scale:g}x base_learning_rate): large batches and large steps overwrite pre-trained "

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from batchfit.units import format_bytes
+
 Mode = Literal["train", "eval"]
 Outcome = Literal["ok", "oom", "over_budget"]
 
@@ -34,6 +36,29 @@ class Trial:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def line(self, label: str, usual_steps: int | None = None) -> str:
+        """The trial in a line: its label, batch, outcome and peak; the step that ran out of
+        memory, or the steps when not ``usual_steps``; the step time, and on a GPU what the
+        allocator reserved and its retries."""
+        peak = format_bytes(self.peak_bytes) if self.peak_bytes else "-"  # 0: failed before a step
+        extras = []
+        if self.failed_at_step is not None and self.steps is not None:
+            step = self.failed_at_step
+            extras.append(f"out at step {step} of {self.steps}" if step else "out in the warm-up step")
+        elif self.steps is not None and usual_steps is not None and self.steps != usual_steps:
+            repeated = f" (state of step {self.steady_from} repeated)" if self.steady_from is not None else ""
+            extras.append(f"{self.steps} steps{repeated}")
+        if self.step_seconds is not None:
+            extras.append(f"{self.step_seconds * 1000:8.1f} ms/step")
+        if self.reserved_peak_bytes is not None:
+            extras.append(f"reserved {format_bytes(self.reserved_peak_bytes)}")
+        if self.allocator_retries:
+            extras.append(f"{self.allocator_retries} allocator retries")
+        return (
+            f"{label:<5} batch_size={self.batch_size:<6} {self.outcome:<11} "
+            f"peak {peak:>11}{''.join('  ' + extra for extra in extras)}"
+        )
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from batchfit.policy.allocation_replay import AllocationRecord
+from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.trial import Outcome, Trial
 from batchfit.units import format_bytes
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import batchfit
+from batchfit import BatchSizes
 
 #: Features per sample: one sample is 1 MiB of float32, and so is each of its activations.
 FEATURES = 2**18
@@ -89,7 +90,7 @@ def main() -> None:
         probe = str(error)
 
     result = batchfit.find_batch_size(
-        workload, "train", device="cpu", memory_fraction=fraction, max_batch_size=100_000
+        workload, "train", device="cpu", memory_fraction=fraction, sizes=BatchSizes(max_batch_size=100_000)
     )
     vm_after_search = vm_size_bytes()
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from batchfit.policy.allocation_replay import ALLOC, FREE, AllocationRecord, Recording
+from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Recording
 from batchfit.policy.caching_allocator import CachingAllocator
 from batchfit.runtime.devices.cuda import _CudaAllocator, _start, read_trace
 

@@ -20,8 +20,11 @@ from torch.nn.parallel import DistributedDataParallel
 from two_ranks import report_and_leave
 
 from batchfit import (
+    BatchSizes,
     ConfigurationError,
     DoesNotFitError,
+    Goal,
+    Timing,
     Workload,
     analyze,
     compare,
@@ -30,6 +33,7 @@ from batchfit import (
     memory_limit,
 )
 from batchfit.find import find_on
+from batchfit.options import Target
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import StorageTracker
 from batchfit.runtime.distributed.data_parallel import bucket_bytes
@@ -78,7 +82,9 @@ def run(rank: int, scenario: str, limits: list[str]) -> dict[str, Any]:
         return ddp_cuda_report(limits[rank])
     else:
         raise ValueError(scenario)
-    result = find_batch_size(workload, device="cpu", memory_limit=limits[rank], max_batch_size=4096)
+    result = find_batch_size(
+        workload, device="cpu", memory_limit=limits[rank], sizes=BatchSizes(max_batch_size=4096)
+    )
     return {
         "batch_size": result.batch_size,
         "budget_bytes": result.budget_bytes,
@@ -93,7 +99,12 @@ def caching_report(limit: str, image: tuple[int, ...]) -> dict[str, Any]:
     the CNN on this rank's ``image`` shape (ranks whose steps make other requests)."""
     workload = build("cnn", "sgd")
     workload.make_batch = classification_batch(image)
-    result = find_on(CachingCpuDevice(parse_bytes(limit)), workload, "train", max_batch_size=4096)
+    result = find_on(
+        Target(CachingCpuDevice(parse_bytes(limit)), 0.8),
+        workload,
+        "train",
+        sizes=BatchSizes(max_batch_size=4096),
+    )
     return {
         "batch_size": result.batch_size,
         "trials": [trial.batch_size for trial in result.trials],
@@ -105,7 +116,12 @@ def caching_report(limit: str, image: tuple[int, ...]) -> dict[str, Any]:
 def revised_report(limit: str) -> dict[str, Any]:
     """find on the CPU with CUDA's caching allocator modelled, the MLP whose step takes a workspace
     from 64 samples up: the replay's forecast overshoots and is asked again, on every rank alike."""
-    result = find_on(CachingCpuDevice(parse_bytes(limit)), large_batch_workspace(1500), max_batch_size=8192)
+    result = find_on(
+        Target(CachingCpuDevice(parse_bytes(limit)), 0.8),
+        large_batch_workspace(1500),
+        "train",
+        BatchSizes(max_batch_size=8192),
+    )
     return {"batch_size": result.batch_size, "trials": [trial.batch_size for trial in result.trials]}
 
 
@@ -122,13 +138,17 @@ def ddp_report(limit: str) -> dict[str, Any]:
     handler = logging.Handler()
     handler.emit = lambda record: told.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("batchfit.runtime.distributed.data_parallel").addHandler(handler)
-    found = find_batch_size(wrapped, device="cpu", memory_limit=limit, max_batch_size=4096)
-    unwrapped = find_batch_size(plain, device="cpu", memory_limit=limit, max_batch_size=4096)
+    found = find_batch_size(wrapped, device="cpu", memory_limit=limit, sizes=BatchSizes(max_batch_size=4096))
+    unwrapped = find_batch_size(
+        plain, device="cpu", memory_limit=limit, sizes=BatchSizes(max_batch_size=4096)
+    )
     # Behind the modelled caching allocator (2 MiB segments: a 4 MiB device holds one of them),
     # DDP's buckets are a block held from trial to trial, as a tensor of their bytes allocated
     # before the search would be (here a buffer the loss reaches, resident in every trial).
     caching = parse_bytes("6MiB")
-    behind = find_on(CachingCpuDevice(caching), wrapped, "train", max_batch_size=4096)
+    behind = find_on(
+        Target(CachingCpuDevice(caching), 0.8), wrapped, "train", sizes=BatchSizes(max_batch_size=4096)
+    )
     holder = nn.Module()
     holder.register_buffer("buckets", torch.empty(wrapped.wrapper_bytes, dtype=torch.uint8))
 
@@ -136,8 +156,12 @@ def ddp_report(limit: str) -> dict[str, Any]:
         return nn.functional.cross_entropy(output, target)
 
     held = dataclasses.replace(plain, loss_fn=loss_fn)
-    behind_held = find_on(CachingCpuDevice(caching), held, "train", max_batch_size=4096)
-    behind_plain = find_on(CachingCpuDevice(caching), plain, "train", max_batch_size=4096)
+    behind_held = find_on(
+        Target(CachingCpuDevice(caching), 0.8), held, "train", sizes=BatchSizes(max_batch_size=4096)
+    )
+    behind_plain = find_on(
+        Target(CachingCpuDevice(caching), 0.8), plain, "train", sizes=BatchSizes(max_batch_size=4096)
+    )
     try:
         Workload(torch.compile(wrapped.model), make_batch=plain.make_batch)
         refused = ""
@@ -151,7 +175,9 @@ def ddp_report(limit: str) -> dict[str, Any]:
     # A train_step written for DDP: it accumulates over two micro-batches, all-reducing the
     # gradients only at the last (DDP's no_sync), and reads the module through model.module.
     accumulating = dataclasses.replace(wrapped, loss_fn=None, train_step=accumulating_step)
-    accumulated = find_batch_size(accumulating, device="cpu", memory_limit=limit, max_batch_size=4096)
+    accumulated = find_batch_size(
+        accumulating, device="cpu", memory_limit=limit, sizes=BatchSizes(max_batch_size=4096)
+    )
     return {
         "accumulated": [
             accumulated.batch_size,
@@ -254,9 +280,13 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
 
     plain = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
     # Unwrapped first: on a GPU a DDP's buckets, once built, are memory any search sees.
-    unwrapped = find_batch_size(plain, device="cuda:0", memory_limit=limit, max_batch_size=65536)
+    unwrapped = find_batch_size(
+        plain, device="cuda:0", memory_limit=limit, sizes=BatchSizes(max_batch_size=65536)
+    )
     wrapped = dataclasses.replace(plain, model=DistributedDataParallel(model, device_ids=[0]))
-    found = find_batch_size(wrapped, device="cuda:0", memory_limit=limit, max_batch_size=65536)
+    found = find_batch_size(
+        wrapped, device="cuda:0", memory_limit=limit, sizes=BatchSizes(max_batch_size=65536)
+    )
     wrapper_bytes = wrapped.wrapper_bytes
     del wrapped  # its buckets go with it: the DDP trained by force holds its own
     gc.collect()
@@ -401,7 +431,13 @@ def _ddp_allocates(module: nn.Module) -> int | None:
 
 def explore_report(workload: Workload, limit: str) -> dict[str, Any]:
     """explore on the capped CPU up to the memory-safe maximum, briefly."""
-    result = explore(workload, device="cpu", memory_limit=limit, time_budget_seconds=3, confidence_target=80)
+    result = explore(
+        workload,
+        device="cpu",
+        memory_limit=limit,
+        timing=Timing(time_budget_seconds=3),
+        goal=Goal(confidence_target=80),
+    )
     return {
         "max_batch_size": result.max_batch_size,
         "points": [point.to_dict() for point in result.points],
@@ -426,9 +462,8 @@ def compare_report(workload: Workload, limit: str) -> dict[str, Any]:
         ["amp"],
         device="cpu",
         memory_limit=limit,
-        global_batch_size=64,
-        windows=1,
-        explore_seconds=0,
+        sizes=BatchSizes(global_batch_size=64),
+        timing=Timing(windows=1, time_budget_seconds=0),
     )
     return {"rows": [dataclasses.asdict(row) for row in result.rows]}
 

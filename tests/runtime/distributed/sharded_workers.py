@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from two_ranks import report_and_leave
 
-from batchfit import Workload, find_batch_size, memory_limit
+from batchfit import BatchSizes, Workload, find_batch_size, memory_limit
 from batchfit.runtime.devices.tracker import StorageTracker, resident_tensors
 
 #: FSDP2's ``fully_shard`` runs on the CPU from torch 2.7 (public from 2.6, where its CPU streams
@@ -72,7 +72,7 @@ def report(limit: str) -> dict[str, Any]:
     model, optimizer = sharded_mlp()
     weights = [parameter.full_tensor().clone() for parameter in model.parameters()]
     workload = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
-    found = find_batch_size(workload, device="cpu", memory_limit=limit, max_batch_size=4096)
+    found = find_batch_size(workload, device="cpu", memory_limit=limit, sizes=BatchSizes(max_batch_size=4096))
     restored = all(
         torch.equal(weight, parameter.full_tensor())
         for weight, parameter in zip(weights, model.parameters(), strict=True)
@@ -110,7 +110,9 @@ def older_torch_report(limit: str) -> dict[str, Any]:
         model, optimizer = sharded_mlp()
         weights = [parameter.full_tensor().clone() for parameter in model.parameters()]
         workload = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
-        found = find_batch_size(workload, device="cpu", memory_limit=limit, max_batch_size=4096)
+        found = find_batch_size(
+            workload, device="cpu", memory_limit=limit, sizes=BatchSizes(max_batch_size=4096)
+        )
     finally:
         logging.getLogger("batchfit.runtime.distributed.sharded").removeHandler(handler)
         if hidden is not None:
@@ -188,7 +190,7 @@ def zero_search_report(limit: str) -> dict[str, Any]:
     some trials run out of memory; the answer and the next size trained by force."""
     model, optimizer = zero_mlp()
     workload = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
-    found = find_batch_size(workload, device="cpu", memory_limit=limit, max_batch_size=4096)
+    found = find_batch_size(workload, device="cpu", memory_limit=limit, sizes=BatchSizes(max_batch_size=4096))
     return {
         "batch_size": found.batch_size,
         "trials": [[trial.batch_size, trial.outcome] for trial in found.trials],
@@ -214,7 +216,7 @@ def zero_report() -> dict[str, Any]:
     tracker = StorageTracker()
     tracker.track(resident_tensors(optimizer))
     counted = tracker.live_bytes
-    find_batch_size(workload, device="cpu", memory_limit="1GiB", max_batch_size=64)
+    find_batch_size(workload, device="cpu", memory_limit="1GiB", sizes=BatchSizes(max_batch_size=64))
     restored = {id(key) for key in local} == set(before) and all(
         torch.equal(value, before[id(key)][name])
         for key, state in local.items()

@@ -13,8 +13,9 @@ import torch
 from tiny_workloads import build, classification_batch, large_batch_workspace
 from two_ranks import run_ranks
 
-from batchfit import find_batch_size
+from batchfit import BatchSizes, find_batch_size
 from batchfit.find import find_on
+from batchfit.options import Target
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 
 pytestmark = pytest.mark.distributed
@@ -35,7 +36,9 @@ def test_ranks_with_different_capacities_agree_on_the_smaller_one(tmp_path: Path
     # does not, and both return the answer of a single process at 3 MiB, from the same trials.
     reports = spawn("capacities", ["3MiB", "6MiB"], tmp_path)
     assert all("error" not in report for report in reports), reports
-    alone = find_batch_size(build("mlp", "sgd"), device="cpu", memory_limit="3MiB", max_batch_size=4096)
+    alone = find_batch_size(
+        build("mlp", "sgd"), device="cpu", memory_limit="3MiB", sizes=BatchSizes(max_batch_size=4096)
+    )
     assert reports[0]["batch_size"] == reports[1]["batch_size"] == alone.batch_size
     assert reports[0]["budget_bytes"] == reports[1]["budget_bytes"] == alone.budget_bytes
     assert reports[0]["trials"] == reports[1]["trials"]
@@ -51,7 +54,12 @@ def test_ranks_ask_a_failed_forecast_again_together(tmp_path: Path) -> None:
     # ranks place the same trials as one process does, and none waits on another.
     reports = spawn("caching-revised", ["40MiB", "40MiB"], tmp_path)
     assert all("error" not in report for report in reports), reports
-    alone = find_on(CachingCpuDevice(40 * 2**20), large_batch_workspace(1500), max_batch_size=8192)
+    alone = find_on(
+        Target(CachingCpuDevice(40 * 2**20), 0.8),
+        large_batch_workspace(1500),
+        "train",
+        BatchSizes(max_batch_size=8192),
+    )
     assert reports[0]["trials"] == reports[1]["trials"] == [t.batch_size for t in alone.trials]
     assert reports[0]["batch_size"] == alone.batch_size < alone.trials[2].batch_size  # it overshot
 
@@ -68,7 +76,14 @@ def test_behind_caching_allocators_every_rank_places_its_trials_by_the_replay_of
         workload = build("cnn", "sgd")
         workload.make_batch = classification_batch(image)
         # Every rank's trials run under the smallest rank's budget (0.8 of 32 MiB).
-        alone.append(find_on(CachingCpuDevice(32 * 2**20), workload, "train", max_batch_size=4096))
+        alone.append(
+            find_on(
+                Target(CachingCpuDevice(32 * 2**20), 0.8),
+                workload,
+                "train",
+                sizes=BatchSizes(max_batch_size=4096),
+            )
+        )
     answer = min(result.batch_size for result in alone)
     assert alone[0].batch_size != alone[1].batch_size  # the ranks' own replays disagree
     assert reports[0]["trials"] == reports[1]["trials"] == [2, 4, answer, answer + 1]

@@ -13,8 +13,10 @@ from compiled_workloads import compiled_truth, make_batch, pointwise_model
 from torch import nn
 
 import batchfit
+from batchfit import BatchSizes
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
+from batchfit.options import Target
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice, Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
@@ -38,7 +40,9 @@ def test_a_compiled_model_is_measured_as_it_runs_not_as_its_eager_twin() -> None
     def find(module: nn.Module) -> batchfit.SearchResult:
         loss = nn.functional.cross_entropy
         workload = batchfit.Workload(module, optimizer, make_batch=make_batch, loss_fn=loss)
-        return batchfit.find_batch_size(workload, device="cpu", memory_limit=LIMIT, max_batch_size=8192)
+        return batchfit.find_batch_size(
+            workload, device="cpu", memory_limit=LIMIT, sizes=BatchSizes(max_batch_size=8192)
+        )
 
     eager = find(model)
     found = find(compiled)
@@ -72,7 +76,10 @@ def test_a_model_compiled_for_each_batch_size_is_compiled_at_every_trial() -> No
     )
     with config.patch(cache_size_limit=2):  # multiples of 32: fewer sizes, each compiled cold in ~3 s
         found = batchfit.find_batch_size(
-            workload, device="cpu", memory_limit="24MiB", max_batch_size=8192, multiple_of=32
+            workload,
+            device="cpu",
+            memory_limit="24MiB",
+            sizes=BatchSizes(max_batch_size=8192, multiple_of=32),
         )
         assert config.cache_size_limit == 2
     answer = found.batch_size
@@ -116,7 +123,7 @@ def test_the_modelled_caching_allocator_refuses_a_compiled_step_and_says_what_to
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     workload = batchfit.Workload(torch.compile(model), optimizer, make_batch=lambda n: torch.randn(n, 8))
     with pytest.raises(ConfigurationError, match=r"cannot measure a torch.compile'd step \(OptimizedModule"):
-        find_on(CachingCpuDevice(2**30), workload, "train", max_batch_size=64)
+        find_on(Target(CachingCpuDevice(2**30), 0.8), workload, "train", sizes=BatchSizes(max_batch_size=64))
 
 
 def test_profiled_measurement_counts_what_the_block_allocates_and_refuses_past_the_cap() -> None:
@@ -167,7 +174,9 @@ def test_a_profiler_of_the_users_own_is_left_running_and_the_error_says_so() -> 
     )
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as users:
         with pytest.raises(ConfigurationError, match="run the search outside your own profiler"):
-            batchfit.find_batch_size(workload, device="cpu", memory_limit="1MiB", max_batch_size=64)
+            batchfit.find_batch_size(
+                workload, device="cpu", memory_limit="1MiB", sizes=BatchSizes(max_batch_size=64)
+            )
         model(torch.randn(3, 8))
         assert torch.autograd._profiler_enabled()
     assert any(event.name == "aten::linear" for event in users.events())

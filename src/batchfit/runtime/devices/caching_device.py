@@ -21,14 +21,9 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchfit.policy.allocation_replay import Recording
-from batchfit.policy.caching_allocator import (
-    AllocatorOutOfMemory,
-    Block,
-    CachingAllocator,
-    rounded,
-    segment_size,
-)
+from batchfit.policy.allocation_record import Recording
+from batchfit.policy.allocator_blocks import Block, rounded, segment_size
+from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 from batchfit.runtime.devices.device import GarbageCollector, Measurement, unique_storages
 from batchfit.runtime.devices.tracker import output_storages
 from batchfit.units import format_bytes

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from batchfit.errors import DeviceUnavailableError
-from batchfit.policy.allocation_replay import Recording
-from batchfit.policy.caching_allocator import Segments
+from batchfit.policy.allocation_record import Recording
+from batchfit.policy.allocator_blocks import Segments
 from batchfit.runtime.devices.caching_device import CachingDevice, expandable_segments, unmodelled_settings
 from batchfit.units import format_bytes
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from batchfit.policy.allocation_replay import Recording
+from batchfit.policy.allocation_record import Recording
 from batchfit.runtime.devices.host import data_limited, host_available_bytes, malloc_trim
 from batchfit.runtime.devices.tracker import StorageTracker, resident_oom_message
 from batchfit.runtime.steps.compiled import ProfiledAllocations, ProfiledSteps

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from batchfit.errors import RankFailedError
-from batchfit.policy.allocation_replay import ReplayForecast
 from batchfit.policy.ranks import merge_trials
+from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.trial import Trial
 from batchfit.runtime.steps.runner import StepTimer
 
@@ -69,10 +69,46 @@ class Lockstep:
             )
         return [value for _, value in gathered]
 
+    def forecast(self, local: ReplayForecast) -> LockstepForecast:
+        """``local``'s forecast, agreed by every rank."""
+        return LockstepForecast(local, self)
+
+    def meter(self, timer: StepTimer) -> LockstepMeter:
+        """``timer``'s windows, timed by every rank at once."""
+        return LockstepMeter(timer, self)
+
     def _gather(self, payload: tuple[str, Any]) -> list[Any]:
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, payload, group=self.group)
         return gathered
+
+
+class Alone:
+    """One process searching alone, behind the same methods as ``Lockstep``: a verb asks
+    ``ranks()`` once and never branches on whether other ranks take part."""
+
+    rank = 0
+    world_size = 1
+
+    def shared(self, make: Callable[[], T]) -> T:
+        return make()
+
+    def trial(self, run: Callable[[], Trial]) -> Trial:
+        return run()
+
+    def run(self, work: Callable[[], T]) -> list[T]:
+        return [work()]
+
+    def forecast(self, local: ReplayForecast) -> ReplayForecast:
+        return local
+
+    def meter(self, timer: StepTimer) -> StepTimer:
+        return timer
+
+
+def ranks() -> Lockstep | Alone:
+    """The ranks searching together: an initialised group of two or more, else this process alone."""
+    return Lockstep.current() or Alone()
 
 
 class LockstepForecast:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from batchfit.policy.allocation_replay import AllocationRecord
+from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.steady import RecurrenceWatch
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import verdict

@@ -12,8 +12,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from batchfit.errors import ConfigurationError
-from batchfit.runtime.devices.resolve import parse_device
+from batchfit import ConfigurationError, Where
 
 #: What torchrun sets for every rank, and init_process_group's env:// reads.
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -32,7 +31,7 @@ def launched_world_size() -> int:
 
 
 @contextmanager
-def launched_process_group(device: str | None) -> Iterator[int | None]:
+def launched_process_group(where: Where) -> Iterator[int | None]:
     """Join the launcher's process group for the block, and after it wait for every rank (the
     process then exits: ``exit_launched``); yields this rank, or None when the process runs alone.
     On CUDA every rank takes the GPU of its LOCAL_RANK (unless ``device`` names one) and the group
@@ -51,8 +50,9 @@ def launched_process_group(device: str | None) -> Iterator[int | None]:
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Launch it with "
             f"torchrun (torchrun --nproc_per_node=N -m batchfit ...), or unset WORLD_SIZE."
         )
-    cuda = parse_device(device).type == "cuda"
-    if cuda and (device is None or torch.device(device).index is None):
+    # CUDA named where none is present: gloo, and the command's own device check says so.
+    cuda = not where.on_cpu and torch.cuda.is_available()
+    if cuda and (where.torch_device is None or where.torch_device.index is None):
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # "cuda" is then this rank's GPU
     dist.init_process_group("nccl" if cuda else "gloo")
     yield dist.get_rank()  # an error: every rank raises after the same collective, none waits

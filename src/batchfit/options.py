@@ -1,0 +1,207 @@
+"""The options several verbs share, each a small typed object validated when it is made: where to
+measure (``Where``), which batch sizes (``BatchSizes``), how a memory trial runs (``Trials``), how
+throughput is timed (``Timing``) and what explore aims at (``Goal``). The command line's flags are
+generated from their fields, so a flag is its field's name with dashes and says what its field says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from batchfit.checks import (
+    DEFAULT_MAX_BATCH_SIZE,
+    check_batch_range,
+    check_memory_fraction,
+    check_positive_int,
+    check_positive_number,
+    default_max_batch_size,
+    option,
+)
+from batchfit.errors import ConfigurationError
+from batchfit.policy.choose import Objective, recommend
+from batchfit.policy.micro_batch import check_divisible
+from batchfit.policy.search import Candidates
+from batchfit.policy.trial import Mode
+from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.units import parse_bytes
+
+#: What ``Where.device`` may name.
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def mode_named(mode: str) -> Mode:
+    """``train`` or ``eval`` (``val``, the experiment configs' word, is ``eval``); else an error."""
+    if mode == "val":
+        return "eval"
+    if mode not in ("train", "eval"):
+        raise ConfigurationError(f"mode={mode!r} is not a mode: use 'train' or 'eval' (or 'val').")
+    return mode  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where to measure: the device, the capacity it is given, and the share of it a batch may use."""
+
+    device: str | torch.device | None = option(
+        None, "cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
+    memory_limit: str | int | None = option(
+        None, "a capacity such as 2GiB: the device's memory is capped there (a smaller GPU, or a CPU as one)"
+    )
+    memory_fraction: float = option(0.8, "share of device memory a batch may use")
+    #: The device named, as torch reads it (``cuda`` keeps no index: each rank's own under
+    #: torchrun, else the current one); None for the default.
+    torch_device: torch.device | None = field(init=False, repr=False, compare=False)
+    memory_limit_bytes: int | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_memory_fraction(self.memory_fraction)
+        limit = None if self.memory_limit is None else parse_bytes(self.memory_limit, name="memory_limit")
+        object.__setattr__(self, "memory_limit_bytes", limit)
+        object.__setattr__(self, "torch_device", None if self.device is None else _parse_device(self.device))
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the device is the CPU (named, or the default where CUDA is not available)."""
+        parsed = self.torch_device
+        return (
+            parsed.type if parsed is not None else "cuda" if torch.cuda.is_available() else "cpu"
+        ) == "cpu"
+
+
+def _parse_device(device: str | torch.device) -> torch.device:
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ConfigurationError(
+            f"device={device!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'."
+        ) from error
+    if parsed.type not in DEVICE_TYPES:
+        raise ConfigurationError(
+            f"device={device!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
+        )
+    return parsed
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """Which batch sizes a search may answer: the multiples of ``multiple_of`` in [min_batch_size,
+    max_batch_size] and, with ``global_batch_size``, the divisors of the batch each device trains."""
+
+    min_batch_size: int = option(1, "the smallest batch to try")
+    max_batch_size: int | None = option(
+        None, f"the largest batch to try (default: {DEFAULT_MAX_BATCH_SIZE} for train; eval's is twice it)"
+    )
+    multiple_of: int | None = option(None, "only batch sizes that are multiples of N")
+    global_batch_size: int | None = option(
+        None, "the global batch the run trains with: a micro-batch must divide it / --world-size"
+    )
+    world_size: int | None = option(
+        None, "devices the global batch is split over (default: the ranks under torchrun, else 1)"
+    )
+
+    def __post_init__(self) -> None:
+        check_positive_int("min_batch_size", self.min_batch_size)
+        for name in ("max_batch_size", "multiple_of", "global_batch_size", "world_size"):
+            value = getattr(self, name)
+            if value is not None:
+                check_positive_int(name, value)
+        check_batch_range(self.min_batch_size, self.upper("train"))
+        Candidates.between(self.min_batch_size, self.upper("train"), self.multiple_of)  # a multiple lies in
+        check_divisible(self.global_batch_size, self.world_size or 1)
+
+    def upper(self, mode: Mode) -> int:
+        """The largest batch a ``mode`` search may answer: ``max_batch_size``, else the default
+        (eval's is twice train's: an eval step keeps no activations for backward)."""
+        return default_max_batch_size(mode) if self.max_batch_size is None else self.max_batch_size
+
+    def for_mode(self, mode: Mode) -> BatchSizes:
+        """These sizes, given for training, as an eval search takes them when one range serves
+        both modes (the command line's): eval's upper bound is twice train's."""
+        return replace(self, max_batch_size=default_max_batch_size(mode, self.upper("train")))
+
+    def candidates(self, mode: Mode) -> Candidates:
+        """The sizes a ``mode`` search walks: an arithmetic range (``find`` takes no global batch)."""
+        if self.global_batch_size is not None:
+            raise ConfigurationError(
+                f"global_batch_size={self.global_batch_size} narrows the sizes explore and compare "
+                f"measure; find searches the whole range. Leave it out, or run explore or plan."
+            )
+        return Candidates.between(self.min_batch_size, self.upper(mode), self.multiple_of)
+
+
+@dataclass(frozen=True)
+class Trials:
+    """How a memory trial runs: its steps, and the steps the answer trains before it is final."""
+
+    steps_per_trial: int = option(2, "steps per trial")
+    confirm_steps: int | None = option(
+        None,
+        "steps the answer trains before it is final, and every trial after the first that fails "
+        "(default: 10 on CUDA, none on the CPU)",
+    )
+    eval_with_training_state: bool = option(
+        True,
+        "an eval search keeps gradients and optimizer state resident, as validation inside training does",
+        cli=False,
+    )
+
+    def __post_init__(self) -> None:
+        check_positive_int("steps_per_trial", self.steps_per_trial)
+        if self.confirm_steps is not None:
+            check_positive_int("confirm_steps", self.confirm_steps)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How throughput is timed: windows per batch size, steps per window, and the time allowed."""
+
+    windows: int = option(3, "timing windows per batch size")
+    steps_per_window: int | None = option(None, "steps per window (default: the fewest that last 20 ms)")
+    time_budget_seconds: float | None = option(None, "start nothing new after this many seconds")
+    tokens_per_sample: int | None = option(
+        None, "count throughput in tokens of this many per sample (default: the workload's)", cli=False
+    )
+
+    def __post_init__(self) -> None:
+        check_positive_int("windows", self.windows)
+        for name in ("steps_per_window", "tokens_per_sample"):
+            value = getattr(self, name)
+            if value is not None:
+                check_positive_int(name, value)
+        if self.time_budget_seconds is not None:
+            check_positive_number("time_budget_seconds", self.time_budget_seconds, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What explore recommends: the smallest batch within ``tolerance`` of the fastest (or the
+    fastest), once it is ``confidence_target`` sure."""
+
+    tolerance: float = option(0.03, "within this share of the best counts as as fast")
+    objective: Objective = option("smallest-within-tolerance", "what to recommend")
+    base_batch_size: int | None = option(None, "the speed-up's base (default: the smallest measured)")
+    confidence_target: int = option(
+        90, "the confidence asked of the recommendation; stop once it is reached (0-100)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.base_batch_size is not None:
+            check_positive_int("base_batch_size", self.base_batch_size)
+        recommend(  # the chooser's own checks
+            (), tolerance=self.tolerance, objective=self.objective, confidence_target=self.confidence_target
+        )
+
+
+@dataclass(frozen=True)
+class Target:
+    """A ``Where`` resolved: the device, found present, and the share of it a batch may use."""
+
+    device: Device
+    memory_fraction: float
+
+    @classmethod
+    def of(cls, where: Where) -> Target:
+        return cls(resolve_device(where.torch_device, where.memory_limit_bytes), where.memory_fraction)

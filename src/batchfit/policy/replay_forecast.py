@@ -1,0 +1,68 @@
+"""The search's forecast behind a caching allocator: which two recorded trials to replay, and the
+replay's verdict at a batch size."""
+
+from __future__ import annotations
+
+from batchfit.policy.allocation_record import AllocationRecord
+from batchfit.policy.allocation_replay import AllocationReplay
+
+
+class ReplayForecast:
+    """The search's ``Forecast`` on a caching allocator: the replay of two recorded trials that
+    fitted (``records``, filled in as they run: the opening's, then the confirming trials' that
+    fitted), at ``steps`` steps under the trial's cap of ``limit_bytes`` (``soft_workspaces``: the
+    device's kernels do without a workspace the allocator cannot place, as cuDNN's do).
+
+    The pair is the largest record and, below it, the largest record at most half its size that
+    aligns with it (else the nearest below that does; else the next largest record and so on).
+    The larger carries the requests of a batch near the boundary, which small batches may not make
+    (a request of its own, another algorithm's workspaces); the smaller keeps the span of the line
+    wide, so that a size rounded in both stays a small error in its slope. The longer trial's record
+    is cut to the shorter's steps; the replay plays its last step again as before.
+    """
+
+    def __init__(
+        self,
+        records: dict[int, AllocationRecord],
+        limit_bytes: int,
+        steps: int,
+        soft_workspaces: bool = False,
+    ) -> None:
+        self.records, self.limit_bytes, self.steps = records, limit_bytes, steps
+        self.soft_workspaces = soft_workspaces
+        # Each pair's replay, with the records it was made of (a size recorded again makes a new one).
+        self._replays: dict[
+            tuple[int, int], tuple[AllocationRecord, AllocationRecord, AllocationReplay | None]
+        ] = {}
+        self.replays_run = 0
+
+    def evidence(self) -> tuple[int, int] | None:
+        """The batch sizes of the pair of records the forecast replays (None: no pair aligns)."""
+        sizes = sorted(self.records)
+        for reference in reversed(sizes):
+            below = [size for size in sizes if size < reference]
+            half = [size for size in below if size <= reference // 2]
+            for other in half[::-1] + [size for size in below if size > reference // 2][::-1]:
+                if self._replay(other, reference) is not None:
+                    return other, reference
+        return None
+
+    def replay(self) -> AllocationReplay | None:
+        pair = self.evidence()
+        return None if pair is None else self._replay(*pair)
+
+    def _replay(self, smaller: int, larger: int) -> AllocationReplay | None:
+        first, second = self.records[smaller], self.records[larger]
+        cached = self._replays.get((smaller, larger))
+        if cached is None or cached[0] is not first or cached[1] is not second:  # new, or recorded again
+            steps = min(len(first.steps), len(second.steps)) - 1
+            replay = AllocationReplay.of(first.truncated(steps), second.truncated(steps))
+            cached = self._replays[(smaller, larger)] = (first, second, replay)
+        return cached[2]
+
+    def fits(self, batch_size: int) -> bool | None:
+        replay = self.replay()
+        if replay is None:
+            return None
+        self.replays_run += 1
+        return replay.fits(batch_size, self.limit_bytes, self.steps, self.soft_workspaces)
