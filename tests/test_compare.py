@@ -162,7 +162,7 @@ def test_an_optimizer_that_needs_a_closure_runs_every_row_a_closure_allows() -> 
 
 
 def test_bad_settings_are_refused_before_any_work() -> None:
-    with pytest.raises(ConfigurationError, match=r"^windows \(0\) must be 1 or more\.$"):
+    with pytest.raises(ConfigurationError, match=r"^windows must be a positive integer, got 0\.$"):
         compare(build("mlp"), timing=Timing(windows=0))
     with pytest.raises(ConfigurationError, match=r"^technique 'fast': 'fast' is not one of"):
         compare(build("mlp"), ["fast"], device="cpu")

@@ -371,7 +371,7 @@ BAD_INPUTS = [
     ),
     ({"min_batch_size": 0}, ConfigurationError, "min_batch_size must be a positive integer, got 0."),
     ({"steps_per_trial": 0}, ConfigurationError, "steps_per_trial must be a positive integer, got 0."),
-    ({"mode": "test"}, ConfigurationError, "mode='test' is not a mode: use 'train' or 'eval'."),
+    ({"mode": "test"}, ConfigurationError, "mode='test' is not a mode: use 'train' or 'eval' (or 'val')."),
     ({"device": "tpu"}, ConfigurationError, "device='tpu' is not a device: use 'cpu', 'cuda' or 'cuda:N'."),
     ({"device": "mps"}, ConfigurationError, "device='mps' is not supported"),
     ({"device": "cuda"}, DeviceUnavailableError, "device='cuda' was asked for, but CUDA is not available"),
@@ -384,8 +384,12 @@ def test_bad_input(mlp_workload: Workload, kwargs: dict[str, object], error: typ
     if kwargs.get("device") == "cuda" and torch.cuda.is_available():
         pytest.skip("CUDA is present here")
     before = _state(mlp_workload)
+    given = {"device": "cpu", "memory_limit": "8MiB", **kwargs}
     with pytest.raises(error) as info:
-        find_batch_size(mlp_workload, **{"device": "cpu", "memory_limit": "8MiB", **kwargs})  # type: ignore[arg-type]
+        for name, kind in (("sizes", BatchSizes), ("trials", Trials)):
+            fields = {key: given.pop(key) for key in list(given) if key in kind.__dataclass_fields__}
+            given[name] = kind(**fields)
+        find_batch_size(mlp_workload, **given)  # type: ignore[arg-type]
     assert message in str(info.value)
     assert isinstance(info.value, batchfit.BatchfitError)
     _assert_identical(before, _state(mlp_workload))

@@ -24,11 +24,8 @@ from batchfit.policy.micro_batch import check_divisible
 from batchfit.policy.search import Candidates
 from batchfit.policy.trial import Mode
 from batchfit.runtime.devices.device import Device
-from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.devices.resolve import name_device, resolve_device
 from batchfit.units import parse_bytes
-
-#: What ``Where.device`` may name.
-DEVICE_TYPES = ("cpu", "cuda")
 
 
 def mode_named(mode: str) -> Mode:
@@ -60,7 +57,7 @@ class Where:
         check_memory_fraction(self.memory_fraction)
         limit = None if self.memory_limit is None else parse_bytes(self.memory_limit, name="memory_limit")
         object.__setattr__(self, "memory_limit_bytes", limit)
-        object.__setattr__(self, "torch_device", None if self.device is None else _parse_device(self.device))
+        object.__setattr__(self, "torch_device", None if self.device is None else name_device(self.device))
 
     @property
     def on_cpu(self) -> bool:
@@ -69,20 +66,6 @@ class Where:
         return (
             parsed.type if parsed is not None else "cuda" if torch.cuda.is_available() else "cpu"
         ) == "cpu"
-
-
-def _parse_device(device: str | torch.device) -> torch.device:
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ConfigurationError(
-            f"device={device!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'."
-        ) from error
-    if parsed.type not in DEVICE_TYPES:
-        raise ConfigurationError(
-            f"device={device!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
-        )
-    return parsed
 
 
 @dataclass(frozen=True)

@@ -16,33 +16,42 @@ from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.units import parse_bytes
 
 
-def parse_device(device: str | torch.device | None) -> torch.device:
-    """The torch device the user means: ``cpu``, ``cuda`` (the current one) or ``cuda:N``, and for
-    None cuda if available, else cpu. Errors say what to pass."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+def name_device(device: str | torch.device) -> torch.device:
+    """The device named: ``cpu``, ``cuda`` (no index: the current one, when it runs) or ``cuda:N``;
+    errors say what to pass. Nothing is asked of the hardware."""
+    shown = str(device) if isinstance(device, torch.device) else device
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ConfigurationError(
-            f"device={device!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'."
+            f"device={shown!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'."
         ) from error
+    if parsed.type not in ("cpu", "cuda"):
+        raise ConfigurationError(
+            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
+        )
+    return parsed
+
+
+def parse_device(device: str | torch.device | None) -> torch.device:
+    """The torch device the user means, found present: ``cpu``, ``cuda`` (the current one) or
+    ``cuda:N``, and for None cuda if available, else cpu. Errors say what to pass."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    parsed = name_device(device)
     if parsed.type == "cpu":
         return torch.device("cpu")
-    if parsed.type != "cuda":
-        raise ConfigurationError(
-            f"device={device!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
-        )
+    shown = str(device) if isinstance(device, torch.device) else device
     if not torch.cuda.is_available():
         raise DeviceUnavailableError(
-            f"device={device!r} was asked for, but CUDA is not available in this process "
+            f"device={shown!r} was asked for, but CUDA is not available in this process "
             f"(torch {torch.__version__}, torch.version.cuda={torch.version.cuda}). "
             f"Use device='cpu' (with memory_limit='...' to stand in for a GPU's memory)."
         )
     index = parsed.index if parsed.index is not None else torch.cuda.current_device()
     if index >= torch.cuda.device_count():
         raise DeviceUnavailableError(
-            f"device={device!r} does not exist: {torch.cuda.device_count()} CUDA device(s) "
+            f"device={shown!r} does not exist: {torch.cuda.device_count()} CUDA device(s) "
             f"are visible; use cuda:0 to cuda:{torch.cuda.device_count() - 1}."
         )
     return torch.device("cuda", index)
