@@ -117,11 +117,11 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
         budget = target.capacity_bytes(resident_tensors(workload.model, state.optimizer))
         confirm_steps = target.confirm_steps
         recording = confirm_steps is not None  # as find records its opening behind a caching allocator
-        short = TrialRunner(
+        short = TrialRunner.on(
             workload, target, "train", STEPS_PER_TRIAL, budget, snapshot, None, record=recording
         )
         longer = (
-            TrialRunner(
+            TrialRunner.on(
                 workload,
                 target,
                 "train",

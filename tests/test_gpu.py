@@ -177,7 +177,7 @@ def reference_cap(workload: Workload, device: str, batch_size: int) -> int:
     snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer, (workload.train_step,))  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     try:
-        trial = TrialRunner(workload, target, "train", 2, 2**40, snapshot, None).run(batch_size)
+        trial = TrialRunner.on(workload, target, "train", 2, 2**40, snapshot, None).run(batch_size)
     finally:
         snapshot.restore()
     assert trial.fits, trial
@@ -386,7 +386,7 @@ def test_the_opening_trials_record_requests_that_replay_at_other_sizes(
     snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer, (workload.train_step,))  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
     warm = 1 if mode == "eval" else None
-    runner = TrialRunner(workload, target, mode, 2, cap, snapshot, warm, record=True)  # type: ignore[arg-type]
+    runner = TrialRunner.on(workload, target, mode, 2, cap, snapshot, warm, record=True)  # type: ignore[arg-type]
     try:
         trials = [runner.run(2), runner.run(4)]
     finally:
@@ -421,7 +421,7 @@ def test_a_confirming_trial_ends_where_the_allocator_state_recurs_with_the_verdi
     warm = 1 if mode == "eval" else None
 
     def runner(steps: int, until_steady: bool) -> TrialRunner:
-        return TrialRunner(workload, target, mode, steps, cap, snapshot, warm, until_steady=until_steady)  # type: ignore[arg-type]
+        return TrialRunner.on(workload, target, mode, steps, cap, snapshot, warm, until_steady=until_steady)  # type: ignore[arg-type]
 
     sizes = list(range(40, 58, 2))
     try:
@@ -439,7 +439,7 @@ def test_a_smaller_trial_after_a_larger_one_reads_its_own_peak(device: str) -> N
     target = target_for(device, None)
     snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer, (workload.train_step,))  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
-    runner = TrialRunner(workload, target, "train", 2, 2**40, snapshot, None)
+    runner = TrialRunner.on(workload, target, "train", 2, 2**40, snapshot, None)
     try:
         alone, large, again = runner.run(8), runner.run(256), runner.run(8)
     finally:
@@ -482,7 +482,7 @@ def test_a_failed_trial_names_the_step_that_ran_out(device: str) -> None:
     def trial(skipped: int, cap: int) -> Trial:
         workload = skipping_workload(skipped, on)
         snapshot = TrainingSnapshot.capture(workload.model, None)
-        runner = TrialRunner(workload, target_for(device, cap), "train", 10, cap, snapshot, None)
+        runner = TrialRunner.on(workload, target_for(device, cap), "train", 10, cap, snapshot, None)
         try:
             return runner.run(16)
         finally:

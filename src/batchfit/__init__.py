@@ -21,7 +21,7 @@ from batchfit.errors import (
     RankFailedError,
 )
 from batchfit.explore import ExploreResult, explore
-from batchfit.find import SearchResult, find_batch_size
+from batchfit.find import find_batch_size
 from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
 from batchfit.policy.choose import Recommendation
@@ -37,6 +37,7 @@ from batchfit.runtime.devices.resolve import memory_limit
 from batchfit.runtime.workloads.examples import EXAMPLES as _BUILDERS
 from batchfit.runtime.workloads.specs import load_workload
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.search_result import SearchResult
 
 __version__ = "0.1.0"
 

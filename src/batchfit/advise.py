@@ -16,7 +16,7 @@ from batchfit.checks import check_positive_int
 from batchfit.compare import Comparison, compare_on
 from batchfit.errors import ConfigurationError
 from batchfit.explore import ExploreResult, explore_on
-from batchfit.find import SearchResult, find_on
+from batchfit.find import find_on
 from batchfit.options import BatchSizes, Target, Timing, Where
 from batchfit.policy.advice import Change, costly, rank
 from batchfit.policy.plan import Plan, plan
@@ -25,6 +25,7 @@ from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.search_result import SearchResult
 
 #: The steps advise runs, in order; each can be skipped.
 STEPS = ("find", "explore", "compare", "check-data", "plan")

@@ -17,12 +17,13 @@ import torch
 
 from batchfit.checks import check_memory_fraction
 from batchfit.errors import ConfigurationError
-from batchfit.find import SearchResult, find_on
+from batchfit.find import find_on
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
 
 #: What ``Analysis.render`` writes: the report file's suffixes, and the table the CLI prints.

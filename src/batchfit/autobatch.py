@@ -10,12 +10,13 @@ from collections.abc import Sequence
 
 from batchfit.analyze import Analysis, analyze
 from batchfit.config import AutobatchConfig, ExperimentConfig
-from batchfit.find import SearchResult, find_batch_size
+from batchfit.find import find_batch_size
 from batchfit.options import BatchSizes, Trials
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress
 from batchfit.runtime.workloads.specs import load_workload
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)

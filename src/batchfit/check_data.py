@@ -28,6 +28,7 @@ from batchfit.policy.loader_settings import (
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory, LoaderSource
 from batchfit.runtime.data.loop import DataLoop
+from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.host import usable_cores
 from batchfit.runtime.workloads.specs import load_function
 from batchfit.runtime.workloads.workload import Workload, check_model_on
@@ -152,53 +153,58 @@ def check_data(
     source.check(current)
     target = Target.of(Where(device)).device
     check_model_on(workload.module, target.torch_device)
-    trying = _Trying(source, search, started, on_progress)
-    with DataLoop(workload, target, source, search.window_seconds) as loop:
-        loader_rate = loop.loader_alone(current)
-        step_rate = loop.step_alone()
-        now, busy_share = loop.together(current)
-        trying.heard(now)
-        settings, stop = trying.run(loop, now)
-    recommendation = recommend(
-        now,
-        settings,
-        tolerance=search.tolerance,
-        batch_size=batch_size,
-        batches_per_epoch=loop.batches_per_epoch,
-        knobs=source.knobs,
-    )
-    return DataCheck(
-        batch_size,
-        target.name,
-        source.description,
-        loader_rate,
-        step_rate,
-        now.samples_per_second,
-        now.data_wait_share,
-        busy_share,
-        is_bottleneck(now.data_wait_share),
-        WAIT_SHARE_THRESHOLD,
-        search.tolerance,
-        settings,
-        recommendation,
-        stop,
-        loop.batches_per_epoch,
-        _notes(source, target.torch_device.type, recommendation, loop.batches_per_epoch),
-        time.perf_counter() - started,
-    )
+    return _Check(source, current, search, started, on_progress).run(target)
 
 
 @dataclass(frozen=True)
-class _Trying:
-    """The settings tried where the loader is the bottleneck, each measured with the loop, told
-    as it comes, and none started after the time budget."""
+class _Check:
+    """One data check: the three passes at the current setting and, where the loader is the
+    bottleneck, the settings tried, each told as it comes and none started after the time budget."""
 
     source: LoaderSource
+    current: LoaderSetting
     search: LoaderSearch
     started: float
     on_progress: OnProgress | None
 
-    def run(self, loop: DataLoop, now: SettingRow) -> tuple[tuple[SettingRow, ...], DataCheckStopReason]:
+    def run(self, target: Device) -> DataCheck:
+        batch_size, source, tolerance = self.source.batch_size, self.source, self.search.tolerance
+        with DataLoop(source.workload, target, source, self.search.window_seconds) as loop:
+            loader_rate = loop.loader_alone(self.current)
+            step_rate = loop.step_alone()
+            now, busy_share = loop.together(self.current)
+            self.heard(now)
+            settings, stop = self.tried(loop, now)
+        epoch = loop.batches_per_epoch
+        chosen = recommend(
+            now,
+            settings,
+            tolerance=tolerance,
+            batch_size=batch_size,
+            batches_per_epoch=epoch,
+            knobs=source.knobs,
+        )
+        return DataCheck(
+            batch_size,
+            target.name,
+            source.description,
+            loader_rate,
+            step_rate,
+            now.samples_per_second,
+            now.data_wait_share,
+            busy_share,
+            is_bottleneck(now.data_wait_share),
+            WAIT_SHARE_THRESHOLD,
+            tolerance,
+            settings,
+            chosen,
+            stop,
+            epoch,
+            _notes(source, target.torch_device.type, chosen, epoch),
+            time.perf_counter() - self.started,
+        )
+
+    def tried(self, loop: DataLoop, now: SettingRow) -> tuple[tuple[SettingRow, ...], DataCheckStopReason]:
         if not is_bottleneck(now.data_wait_share):
             return (now,), "not_bottleneck"
 

@@ -71,7 +71,7 @@ def test_the_replay_takes_the_live_search_s_path(curve: find_curves.Curve) -> No
     )
     snapshot.set_gradients_aside()
     try:
-        runner = TrialRunner(workload, target, "train", STEPS_PER_TRIAL, curve.budget_bytes, snapshot, None)
+        runner = TrialRunner.on(workload, target, "train", STEPS_PER_TRIAL, curve.budget_bytes, snapshot, None)
         live = search_and_confirm(runner.run, Candidates.between(1, 512), curve.budget_bytes)
     finally:
         snapshot.restore(gradients=True)
@@ -214,7 +214,7 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
     try:
 
         def runner(steps: int) -> TrialRunner:
-            return TrialRunner(
+            return TrialRunner.on(
                 workload, target, "train", steps, curve.budget_bytes, snapshot, None, record=True
             )
 

@@ -31,7 +31,7 @@ def trials(
     snapshot.set_gradients_aside()
     warm = 1 if mode == "eval" else None
     cap = device.capacity_bytes([])
-    runner = TrialRunner(workload, device, mode, steps, cap, snapshot, warm, **options)  # type: ignore[arg-type]
+    runner = TrialRunner.on(workload, device, mode, steps, cap, snapshot, warm, **options)  # type: ignore[arg-type]
     try:
         return [runner.run(size) for size in sizes]
     finally:
@@ -139,7 +139,7 @@ def test_a_trial_run_again_from_the_scale_it_reached_records_requests_that_align
     optimizer = workload.build_optimizer()
     snapshot = TrainingSnapshot.capture(workload.model, optimizer, (workload.train_step,))
     snapshot.set_gradients_aside()
-    runner = TrialRunner(workload, device, "train", 2, 2**40, snapshot, None, record=True)
+    runner = TrialRunner.on(workload, device, "train", 2, 2**40, snapshot, None, record=True)
     try:
         runner.run(16)
         runner.run(32)
@@ -160,8 +160,8 @@ def test_a_confirming_trial_records_its_first_steps_alone_as_an_opening_trial_re
     optimizer = workload.build_optimizer()
     snapshot = TrainingSnapshot.capture(workload.model, optimizer, (workload.train_step,))
     snapshot.set_gradients_aside()
-    short = TrialRunner(workload, device, "train", 2, 2**40, snapshot, None, record=True)
-    confirming = TrialRunner(
+    short = TrialRunner.on(workload, device, "train", 2, 2**40, snapshot, None, record=True)
+    confirming = TrialRunner.on(
         workload, device, "train", 10, 2**40, snapshot, None, until_steady=False, record=True, record_steps=2
     )
     try:

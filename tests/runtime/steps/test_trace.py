@@ -20,7 +20,7 @@ def test_trace_equals_the_real_trial(name: str, mode: str) -> None:
     workload = build_example(name, "cpu")
     snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
     snapshot.set_gradients_aside()
-    runner = TrialRunner(workload, CappedCpuDevice(2**33), mode, 2, 2**33, snapshot, 1)  # type: ignore[arg-type]
+    runner = TrialRunner.on(workload, CappedCpuDevice(2**33), mode, 2, 2**33, snapshot, 1)  # type: ignore[arg-type]
     tracer = FakeTracer(workload, mode, 2**33, 1)  # type: ignore[arg-type]
     try:
         for batch_size in (3, 8):

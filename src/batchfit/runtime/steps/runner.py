@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import verdict
@@ -15,6 +17,11 @@ from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec, run_steps, scaled_down
 from batchfit.runtime.workloads.workload import Workload
+
+
+def snapshot_scalers(snapshot: TrainingSnapshot) -> tuple[torch.amp.GradScaler, ...]:
+    """The step's GradScalers, as the snapshot found them: it puts them back, the trials read them."""
+    return tuple(state.scaler for state in snapshot.scalers)
 
 
 def judge(batch_size: int, measurement: Measurement, step_seconds: float | None, budget_bytes: int) -> Trial:
@@ -45,11 +52,25 @@ class TrialRunner:
     With ``record``, each trial that fits leaves its allocator requests (of its first
     ``record_steps`` steps, None: all) in ``records`` (by batch size), for
     ``policy.allocation_replay`` to forecast other sizes. What does not change from trial to trial
-    is its ``spec`` (``StepSpec``), capped at ``budget_bytes``.
+    is its ``spec`` (``StepSpec``), capped at its ``cap_bytes``, the budget.
     """
 
     def __init__(
         self,
+        spec: StepSpec,
+        snapshot: TrainingSnapshot,
+        records: dict[int, AllocationRecord] | None = None,
+    ) -> None:
+        if spec.cap_bytes is None:
+            raise ValueError("a trial runs under a cap: StepSpec.cap_bytes is the budget")
+        self.spec, self.snapshot, self.budget_bytes = spec, snapshot, spec.cap_bytes
+        # Where its fitting trials leave their requests: a store of the caller's, shared by the
+        # runners of one search (and of searches at other fractions), or one of its own.
+        self.records: dict[int, AllocationRecord] = {} if records is None else records
+
+    @classmethod
+    def on(
+        cls,
         workload: Workload,
         device: Device,
         mode: Mode,
@@ -61,23 +82,23 @@ class TrialRunner:
         until_steady: bool = True,
         record: bool = False,
         record_steps: int | None = None,
-    ) -> None:
-        # The step's GradScalers, as the snapshot found them: it puts them back, the trials read them.
-        scalers = tuple(state.scaler for state in snapshot.scalers)
-        self.spec = StepSpec(
-            workload,
-            device,
-            mode,
-            steps,
-            warm_batch=warm_batch,
-            cap_bytes=budget_bytes,
-            until_steady=until_steady,
-            record=record,
-            record_steps=record_steps,
-            scalers=scalers,
+    ) -> TrialRunner:
+        """A runner of ``steps`` steps of ``mode`` on ``device`` under a cap at ``budget_bytes``."""
+        return cls(
+            StepSpec(
+                workload,
+                device,
+                mode,
+                steps,
+                warm_batch=warm_batch,
+                cap_bytes=budget_bytes,
+                until_steady=until_steady,
+                record=record,
+                record_steps=record_steps,
+                scalers=snapshot_scalers(snapshot),
+            ),
+            snapshot,
         )
-        self.budget_bytes, self.snapshot = budget_bytes, snapshot
-        self.records: dict[int, AllocationRecord] = {}
 
     @property
     def mode(self) -> Mode:

@@ -1,0 +1,112 @@
+"""``SearchResult``: the answer of a memory search and the evidence for it, with its summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from batchfit.policy.search import SearchStopReason
+from batchfit.policy.trial import MemoryModel, Mode, Trial
+from batchfit.runtime.devices.oom import fragmented
+from batchfit.units import format_bytes, format_count
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The answer of a search and the evidence for it."""
+
+    mode: Mode
+    batch_size: int
+    peak_bytes: int  # measured peak of the answer's trial
+    budget_bytes: int  # memory_fraction x capacity_bytes
+    capacity_bytes: int
+    memory_fraction: float
+    device: str
+    trials: tuple[Trial, ...]  # real trials, in the order they ran
+    predicted_trials: tuple[Trial, ...]  # fake-tensor traces that placed them (CPU devices)
+    memory_model: MemoryModel | None
+    stop_reason: SearchStopReason
+    search_seconds: float
+    min_batch_size: int
+    max_batch_size: int
+    multiple_of: int | None
+    steps_per_trial: int
+    confirm_steps: int | None  # the answer trained this many steps before it was final (CUDA)
+    world_size: int = 1  # ranks that searched in lockstep; the capacity is the smallest one's
+    replays: int = 0  # sizes the opening's allocator requests were replayed at, to place the trials
+    compiled: tuple[str, ...] = ()  # what of the workload runs torch.compile'd code, measured as it runs
+    wrapper_bytes: int = 0  # held beside the model in every trial: a DistributedDataParallel's buckets
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def summary(self) -> str:
+        why = {
+            "boundary": "the next larger candidate did not fit",
+            "max_batch_size": f"max_batch_size={self.max_batch_size} was reached",
+        }.get(self.stop_reason, self.stop_reason)
+        traced = (
+            f" (placed by {format_count(len(self.predicted_trials), 'fake-tensor trace')})"
+            if self.predicted_trials
+            else f" (placed by replaying the allocator's requests at {format_count(self.replays, 'size')})"
+            if self.replays
+            else ""
+        )
+        ranks = f", the smallest of {self.world_size} ranks" if self.world_size > 1 else ""
+        if self.wrapper_bytes:
+            ranks += f", DDP's gradient buckets of {format_bytes(self.wrapper_bytes)} held"
+        answer = self.answer
+        confirmed = f", the answer confirmed over {self.confirm_steps} steps" if self.confirm_steps else ""
+        if confirmed and answer.steady_from is not None:
+            confirmed += (
+                f" (to step {answer.steps}, where the allocator's state repeated its state after step "
+                f"{answer.steady_from}: the steps after would repeat steps that ran)"
+            )
+        retries = answer.allocator_retries
+        retried = (
+            f" Its steps needed {retries} allocator retries under the cap (the allocator freed its "
+            f"cache to go on, which costs time); a smaller batch may train faster."
+            if retries
+            else ""
+        )
+        compiled = (
+            f" The step runs torch.compile'd code ({', '.join(self.compiled)}), measured as it runs"
+            + (", from the CPU allocator's events." if self.device.startswith("cpu") else ".")
+            if self.compiled
+            else ""
+        )
+        return (
+            f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
+            f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
+            f"{format_bytes(self.capacity_bytes)} on {self.device}{ranks}); "
+            f"{format_count(len(self.trials), 'trial')}"
+            f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}."
+            f"{self._fragmentation()}{retried}{compiled}"
+        )
+
+    def _fragmentation(self) -> str:
+        """Where the next larger candidate ran out of memory with room in the allocator's cache, not
+        in one piece: a sentence that says so (CUDA's allocator, or its model)."""
+        above = [t for t in self.trials if t.outcome == "oom" and t.batch_size > self.batch_size]
+        if self.stop_reason != "boundary" or not above:
+            return ""
+        nearest = min(above, key=lambda trial: trial.batch_size)
+        found = fragmented(nearest.detail)
+        if found is None:
+            return ""
+        asked, held = found
+        return (
+            f" Batch {nearest.batch_size} ran out of memory asking for {format_bytes(asked)} while the "
+            f"allocator held {format_bytes(held)} reserved but unallocated: room, not in one piece "
+            f"(fragmentation). Expandable segments may fit more: `batchfit compare --techniques "
+            f"expandable-segments` measures them."
+        )
+
+    @property
+    def answer(self) -> Trial:
+        """The last real trial at the answer: its peaks and allocator retries are the evidence."""
+        return [trial for trial in self.trials if trial.batch_size == self.batch_size][-1]
