@@ -211,7 +211,7 @@ class _Checklist:
         if not self.starting("explore"):
             return None
         up_to = replace(sizes, max_batch_size=largest, global_batch_size=None, world_size=None)
-        return explore_on(self.target, self.workload, up_to, timing)
+        return explore_on(self.target, self.workload, up_to, timing, on_progress=self.on_progress)
 
     def compare(self) -> Comparison | None:
         if not self.starting("compare"):
@@ -232,7 +232,9 @@ class _Checklist:
             self.skipped.append("check-data: no batch size to check (find and explore skipped, none given)")
         elif self.starting("check-data"):
             device = self.target.device.torch_device
-            return check_data(self.workload, batch_size, device=device, loader=loader)
+            return check_data(
+                self.workload, batch_size, device=device, loader=loader, on_progress=self.on_progress
+            )
         return None
 
     def plan(

@@ -198,7 +198,7 @@ def compare_on(
         target.device.name,
         float(target.memory_fraction),
         measure.budget_bytes,
-        "tokens/s" if workload.tokens_per_sample else "samples/s",
+        "tokens/s" if timing.tokens_per_sample or workload.tokens_per_sample else "samples/s",
         global_batch_size,
         time.perf_counter() - started,
     )
@@ -310,7 +310,10 @@ class _Measure:
                 with (
                     variant_of as (variant, _),
                     StepTimer(
-                        variant, device, self.timing.steps_per_window, variant.tokens_per_sample
+                        variant,
+                        device,
+                        self.timing.steps_per_window,
+                        self.timing.tokens_per_sample or variant.tokens_per_sample,
                     ) as timer,
                 ):
                     meter = team.meter(timer)
@@ -325,7 +328,8 @@ class _Measure:
             return None, None
         sizes = replace(self.sizes, min_batch_size=min(self.sizes.min_batch_size, batch_size))
         sizes = replace(sizes, max_batch_size=batch_size)
-        timing = Timing(time_budget_seconds=self.timing.time_budget_seconds)
+        # Explore's own windows (it needs two or more per size); compare's steps, unit and time.
+        timing = replace(self.timing, windows=Timing().windows)
         result = explore_on(self.target, workload, sizes, timing)
         chosen = result.recommendation.batch_size
         return chosen, result.estimates()[chosen]
