@@ -71,7 +71,9 @@ def test_the_replay_takes_the_live_search_s_path(curve: find_curves.Curve) -> No
     )
     snapshot.set_gradients_aside()
     try:
-        runner = TrialRunner.on(workload, target, "train", STEPS_PER_TRIAL, curve.budget_bytes, snapshot, None)
+        runner = TrialRunner.on(
+            workload, target, "train", STEPS_PER_TRIAL, curve.budget_bytes, snapshot, None
+        )
         live = search_and_confirm(runner.run, Candidates.between(1, 512), curve.budget_bytes)
     finally:
         snapshot.restore(gradients=True)

@@ -112,7 +112,7 @@ def test_an_example_without_a_dataset_is_one_clean_error(
                 "--loader",
                 "data_workloads:missing",
             ],
-            "--loader 'data_workloads:missing': data_workloads has no function 'missing'.",
+            "loader 'data_workloads:missing': data_workloads has no function 'missing'.",
             id="loader-missing",
         ),
         pytest.param(

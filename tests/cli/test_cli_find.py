@@ -631,7 +631,8 @@ def test_debug_variable_off_values_show_no_traceback(
         ),
         pytest.param(
             ["--max-batch-size", "10", "--multiple-of", "16"],
-            "no micro-batch in [1, 10] satisfies multiple_of=16; loosen one or widen the range.",
+            "no multiple of 16 lies in [min_batch_size, max_batch_size] = [1, 10]; widen the range or "
+            "change multiple_of.",
             id="no-candidate",
         ),
     ],
