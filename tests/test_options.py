@@ -49,6 +49,7 @@ def test_where_parses_once_and_keeps_cuda_without_an_index() -> None:
     assert where.torch_device.index is None  # each rank's own under torchrun
     assert where.memory_limit_bytes == 2 * 1024**3
     assert Where().torch_device is None and Where("cpu").on_cpu
+    assert where.keywords() == {"device": "cuda", "memory_limit": "2GiB", "memory_fraction": 0.5}
 
 
 def test_eval_takes_twice_the_training_range_only_when_one_range_serves_both() -> None:

@@ -6,6 +6,7 @@ generated from their fields, so a flag is its field's name with dashes and says 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -58,6 +59,14 @@ class Where:
         limit = None if self.memory_limit is None else parse_bytes(self.memory_limit, name="memory_limit")
         object.__setattr__(self, "memory_limit_bytes", limit)
         object.__setattr__(self, "torch_device", None if self.device is None else name_device(self.device))
+
+    def keywords(self) -> dict[str, Any]:
+        """``device``, ``memory_limit`` and ``memory_fraction``, as every verb takes them."""
+        return {
+            "device": self.device,
+            "memory_limit": self.memory_limit,
+            "memory_fraction": self.memory_fraction,
+        }
 
     @property
     def on_cpu(self) -> bool:

@@ -82,9 +82,7 @@ def _run(
     with flags.progress(args, "advise") as display:
         result = batchfit.advise(
             workload,
-            device=where.device,
-            memory_limit=where.memory_limit,
-            memory_fraction=where.memory_fraction,
+            **where.keywords(),
             sizes=sizes,
             timing=timing,
             checklist=checklist,

@@ -70,9 +70,7 @@ def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timi
         comparison = batchfit.compare(
             workload,
             techniques,
-            device=where.device,
-            memory_limit=where.memory_limit,
-            memory_fraction=where.memory_fraction,
+            **where.keywords(),
             sizes=sizes,
             timing=timing,
             checkpoint_module=args.checkpoint_module,

@@ -46,9 +46,7 @@ def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timi
     with flags.progress(args, "explore") as display:
         result = batchfit.explore(
             workload,
-            device=where.device,
-            memory_limit=where.memory_limit,
-            memory_fraction=where.memory_fraction,
+            **where.keywords(),
             sizes=sizes,
             timing=timing,
             goal=goal,

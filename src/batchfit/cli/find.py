@@ -43,9 +43,7 @@ def _run(args: argparse.Namespace, where: Where, modes: list[Mode], sizes: Batch
             result = batchfit.find_batch_size(
                 workload,
                 mode,
-                device=where.device,
-                memory_limit=where.memory_limit,
-                memory_fraction=where.memory_fraction,
+                **where.keywords(),
                 sizes=sizes.for_mode(mode),
                 trials=trials,
                 on_progress=display.hear,
