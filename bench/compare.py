@@ -26,7 +26,7 @@ from _workloads import build, missing
 from find import largest_fitting
 
 import batchfit
-from batchfit.compare import Comparison
+from batchfit.comparison import Comparison
 from batchfit.policy.techniques import repeated_block
 from batchfit.runtime.devices.resolve import parse_device
 from batchfit.runtime.steps.techniques import applied, module_blocks

@@ -172,11 +172,11 @@ def test_the_throughput_ratio_pairs_readings_within_each_round() -> None:
     # Round 2 ran in a slow spell for both rows; round 3 caught the row alone in one. Paired
     # within each round, the ratios are 1.5, 1.5 and 0.6: the median says 1.5, where the ratio of
     # the medians (90 / 100) would say 0.9.
-    from batchfit.compare import ComparisonRow, _against
+    from batchfit.comparison import ComparisonRow, against
 
     baseline = ComparisonRow("baseline", True, "as given", batch_size=100)
     row = ComparisonRow("amp", True, "autocast bfloat16", batch_size=150)
-    measured = _against(row, baseline, [150.0, 90.0, 60.0], [100.0, 60.0, 100.0])
+    measured = against(row, baseline, [150.0, 90.0, 60.0], [100.0, 60.0, 100.0])
     assert measured.samples_per_second == 90.0
     assert measured.throughput_ratio == 1.5 and measured.batch_ratio == 1.5
 

@@ -10,7 +10,8 @@ from batchfit.advise import Advice, Checklist, advise
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import analyze_config, apply_autobatch
 from batchfit.check_data import DataCheck, check_data
-from batchfit.compare import Comparison, ComparisonRow, compare
+from batchfit.compare import compare
+from batchfit.comparison import Comparison, ComparisonRow
 from batchfit.config import ExperimentConfig, load_config
 from batchfit.errors import (
     BatchfitError,

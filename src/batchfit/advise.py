@@ -13,7 +13,8 @@ import torch
 
 from batchfit.check_data import DataCheck, check_data
 from batchfit.checks import check_positive_int
-from batchfit.compare import Comparison, compare_on
+from batchfit.compare import compare_on
+from batchfit.comparison import Comparison
 from batchfit.errors import ConfigurationError
 from batchfit.explore import ExploreResult, explore_on
 from batchfit.find import find_on

@@ -4,17 +4,13 @@ its throughput, against the baseline as given."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import torch
 
+from batchfit.comparison import Comparison, ComparisonRow, against
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.explore import explore_on
 from batchfit.find import find_on
@@ -43,88 +39,6 @@ from batchfit.runtime.steps.techniques import (
 from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.default_step import needs_closure
 from batchfit.runtime.workloads.workload import Workload
-from batchfit.units import format_bytes
-
-
-@dataclass(frozen=True)
-class ComparisonRow:
-    """One technique's measurements, or why it did not apply (``applied`` False, ``note`` the reason)."""
-
-    technique: str  # "baseline", "amp", "amp+checkpointing", "accumulation", ...
-    applied: bool
-    note: str  # how it was applied ("autocast bfloat16"), or why not
-    batch_size: int | None = None  # the largest memory-safe batch (accumulation: the micro-batch)
-    peak_bytes: int | None = None
-    bytes_per_sample: float | None = None  # the fitted memory line's slope (forward and backward)
-    fixed_bytes: float | None = None  # and its intercept
-    samples_per_second: float | None = None  # at batch_size (accumulation: the global batch's)
-    recommended_batch_size: int | None = None  # explore's recommendation up to batch_size
-    recommended_samples_per_second: float | None = None
-    accumulation_steps: int | None = None
-    batch_ratio: float | None = None  # batch_size over the baseline's
-    throughput_ratio: float | None = None  # samples_per_second over the baseline's
-    at_max_batch_size: bool = False  # the search reached max_batch_size: batch_size is a lower bound
-    trials: int = 0
-    seconds: float = 0.0
-
-    def line(self) -> str:
-        """What the row found, in a line."""
-        if self.applied and self.batch_size is not None:
-            return f"{self.technique}: batch_size={self.batch_size} ({self.note}) in {self.seconds:.1f} s"
-        return f"{self.technique}: {self.note}"
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Every technique's row, the baseline first, at one memory fraction on one device."""
-
-    rows: tuple[ComparisonRow, ...]
-    device: str
-    memory_fraction: float
-    budget_bytes: int | None
-    unit: str  # of samples_per_second: "samples/s" or "tokens/s"
-    global_batch_size: int | None
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    def to_csv(self) -> str:
-        buffer = io.StringIO()
-        fields = list(ComparisonRow.__dataclass_fields__)
-        writer = csv.DictWriter(buffer, fieldnames=fields)
-        writer.writeheader()
-        for row in self.rows:
-            writer.writerow(asdict(row))
-        return buffer.getvalue()
-
-    def table(self) -> str:
-        header = (
-            f"{'technique':<22} {'batch_size':>10} {'x batch':>7} {'peak':>11} {'per sample':>11} "
-            f"{self.unit:>12} {'x speed':>7} {'recommended':>11}"
-        )
-        lines = [header]
-        for row in self.rows:
-            if not row.applied or row.batch_size is None:
-                lines.append(f"{row.technique:<22} {'-':>10}  {row.note}")
-                continue
-            batch = (">=" if row.at_max_batch_size else "") + f"{row.batch_size}"
-            batch += f"x{row.accumulation_steps}" if row.accumulation_steps else ""
-            recommended = "-" if row.recommended_batch_size is None else str(row.recommended_batch_size)
-            lines.append(
-                f"{row.technique:<22} {batch:>10} {_times(row.batch_ratio):>7} "
-                f"{_bytes(row.peak_bytes):>11} {_bytes(row.bytes_per_sample):>11} "
-                f"{_number(row.samples_per_second):>12} {_times(row.throughput_ratio):>7} {recommended:>11}"
-            )
-        if any(row.at_max_batch_size for row in self.rows):
-            lines.append(">=: the search reached max_batch_size; the largest batch is at least that.")
-        lines.append(f"on {self.device}, memory_fraction {self.memory_fraction:g}; how each applied:")
-        lines.extend(f"  {row.technique}: {row.note}" for row in self.rows if row.batch_size is not None)
-        return "\n".join(lines) + "\n"
-
 
 #: compare's timing unless told: explore gets 10 s for each technique's recommended batch.
 COMPARE_TIMING = Timing(time_budget_seconds=10.0)
@@ -192,7 +106,7 @@ def compare_on(
     # Every row's throughput in the same rounds, each round over all rows in turn: a drift of
     # the machine's speed (a slow spell) falls on every row alike instead of on one.
     readings = measure.speeds(rows, facts.repeated_block)
-    rows = [_against(row, rows[0], readings.get(index), readings.get(0)) for index, row in enumerate(rows)]
+    rows = [against(row, rows[0], readings.get(index), readings.get(0)) for index, row in enumerate(rows)]
     return Comparison(
         tuple(rows),
         target.device.name,
@@ -333,37 +247,6 @@ class _Measure:
         result = explore_on(self.target, workload, sizes, timing)
         chosen = result.recommendation.batch_size
         return chosen, result.estimates()[chosen]
-
-
-def _against(
-    row: ComparisonRow,
-    baseline: ComparisonRow,
-    readings: list[float] | None,
-    baseline_readings: list[float] | None,
-) -> ComparisonRow:
-    """The row with its throughput (the median of its readings) and its batch and throughput as
-    multiples of the baseline's. The throughput ratio is the median of the ratios within each
-    round: a round's readings are taken moments apart, so a slow spell divides out."""
-    batch = None
-    if not row.accumulation_steps and row.batch_size is not None and baseline.batch_size:
-        batch = row.batch_size / baseline.batch_size
-    speed = statistics.median(readings) if readings else None
-    ratio = None
-    if readings and baseline_readings:
-        ratio = statistics.median(mine / base for mine, base in zip(readings, baseline_readings, strict=True))
-    return replace(row, samples_per_second=speed, batch_ratio=batch, throughput_ratio=ratio)
-
-
-def _times(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _bytes(value: float | None) -> str:
-    return "-" if value is None else format_bytes(int(value))
-
-
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
 
 
 def _needs_closure(workload: Workload) -> bool:
