@@ -23,6 +23,7 @@ from batchfit.errors import (
 )
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import find_batch_size
+from batchfit.fit_check import FitCheck, check
 from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
 from batchfit.policy.choose import Recommendation
@@ -65,6 +66,7 @@ __all__ = [
     "Event",
     "ExperimentConfig",
     "ExploreResult",
+    "FitCheck",
     "Goal",
     "LoaderRecommendation",
     "LoaderSearch",
@@ -92,6 +94,7 @@ __all__ = [
     "analyze",
     "analyze_config",
     "apply_autobatch",
+    "check",
     "check_data",
     "compare",
     "explore",

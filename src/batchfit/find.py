@@ -131,8 +131,11 @@ class _Search:
 
     @property
     def warm_batch(self) -> int | None:
-        """An eval search with the training state resident trains the smallest candidate first."""
-        return self.candidates.first if self.mode == "eval" and self.trials.eval_with_training_state else None
+        """An eval search with the training state resident first trains ``Trials.warm_batch_size``,
+        by default the smallest candidate."""
+        if self.mode != "eval" or not self.trials.eval_with_training_state:
+            return None
+        return self.trials.warm_batch_size or self.candidates.first
 
     def run(self, snapshot: TrainingSnapshot) -> tuple[SearchOutcome, SearchOutcome | None, int]:
         """The search's outcome, the fake-tensor forecast that placed it (CPU devices), and the
@@ -236,7 +239,10 @@ class _Search:
             f"({fraction:g} x {format_bytes(self.capacity)}). The fixed part alone, parameters and "
             f"buffers, takes {format_bytes(weights)}{buckets} before gradients, optimizer state and "
             f"activations. Raise memory_limit, or memory_fraction={fraction:g} toward 1, or shrink "
-            f"the fixed part (mixed precision, a lighter optimizer, activation checkpointing)."
+            f"the fixed part (mixed precision, a lighter optimizer, activation checkpointing).",
+            trial=trial,
+            budget_bytes=self.budget,
+            capacity_bytes=self.capacity,
         )
 
 
