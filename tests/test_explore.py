@@ -16,9 +16,11 @@ from tiny_workloads import build
 
 from batchfit import BatchSizes, Goal, Timing
 from batchfit.errors import ConfigurationError
-from batchfit.explore import explore
+from batchfit.explore import ExploreResult, explore
+from batchfit.policy.choose import Recommendation
 from batchfit.policy.contenders import coarse_sizes
 from batchfit.policy.exploration import Rules
+from batchfit.policy.throughput import Point
 
 
 def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
@@ -131,3 +133,25 @@ def test_bad_input(kwargs: dict[str, object], message: str) -> None:
         }
         explore(build("mlp"), device="cpu", **options)  # type: ignore[arg-type]
     assert message in str(info.value)
+
+
+def test_a_single_window_shows_no_spread() -> None:
+    """A size timed in one window has no spread: the table prints ``-``, the JSON null and the CSV
+    an empty cell, where 0.0% would read as a perfectly steady size."""
+    once = Point(64, (1000.0,), (0,))
+    thrice = Point(32, (900.0, 1000.0, 1100.0), (1, 1, 1))
+    assert once.spread is None and thrice.spread == pytest.approx(0.2)
+    result = ExploreResult(
+        (thrice, once),
+        Recommendation(64, 64, 32, 1.0, 0),
+        (Recommendation(64, 64, 32, 1.0, 0),),
+        64,
+        "samples/s",
+        "time_budget",
+        2.0,
+        "cpu",
+    )
+    rows = result.table().splitlines()
+    assert rows[1].split()[3:] == ["20.0%", "3"] and rows[2].split()[3:5] == ["-", "1"]
+    assert [point["spread"] for point in json.loads(result.to_json())["points"]] == [0.2, None]
+    assert [row["spread"] for row in csv.DictReader(io.StringIO(result.to_csv()))] == ["0.2000", ""]

@@ -70,7 +70,7 @@ class ExploreResult:
                     point.batch_size,
                     f"{corrected[point.batch_size]:.3f}",
                     f"{point.median:.3f}",
-                    f"{point.spread:.4f}",
+                    "" if point.spread is None else f"{point.spread:.4f}",
                     len(point.samples_per_second),
                 ]
             )
@@ -83,7 +83,7 @@ class ExploreResult:
             mark = "  <- recommended" if point.batch_size == self.recommendation.batch_size else ""
             lines.append(
                 f"{point.batch_size:>10}  {corrected[point.batch_size]:>12.1f}  {point.median:>12.1f}  "
-                f"{point.spread:>6.1%}  "
+                f"{_spread(point.spread):>7}  "
                 f"{len(point.samples_per_second):>7}{mark}"
             )
         lines.append(self.recommendation.line())
@@ -176,3 +176,8 @@ def explore_on(
         exploration.seconds,
         str(device.torch_device),
     )
+
+
+def _spread(spread: float | None) -> str:
+    """A window spread as the table prints it: ``-`` for a single window, which has none."""
+    return "-" if spread is None else f"{spread:.1%}"
