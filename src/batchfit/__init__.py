@@ -31,6 +31,7 @@ from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, 
 from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
+from batchfit.policy.settling import Unsettled
 from batchfit.policy.techniques import TECHNIQUES
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.progress import Event, OnProgress
@@ -87,6 +88,7 @@ __all__ = [
     "TrainingFacts",
     "Trial",
     "Trials",
+    "Unsettled",
     "Where",
     "Workload",
     "__version__",

@@ -174,6 +174,17 @@ class Workload:
             return local_step(self.optimizer)
         return local_step(self.optimizer(self.module.parameters()))
 
+    def optimizer_name(self) -> str | None:
+        """The class name of the optimizer the steps use (``"AdamW"``; a ZeRO optimizer's local
+        one), None without one: what picks ``plan``'s learning-rate rule. A factory is called once."""
+        optimizer = self.optimizer
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            optimizer = optimizer(self.module.parameters())
+        if optimizer is None:
+            return None
+        inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer's local optimizer
+        return type(inner if isinstance(inner, torch.optim.Optimizer) else optimizer).__name__
+
     def run_train_step(self, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
         if self.train_step is not None:
             self.train_step(self.step_model, optimizer, batch)
