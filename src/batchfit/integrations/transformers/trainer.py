@@ -123,7 +123,7 @@ class BatchfitMixin:
         self.batchfit_plan = plan
         parent = super().training_step  # type: ignore[misc]
         self._micro_batches = TrainingMicroBatches(plan.micro_batch_size, parent, self._micro_batch_changed)
-        self._tell(Event("fit", "note", "train", message=f"{plan.source}: {plan.summary()}"))
+        self._tell(Event("fit", "note", message=f"plan from the {plan.source}: {plan.summary()}"))
 
     def _micro_batch_changed(self, change: MicroBatchChange) -> None:
         plan = self.batchfit_plan
