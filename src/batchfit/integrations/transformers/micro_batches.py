@@ -54,6 +54,7 @@ class TrainingMicroBatches:
         self.training_step = training_step
         self.on_change = on_change
         self.pending: list[tuple[Any, Any]] = []  # (batch, num_items_in_batch) of this optimizer step
+        self.pending_step = -1  # the optimizer step (global_step) they belong to
         self.lockstep = Lockstep.current()
 
     @property
@@ -64,6 +65,9 @@ class TrainingMicroBatches:
         """What ``training_step`` returns for ``inputs`` (the loss the loop logs), its gradients
         accumulated; on the optimizer step's last batch, averaged over the ranks."""
         samples = count_samples(inputs, 0)
+        if self.pending_step != trainer.state.global_step:  # an optimizer step left unfinished
+            self.pending.clear()
+        self.pending_step = trainer.state.global_step
         self.pending.append((inputs, num_items_in_batch))
         todo = self.pending[-1:]
         while True:

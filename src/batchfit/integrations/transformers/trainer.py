@@ -80,6 +80,8 @@ class BatchfitMixin:
         in force, else a new one (``fit_batch_sizes``). The Trainer's own ``auto_find_batch_size``
         is off while it trains: batchfit does its work."""
         checkpoint = _checkpoint(resume_from_checkpoint, self.args.output_dir)
+        if resume_from_checkpoint is True and checkpoint is None:  # the Trainer says there is none
+            return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
         recorded = TrainerPlan.read(checkpoint) if checkpoint is not None else None
         if recorded is not None:
             self._use(recorded)

@@ -153,6 +153,11 @@ def training_data(trainer: Any, dataset: Any, description: str) -> tuple[Any, An
     """``dataset`` and the collator as the Trainer's ``_get_dataloader`` pairs them: the columns the
     model does not take removed from a ``datasets.Dataset``, else by the collator; the description
     names the dataset in errors."""
+    if dataset is None:
+        raise ConfigurationError(
+            f"the Trainer has no {description} dataset; batchfit collates its longest examples to "
+            f"fit the batch sizes, so pass it to the Trainer (train_dataset=...)."
+        )
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     if iterable or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise ConfigurationError(
