@@ -310,3 +310,24 @@ def _distance(model: torch.nn.Module, other: torch.nn.Module) -> float:
         (mine - theirs).abs().max().item()
         for mine, theirs in zip(model.parameters(), other.parameters(), strict=True)
     )
+
+
+@pytest.mark.slow
+def test_the_example_fits_trains_and_resumes_at_its_plan(tmp_path: Path) -> None:
+    def example(*options: str) -> subprocess.CompletedProcess[str]:
+        script = HERE.parents[1] / "examples" / "hf_trainer.py"
+        command = [sys.executable, str(script), "--output-dir", str(tmp_path), *options]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+
+    def said(done: subprocess.CompletedProcess[str]) -> list[str]:  # its own lines, not the Trainer's
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [line for line in done.stdout.splitlines() if not line.startswith("{")]
+
+    searched, trained = said(example("--steps", "4"))
+    assert searched.startswith("search: global_batch_size 48 = micro_batch_size ")
+    assert trained.startswith("trained 4 steps")
+    resumed = example("--steps", "6", "--resume")
+    assert said(resumed)[0] == searched.replace("search:", "checkpoint:", 1)
+    assert said(resumed)[1].startswith("trained 6 steps")
+    assert "batch_size=" not in resumed.stderr  # no trial line: nothing was searched

@@ -18,14 +18,14 @@ from batchfit.integrations.transformers.workload import (
     PredictionStep,
     TrainingStep,
     enable_checkpointing,
+    loader_data,
     trainer_workload,
-    training_data,
 )
 from batchfit.options import BatchSizes, Trials, Where
 from batchfit.policy.micro_batch import MicroBatchChange
-from batchfit.policy.plan import plan
+from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline
-from batchfit.progress import OnProgress
+from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 
@@ -141,6 +141,8 @@ def fit(
     with trainer_workload(trainer, *steps, per_device) as (workload, trainer_steps):
         train = search(workload, "train", per_device)
         split = _split(per_device * world_size, world_size, train.batch_size, args)
+        for warning in split.warnings:  # accumulation past 16 steps, say
+            tell(on_progress, Event("fit", "note", "train", message=f"warning: {warning}"))
         trainer_steps.hold_in_evaluation(split.micro_batch_size, split.accumulation_steps)
         evals = [
             search(workload.replaced(make_batch=LongestBatches(dataset, collate_fn)), "eval", len(dataset))
@@ -191,10 +193,10 @@ def _eval_data(trainer: Any) -> list[tuple[Any, Any]]:
     if datasets is None:
         return []
     many = datasets.values() if isinstance(datasets, dict) else [datasets]
-    return [training_data(trainer, dataset, "evaluation") for dataset in many]
+    return [loader_data(trainer, dataset, "evaluation") for dataset in many]
 
 
-def _split(global_batch_size: int, world_size: int, largest: int, args: Any) -> Any:
+def _split(global_batch_size: int, world_size: int, largest: int, args: Any) -> Plan:
     """``plan``'s split of the global batch into micro-batches of at most ``largest`` samples."""
     try:
         return plan(

@@ -97,7 +97,7 @@ class BatchfitMixin:
     def training_step(
         self, model: torch.nn.Module, inputs: Any, num_items_in_batch: Any = None
     ) -> torch.Tensor:
-        if self._micro_batches is None:  # a plan set outside train (a subclass's own training loop)
+        if self._micro_batches is None:  # no plan in force yet: called outside train
             return super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc, no-any-return]
         return self._micro_batches.step(self, model, inputs, num_items_in_batch)
 
@@ -179,7 +179,9 @@ class BatchfitMixin:
             torch.cuda.empty_cache()
 
     def _tell(self, event: Event, level: int = logging.INFO) -> None:
-        """Log ``event`` (rank 0 alone speaks); the record carries it as ``record.event``."""
+        """Log ``event`` (rank 0 alone speaks; a trial's start at DEBUG); the record carries it as
+        ``record.event``."""
+        level = logging.DEBUG if event.stage == "started" else level
         if int(self.args.process_index) == 0:
             logger.log(level, "batchfit: %s", _line(event), extra={"event": event})
 

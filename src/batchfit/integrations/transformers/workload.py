@@ -119,7 +119,7 @@ def trainer_workload(
     the DDP that holds the gradient buckets of a run on several processes is dropped."""
     with _stepping(trainer):
         optimizer, scheduler = _optimizer_and_scheduler(trainer)
-        batches = LongestBatches(*training_data(trainer, trainer.train_dataset, "training"))
+        batches = LongestBatches(*loader_data(trainer, trainer.train_dataset, "training"))
         steps = TrainerSteps(
             trainer, training_step, prediction_step, scheduler, per_device_batch_size, batches
         )
@@ -149,10 +149,10 @@ class LongestBatches:
         return self.collate_fn([self.dataset[index] for index in longest + shortest])
 
 
-def training_data(trainer: Any, dataset: Any, description: str) -> tuple[Any, Any]:
-    """``dataset`` and the collator as the Trainer's ``_get_dataloader`` pairs them: the columns the
-    model does not take removed from a ``datasets.Dataset``, else by the collator; the description
-    names the dataset in errors."""
+def loader_data(trainer: Any, dataset: Any, description: str) -> tuple[Any, Any]:
+    """``dataset`` and the collator as the Trainer's loader pairs them (``_get_dataloader``): the
+    columns the model does not take removed from a ``datasets.Dataset``, else by the collator;
+    ``description`` (``training``, ``evaluation``) names the dataset in errors."""
     if dataset is None:
         raise ConfigurationError(
             f"the Trainer has no {description} dataset; batchfit collates its longest examples to "
