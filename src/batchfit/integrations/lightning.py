@@ -356,7 +356,7 @@ def _check_strategy(trainer: pl.Trainer) -> None:
     if not isinstance(strategy, known) or isinstance(strategy, other):
         raise ConfigurationError(
             f"the Trainer's strategy is {type(strategy).__name__}; batchfit runs the steps of "
-            f"SingleDeviceStrategy, DDPStrategy (ddp, ddp_spawn) and ModelParallelStrategy (FSDP2's "
+            f"SingleDeviceStrategy, DDPStrategy and ModelParallelStrategy (FSDP2's "
             f"fully_shard in configure_model). For FSDPStrategy (FSDP1), shard with fully_shard "
             f"under ModelParallelStrategy instead."
         )
