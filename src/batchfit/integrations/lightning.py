@@ -174,7 +174,16 @@ class BatchfitCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         saved = checkpoint.get(CHECKPOINT_KEY)
-        self._saved = None if saved is None else LightningPlan.from_dict(saved)
+        try:
+            self._saved = None if saved is None else LightningPlan.from_dict(saved)
+        except (KeyError, TypeError) as error:  # another batchfit's plan: search again
+            self._saved = None
+            self._say(trainer, f"the checkpoint's plan cannot be read ({type(error).__name__}: {error})")
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # A strategy that restores the checkpoint after the start of fit (ModelParallelStrategy)
+        # hands the plan over too late for this fit; the next fit has a checkpoint of its own.
+        self._saved = None
 
     # -- fit -----------------------------------------------------------------------------
 
