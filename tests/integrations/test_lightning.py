@@ -34,7 +34,7 @@ BUDGET = int(0.8 * 2**20)  # memory_fraction 0.8 of LIMIT: the cap every trial r
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """One intra-op thread: on these tiny matrices a second buys nothing, and on a busy 2-core
-    machine it spins waiting for the first (20x slower steps)."""
+    machine it spins, waiting for a core."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
