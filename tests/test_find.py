@@ -320,6 +320,29 @@ def test_optimizer_factory_and_slices_count_their_own_bytes() -> None:
     assert 1000 < result.batch_size < 4000
 
 
+def test_an_eval_search_beside_the_training_state_counts_its_warm_up_batch_not_the_dataset() -> None:
+    # A TensorDataset's items are views of its tensors. The training step that makes the state
+    # resident before an eval trial collates its batch on the host, as every trial does: the
+    # dataset's 1 MiB is not counted against the 1 MiB device, and the answer is the one found on
+    # the same samples made apart (copies).
+    torch.manual_seed(0)
+    features, labels = torch.randn(4096, 64), torch.randint(0, 10, (4096,))
+    sources: dict[str, dict[str, Any]] = {
+        "dataset": {"dataset": torch.utils.data.TensorDataset(features, labels)},
+        "copies": {"make_batch": lambda n: (features[:n].clone(), labels[:n].clone())},
+    }
+    answers = {}
+    for name, source in sources.items():
+        model = nn.Linear(64, 10)
+        optimizer = torch.optim.Adam(model.parameters())
+        workload = Workload(model, optimizer, loss_fn=nn.functional.cross_entropy, **source)
+        sizes = BatchSizes(max_batch_size=4096)
+        answers[name] = find_batch_size(
+            workload, "eval", device="cpu", memory_limit="1MiB", sizes=sizes
+        ).batch_size
+    assert answers["dataset"] == answers["copies"] > 1000
+
+
 def test_dataset_largest_items_first() -> None:
     torch.manual_seed(0)
     lengths = [5, 50, 7, 200, 9, 11, 13, 150]

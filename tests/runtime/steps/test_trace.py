@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny_workloads import build, untraceable
 
 from batchfit import find_batch_size, memory_limit
@@ -27,6 +28,20 @@ def test_trace_equals_the_real_trial(name: str, mode: str) -> None:
             real, predicted = runner.run(batch_size), tracer(batch_size)
             assert predicted.peak_bytes == real.peak_bytes
             assert predicted.activation_peak_bytes == real.activation_peak_bytes
+    finally:
+        snapshot.restore()
+
+
+def test_trace_of_an_optimizer_under_a_scheduler_steps_its_fake_copy() -> None:
+    # A learning-rate scheduler wraps the optimizer's step on the instance, holding the real
+    # optimizer: the fake copy steps itself, so the trace counts the state a real trial makes.
+    workload = build_example("mlp", "cpu")
+    torch.optim.lr_scheduler.StepLR(workload.optimizer, step_size=1)  # type: ignore[arg-type]
+    snapshot = TrainingSnapshot.capture(workload.model, workload.optimizer)  # type: ignore[arg-type]
+    snapshot.set_gradients_aside()
+    runner = TrialRunner.on(workload, CappedCpuDevice(2**33), "train", 2, 2**33, snapshot, 1)
+    try:
+        assert FakeTracer(workload, "train", 2**33, 1)(8).peak_bytes == runner.run(8).peak_bytes
     finally:
         snapshot.restore()
 

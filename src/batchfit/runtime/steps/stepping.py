@@ -97,6 +97,10 @@ def run_steps(
     # (L-BFGS's history, a buffer assigned anew) is freed, as in training.
     resident = resident_tensors(workload.module, optimizer, *workload.reached)
     compiled, wrapper_bytes = bool(workload.compiled), workload.wrapper_bytes
+    warming = spec.mode == "eval" and spec.warm_batch is not None and optimizer is not None
+    # Collated on the host outside the cap, as the steps' batch is: a dataset's items may be views
+    # of one tensor (a TensorDataset's), whose whole storage a collation inside would count.
+    warm_host = workload.host_batch(spec.warm_batch) if warming and spec.warm_batch is not None else None
     with (
         spec.device.measure(
             resident, spec.cap_bytes, compiled=compiled, wrapper_bytes=wrapper_bytes
@@ -108,20 +112,21 @@ def run_steps(
         if started is not None:
             started.append(measurement)
         measurement.recording = recording
-        if spec.mode == "eval" and spec.warm_batch is not None and optimizer is not None:
-            _make_training_state(spec, optimizer, spec.warm_batch)
+        if warm_host is not None and optimizer is not None:
+            _make_training_state(spec, optimizer, warm_host)
         workload.module.train(spec.mode == "train")
         step_seconds = _each_step(spec, optimizer, host_batch, measurement, recorder, compiled)
     return measurement, step_seconds
 
 
-def _make_training_state(spec: StepSpec, optimizer: torch.optim.Optimizer, warm_batch: int) -> None:
+def _make_training_state(spec: StepSpec, optimizer: torch.optim.Optimizer, warm_host: Any) -> None:
     """Validation inside training runs with gradients and optimizer state resident: a training
-    step at ``warm_batch`` makes them, stepping on while overflow skips its optimizer, else no
-    optimizer state is there. Its batch is freed on return, before the steps."""
+    step on a device copy of ``warm_host`` (a batch of ``spec.warm_batch``) makes them, stepping on
+    while overflow skips its optimizer, else no optimizer state is there. Its copy is freed on
+    return, before the steps."""
     workload = spec.workload
     workload.module.train()
-    warm = to_device(workload.host_batch(warm_batch), spec.device.torch_device)
+    warm = to_device(warm_host, spec.device.torch_device)
     step_until_settled(spec.scalers, lambda: workload.run_train_step(optimizer, warm))
 
 

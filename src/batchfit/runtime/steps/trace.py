@@ -84,8 +84,9 @@ class FakeTracer:
             if optimizer is not None:
                 # An optimizer pickles its defaults, state and groups alone; what a subclass keeps
                 # beside them (L-BFGS: its parameters as ``_params``) is copied onto the fakes too.
+                # Not ``step``: an LR scheduler's wrapper of it, which steps the real optimizer.
                 for name, value in vars(real_optimizer).items():
-                    if name not in vars(optimizer):
+                    if name not in vars(optimizer) and name != "step":
                         setattr(optimizer, name, copy.deepcopy(value, memo))
         fake = workload.replaced(model=model, optimizer=optimizer or workload.optimizer)
         optimizer = fake.build_optimizer()
