@@ -18,6 +18,7 @@ from batchfit.errors import (
     ConfigurationError,
     DeviceUnavailableError,
     DoesNotFitError,
+    NonFiniteError,
     OptimizerStepOutOfMemoryError,
     RankFailedError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "MicroBatchChange",
     "MicroBatchStep",
     "Mode",
+    "NonFiniteError",
     "OnProgress",
     "OptimizerStepOutOfMemoryError",
     "Plan",

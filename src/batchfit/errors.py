@@ -23,6 +23,11 @@ class DoesNotFitError(BatchfitError, RuntimeError):
     """Even the smallest allowed batch does not fit in the memory budget."""
 
 
+class NonFiniteError(BatchfitError, FloatingPointError):
+    """A trial's step does not train: its loss, or the gradients or parameters after it, hold NaN or
+    inf (where no GradScaler skips the step for it); the message names the batch size and the step."""
+
+
 class OptimizerStepOutOfMemoryError(DoesNotFitError):
     """An out-of-memory inside a ``MicroBatchStep``'s optimizer step: the parameters and the optimizer
     state may be partly updated, so the step is not run again; load a checkpoint to go on."""
