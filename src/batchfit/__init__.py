@@ -18,6 +18,7 @@ from batchfit.errors import (
     ConfigurationError,
     DeviceUnavailableError,
     DoesNotFitError,
+    NonFiniteError,
     OptimizerStepOutOfMemoryError,
     RankFailedError,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "MicroBatchChange",
     "MicroBatchStep",
     "Mode",
+    "NonFiniteError",
     "OnProgress",
     "OptimizerStepOutOfMemoryError",
     "Plan",

@@ -38,6 +38,11 @@ class DoesNotFitError(BatchfitError, RuntimeError):
         self.trial, self.budget_bytes, self.capacity_bytes = trial, budget_bytes, capacity_bytes
 
 
+class NonFiniteError(BatchfitError, FloatingPointError):
+    """A trial's step does not train: its loss, or the gradients or parameters after it, hold NaN or
+    inf (where no GradScaler skips the step for it); the message names the batch size and the step."""
+
+
 class OptimizerStepOutOfMemoryError(DoesNotFitError):
     """An out-of-memory inside a ``MicroBatchStep``'s optimizer step: the parameters and the optimizer
     state may be partly updated, so the step is not run again; load a checkpoint to go on."""

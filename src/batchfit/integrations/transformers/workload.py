@@ -69,6 +69,9 @@ class TrainerSteps:
         training_batches: LongestBatches,
     ) -> None:
         self.trainer = trainer
+        # Held here so that the search finds the GradScaler (fp16 on CUDA): it puts the scale back
+        # after each trial and takes the optimizer steps the scaler skips for overflow as such.
+        self.scaler = getattr(trainer.accelerator, "scaler", None)
         self.training_step = training_step
         self.prediction_step = prediction_step
         self.scheduler = scheduler
@@ -91,7 +94,7 @@ class TrainerSteps:
         max_norm = trainer.args.max_grad_norm
         # The loop takes the gradients' norm whether it clips or not (inf: no clipping).
         trainer.accelerator.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
-        scaler = trainer.accelerator.scaler  # fp16: the optimizer steps through it, as accelerate's does
+        scaler = self.scaler  # fp16: the optimizer steps through it, as accelerate's does
         if scaler is None:
             optimizer.step()
         else:
