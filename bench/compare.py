@@ -135,7 +135,7 @@ def main() -> None:
         if unknown:
             args.error(f"unknown workload(s) {', '.join(unknown)} on {device.type}")
         cases = [(name, limit) for name, limit in CASES[device.type] if name in wanted]
-    session = Session(device, ["torch", "torchvision", "transformers"])
+    session = Session(device, ["torch", "batchfit", "torchvision", "transformers"])
     print(session.machine())
     results = []
     for name, limit in cases:
@@ -178,7 +178,7 @@ def main() -> None:
     print(session.finish())
     if not options.no_json:
         path = options.json or RESULTS / f"compare-{device.type}.json"
-        write_results(path, {**session.to_dict(), "cases": results})
+        write_results(path, session, {"cases": results})
 
 
 if __name__ == "__main__":

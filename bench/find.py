@@ -445,13 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     _harness.print_markdown_table(headers(), table_rows(rows), text_columns=(0, 1))
     if not args.no_json:
         payload = {
-            **session.to_dict(),
             "steps_per_trial": STEPS_PER_TRIAL,
             "max_batch_size": MAX_BATCH_SIZE,
             "repeat": args.repeat,
             "rows": [asdict(row) for row in rows],
         }
-        _harness.write_results(args.json or _harness.RESULTS / f"find-{kind}.json", payload)
+        _harness.write_results(args.json or _harness.RESULTS / f"find-{kind}.json", session, payload)
     return 0 if all(row.batchfit.answer == row.truth.true_max for row in rows) else 1
 
 

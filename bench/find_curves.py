@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         curves.append(curve)
     print(session.finish())
     if not args.no_json:
-        payload = {**session.to_dict(), "curves": [asdict(curve) for curve in curves]}
-        _harness.write_results(args.json or _harness.RESULTS / f"find-curves-{kind}.json", payload)
+        payload = {"curves": [asdict(curve) for curve in curves]}
+        _harness.write_results(args.json or _harness.RESULTS / f"find-curves-{kind}.json", session, payload)
     return 0
 
 
