@@ -74,15 +74,19 @@ def load_average() -> str:
         return "unknown"
 
 
+#: What a run's results depend on: uncommitted changes here make its commit not the whole story.
+CODE_PATHS = ("src", "bench", "examples", "pyproject.toml")
+
+
 def code_version() -> dict[str, Any]:
-    """The code that runs: ``git rev-parse HEAD`` and whether tracked files differ from it, else
-    ``$BATCHFIT_COMMIT``, else the package's version (``source`` says which)."""
+    """The code that runs: ``git rev-parse HEAD`` and whether tracked files of ``CODE_PATHS`` differ
+    from it, else ``$BATCHFIT_COMMIT``, else the package's version (``source`` says which)."""
     try:
         head = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         changed = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
             capture_output=True,
             text=True,
             check=True,
@@ -121,6 +125,7 @@ class Session:
 
     def __init__(self, device: torch.device, packages: Sequence[str]) -> None:
         self.device, self.versions = device, versions(packages)
+        self.code, self.command = code_version(), command_line()  # as the run starts
         self.began, self.load_at_start = time.perf_counter(), load_average()
         self.total_seconds, self.load_at_end = 0.0, "unknown"
 
@@ -148,8 +153,8 @@ class Session:
         """The results file's fields about the run (after ``finish``): what code ran, where, with
         which torch, by which command, and when."""
         return {
-            "code": code_version(),
-            "command": command_line(),
+            "code": self.code,
+            "command": self.command,
             "written": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "torch": torch.__version__,
             "device": str(self.device),

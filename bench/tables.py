@@ -334,6 +334,9 @@ def transcript_block(files: list[dict[str, Any]]) -> str:
     shown = " ".join(data["argv"])
     shown = re.sub(r"^\S*python3? -m batchfit", "batchfit", shown)
     shown = re.sub(r"^\S*python3? ", "python ", shown)
+    shown = " ".join([*(f"{name}={value}" for name, value in data.get("env", {}).items()), shown])
+    if data.get("cwd", ".") != ".":
+        shown = f"cd {data['cwd']} && {shown}"
     output = (data["stderr"] + data["stdout"]).rstrip("\n")
     return f"```\n$ {shown}\n{output}\n```\n\n{provenance(data)}"
 
