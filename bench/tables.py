@@ -106,9 +106,15 @@ def provenance(data: dict[str, Any]) -> str:
         where, command, date = note.device_name, note.command, note.date
     else:
         raise ValueError(f"{path} records no commit and NOTES has none for it")
+    command = re.sub(r"\S*/python3?(?=\s)", "python", command)  # the interpreter, wherever it lives
     torch = data.get("torch") or data["versions"]["torch"]
     seconds = f", {data['total_seconds']:.0f} s" if "total_seconds" in data else ""
-    return f"`{path}`: `{command}` at {commit} on {where} ({data['device']}), torch {torch}, {date}{seconds}."
+    load = data.get("load_average_at_start", "").split(" ")[0]
+    shared = f", load average {load} at its start" if load else ""
+    return (
+        f"`{path}`: `{command}` at {commit} on {where} ({data['device']}), torch {torch}, {date}"
+        f"{seconds}{shared}."
+    )
 
 
 def markdown(headers: list[str], lines: list[list[str]], text_columns: Iterable[int]) -> str:
