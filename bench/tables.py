@@ -15,6 +15,7 @@ the device's name and the command get those from ``NOTES``, what the session not
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -334,8 +335,9 @@ def timings_table(files: list[dict[str, Any]]) -> str:
     return markdown(["command", "device", "seconds", "file"], lines, (0, 1, 3))
 
 
-def transcript_block(files: list[dict[str, Any]]) -> str:
-    """A recorded command (``bench/transcript.py``): the command, what it wrote, and where from."""
+def transcript_block(files: list[dict[str, Any]], short: bool = False) -> str:
+    """A recorded command (``bench/transcript.py``): the command, what it wrote, and where from;
+    ``short``: stdout up to its first blank line, then ``...``."""
     (data,) = files
     shown = " ".join(data["argv"])
     shown = re.sub(r"^\S*python3? -m batchfit", "batchfit", shown)
@@ -343,7 +345,10 @@ def transcript_block(files: list[dict[str, Any]]) -> str:
     shown = " ".join([*(f"{name}={value}" for name, value in data.get("env", {}).items()), shown])
     if data.get("cwd", ".") != ".":
         shown = f"cd {data['cwd']} && {shown}"
-    output = (data["stderr"] + data["stdout"]).rstrip("\n")
+    stdout = data["stdout"]
+    if short and "\n\n" in stdout.strip("\n"):  # what follows the first blank line, left out
+        stdout = stdout.strip("\n").split("\n\n")[0] + "\n...\n"
+    output = (data["stderr"] + stdout).rstrip("\n")
     return f"```\n$ {shown}\n{output}\n```\n\n{provenance(data)}"
 
 
@@ -362,6 +367,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "explore": (explore_table, True, False),
     "timings": (timings_table, True, False),
     "transcript": (transcript_block, True, False),
+    "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),
 }
 
