@@ -325,14 +325,15 @@ def explore_table(files: list[dict[str, Any]]) -> str:
 
 
 def timings_table(files: list[dict[str, Any]]) -> str:
-    """Each run's wall time, as its results file records it: what a GPU session's stages cost."""
+    """Each run's wall time and the load average at its start, as its results file records them."""
     lines = []
     for data in files:
         note = NOTES.get(data["path"])
         command = data.get("command", note.command if note else "?")
         device = data.get("device_name") or (note.device_name if note else data["device"])
-        lines.append([f"`{command}`", device, f"{data['total_seconds']:.0f}", f"`{data['path']}`"])
-    return markdown(["command", "device", "seconds", "file"], lines, (0, 1, 3))
+        load = data.get("load_average_at_start", "-").split(" ")[0]
+        lines.append([f"`{command}`", device, f"{data['total_seconds']:.0f}", load, f"`{data['path']}`"])
+    return markdown(["command", "device", "seconds", "load average", "file"], lines, (0, 1, 4))
 
 
 def transcript_block(files: list[dict[str, Any]], short: bool = False) -> str:
