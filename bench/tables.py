@@ -220,7 +220,8 @@ def find_summary(files: list[dict[str, Any]]) -> str:
     rows = [row for data in files for row in data["rows"]]
     exact = sum(_verdict_cell(row, "batchfit").endswith(" exact") for row in rows)
     trials = [len(row["batchfit"]["sizes"]) for row in rows]
-    return f"exact in {exact} of {len(rows)} rows, in {min(trials)}-{max(trials)} trials"
+    spread = f"{min(trials)}" if min(trials) == max(trials) else f"{min(trials)}-{max(trials)}"
+    return f"exact in {exact} of {len(rows)} rows, in {spread} trials"
 
 
 def curves_table(files: list[dict[str, Any]]) -> str:
