@@ -28,7 +28,9 @@ from _truth import CHECK_STEPS, TRUTH_STEPS, Curve, judge, spans
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", "docs/*.md")
-BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->)(?P<body>.*?)(<!-- /table -->)", re.DOTALL)
+BLOCK = re.compile(
+    r"(<!-- table: (?P<spec>[a-z][a-z-]* [^>]*?) -->)(?P<body>.*?)(<!-- /table -->)", re.DOTALL
+)
 #: The largest answer each method of ``bench/find.py`` may give (its BOUNDS).
 FIND_BOUNDS: dict[str, int | None] = {"batchfit": 512, "lightning": None, "accelerate": 512}
 
