@@ -14,11 +14,11 @@ import pytest
 import torch
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import _harness
 import tables
 
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 ROOT = BENCH.parent
 H200_FIND = "bench/data/h200-2026-11-26/find-cuda-resnet50-amp-resnet50-mlp-cnn-transformer.json"
 H100_BUILT_INS = "bench/data/h100-2026-11-25/find-cuda-mlp-cnn-transformer.json"
