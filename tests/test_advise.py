@@ -10,18 +10,29 @@ from pathlib import Path
 
 import data_workloads
 import pytest
+import torch
+from tiny_workloads import build
 
 from batchfit import (
+    Advice,
     Baseline,
     Checklist,
     ConfigurationError,
+    ExploreResult,
+    Recommendation,
+    Scaling,
     Timing,
+    Unsettled,
     advise,
     find_batch_size,
+    plan,
 )
+from batchfit.policy.advice import Change, costly, noisy, rank
+from batchfit.policy.throughput import Point
 from batchfit.runtime.workloads.examples import build_example
 
 TESTS = Path(__file__).resolve().parent
+LINEAR = "SGD scales the learning rate with the batch, after a warm-up (Goyal et al., 2017)"
 
 
 def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
@@ -56,6 +67,9 @@ def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
     speeds = [change.speedup or 1.0 for change in result.changes]
     assert speeds == sorted(speeds, reverse=True)
     assert result.plan is not None and result.plan.global_batch_size == result.batch_size
+    # The cnn trains with SGD: the linear rule, and the plan says why.
+    assert (result.plan.optimizer, result.plan.scaling_rule) == ("SGD", "linear")
+    assert result.plan.scaling_reason.startswith("linear: SGD scales the learning rate with the batch")
     assert result.skipped == ("check-data: the workload has no dataset and no loader was given",)
     report = result.report("--example cnn")
     assert f"train {alone.batch_size}" in report and "(evidence: batchfit find --example cnn)" in report
@@ -71,6 +85,23 @@ def test_a_slow_loader_is_the_first_thing_to_change() -> None:
     assert first.what.startswith("load data with num_workers=") and first.speedup is not None
     assert first.speedup > 1.5 and first.evidence == "batchfit check-data --batch-size 32"
     assert "find: asked" in result.skipped
+
+
+def test_the_plan_scales_an_adam_workload_s_learning_rate_by_the_square_root_rule() -> None:
+    """The optimizer's class name picks the rule: 0.001 tuned at 256 is 0.002 at 1024 with Adam (the
+    square-root rule), where the linear rule would give 0.004."""
+    only_plan = Checklist(skip=("find", "explore", "compare", "check-data"), batch_size=1024)
+    result = advise(build("mlp", "adam"), device="cpu", checklist=only_plan, baseline=Baseline(0.001, 256))
+    assert result.plan is not None and result.plan.optimizer == "Adam"
+    assert (result.plan.scaling_rule, result.plan.learning_rate) == ("sqrt", pytest.approx(0.002))
+    assert (
+        "  scaling_rule sqrt: Adam-family optimizers scale the learning rate with the square root of the "
+        in (result.report())
+    )
+    factory, without = build("mlp"), build("mlp")
+    factory.optimizer = lambda parameters: torch.optim.AdamW(parameters, lr=3e-4)
+    without.optimizer = None
+    assert (factory.optimizer_name(), without.optimizer_name()) == ("AdamW", None)
 
 
 def test_bad_steps_and_half_a_plan_are_refused() -> None:
@@ -130,3 +161,66 @@ def test_the_cli_prints_the_advice_and_skips_what_it_is_told() -> None:
     )
     assert bad.returncode == 1
     assert bad.stderr.startswith("batchfit: error: --skip 'tune': the steps are find, explore, compare")
+
+
+def test_the_report_keeps_noise_and_an_unsettled_explore_apart_from_the_answers() -> None:
+    """A change whose speed-up is within noise is listed apart, not ranked; an exploration under
+    the confidence floor is a leaning, with what would settle it, and the plan at it says so."""
+    leaning = Recommendation(140, 140, 140, 1.0, 0)
+    doubt = Unsettled(0, 50, 140, (140,), 40.2, 45.7, "the rest of explore's plan")
+    exploration = ExploreResult(
+        (Point(140, (96.0, 100.0, 104.0), (0, 0, 0)),),
+        leaning,
+        (leaning,),
+        140,
+        "samples/s",
+        "time_budget",
+        5.5,
+        "cpu",
+        doubt,
+    )
+    amp = Change("amp (autocast bfloat16)", 1.9, 1.79, "batchfit compare --techniques amp", False, 1.7, 2.1)
+    checkpointing = Change(
+        "checkpointing (3 blocks)", 1.05, 1.02, "batchfit compare --techniques checkpointing", False, 0.9, 1.2
+    )
+    advice = Advice(
+        None,
+        None,
+        exploration,
+        None,
+        None,
+        plan(140, Baseline(0.1, 256), max_micro_batch_size=140, scaling=Scaling(optimizer="SGD")),
+        140,
+        rank([amp, checkpointing]),
+        costly([amp, checkpointing]),
+        noisy([amp, checkpointing]),
+        (),
+        60.0,
+    )
+    assert advice.report("--example cnn").splitlines() == [
+        (
+            "explore settled no batch size: it leans to 140 (100.0 samples/s) at confidence 0, below 50: the "
+            "measurements do not yet tell the sizes apart; measured 140; about 41 s more of timing "
+            "would settle it (time_budget_seconds about 46): the rest of explore's plan "
+            "(evidence: batchfit explore --example cnn)"
+        ),
+        "what to change, by measured gain:",
+        (
+            "  1. amp (autocast bfloat16): 1.90x the throughput [1.70, 2.10], 1.79x the largest batch "
+            "(evidence: batchfit compare --techniques amp --example cnn)"
+        ),
+        "within noise, not ranked (the speed-up's 90% interval includes 1.00x):",
+        (
+            "  - checkpointing (3 blocks): 1.05x the throughput [0.90, 1.20] (within noise), 1.02x the "
+            "largest batch (evidence: batchfit compare --techniques checkpointing --example cnn)"
+        ),
+        "plan (at 140, explore's leaning, not settled):",
+        "  global_batch_size 140 = micro_batch_size 140 x accumulation_steps 1 x world_size 1",
+        "  learning_rate 0.0546875 = base_learning_rate 0.1 x 140 / 256 (linear rule)",
+        f"  scaling_rule linear: {LINEAR}",
+        "  warmup_steps 0 (recommended: the learning rate is not scaled up)",
+    ]
+    document = json.loads(advice.to_json())
+    assert [change["what"] for change in document["within_noise"]] == ["checkpointing (3 blocks)"]
+    assert document["changes"][0]["speedup_low"] == 1.7
+    assert document["exploration"]["unsettled"]["measured"] == [140]

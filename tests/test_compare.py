@@ -179,6 +179,62 @@ def test_the_throughput_ratio_pairs_readings_within_each_round() -> None:
     measured = against(row, baseline, [150.0, 90.0, 60.0], [100.0, 60.0, 100.0])
     assert measured.samples_per_second == 90.0
     assert measured.throughput_ratio == 1.5 and measured.batch_ratio == 1.5
+    # The spell shows in the 90% interval: three readings this far apart cannot tell 1.5 from 1.
+    assert measured.throughput_ratio_low is not None and measured.throughput_ratio_high is not None
+    assert measured.throughput_ratio_low < 1 < measured.throughput_ratio_high and measured.within_noise
+    steady = against(row, baseline, [150.0, 92.0, 148.0], [100.0, 60.0, 100.0])
+    assert steady.throughput_ratio == 1.5 and not steady.within_noise
+    interval = (steady.throughput_ratio_low or 0, steady.throughput_ratio_high or 0)
+    assert (round(interval[0], 2), round(interval[1], 2)) == (1.46, 1.55)
+    # The baseline against itself is 1 by definition, with no interval; one reading has none either.
+    itself = against(baseline, baseline, [100.0, 60.0, 100.0], [100.0, 60.0, 100.0])
+    assert (itself.throughput_ratio, itself.throughput_ratio_low, itself.throughput_ratio_high) == (
+        1.0,
+        None,
+        None,
+    )
+    once = against(row, baseline, [150.0], [100.0])
+    assert (once.throughput_ratio, once.throughput_ratio_low, once.within_noise) == (1.5, None, False)
+
+
+def test_the_table_prints_each_ratio_with_its_interval_and_marks_noise() -> None:
+    from batchfit.comparison import Comparison, ComparisonRow, against
+
+    baseline = ComparisonRow("baseline", True, "as given", batch_size=140, peak_bytes=200 << 20)
+    amp = ComparisonRow("amp", True, "autocast bfloat16", batch_size=250, peak_bytes=200 << 20)
+    checkpointing = ComparisonRow("checkpointing", True, "3 blocks", batch_size=179, peak_bytes=200 << 20)
+    readings = [100.0, 104.0, 98.0]
+    rows = (
+        against(baseline, baseline, readings, readings),
+        against(amp, baseline, [190.0, 200.0, 185.0], readings),
+        against(checkpointing, baseline, [90.0, 110.0, 93.0], readings),
+        ComparisonRow("cudnn-benchmark-on", False, "cudnn-benchmark-on: needs CUDA"),
+    )
+    table = Comparison(rows, "cpu", 0.8, 160 << 20, "samples/s", None, 1.0).table()
+    assert table.splitlines() == [
+        (
+            "technique              batch_size x batch        peak  per sample    samples/s recommended  "
+            "x speed [90% interval]"
+        ),
+        "baseline                      140   1.00x  200.00 MiB           -        100.0           -  1.00x",
+        (
+            "amp                           250   1.79x  200.00 MiB           -        190.0           -  "
+            "1.90x [1.87, 1.93]"
+        ),
+        (
+            "checkpointing                 179   1.28x  200.00 MiB           -         93.0           -  "
+            "0.95x [0.84, 1.11] (within noise)"
+        ),
+        "cudnn-benchmark-on              -  cudnn-benchmark-on: needs CUDA",
+        (
+            "within noise: the speed ratio's interval includes 1.00x; the readings cannot tell it from "
+            "no change (more windows, --windows, narrow it)."
+        ),
+        "on cpu, memory_fraction 0.8; how each applied:",
+        "  baseline: as given",
+        "  amp: autocast bfloat16",
+        "  checkpointing: 3 blocks",
+    ]
 
 
 def test_the_compile_row_is_the_compiled_step_s_truth_and_the_model_stays_eager() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 
 import pytest
@@ -16,9 +17,11 @@ from tiny_workloads import build
 
 from batchfit import BatchSizes, Goal, Timing
 from batchfit.errors import ConfigurationError
-from batchfit.explore import explore
+from batchfit.explore import ExploreResult, explore
+from batchfit.policy.choose import Recommendation
 from batchfit.policy.contenders import coarse_sizes
 from batchfit.policy.exploration import Rules
+from batchfit.policy.throughput import Point
 
 
 def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
@@ -67,8 +70,12 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
     assert len(members) <= Rules().max_focus_rounds
     assert all(len(sizes) == len(set(sizes)) >= 2 for sizes in members.values())
     assert result.stop_reason in ("confident", "exhausted") and members
+    # Settled or a leaning, as the confidence says (timings decide which; the policy's tests script both).
+    settled = result.recommendation.settled
+    assert (result.unsettled is None) == settled == (result.recommendation.confidence >= 50)
+    head = "Current recommended micro_batch_size: " if settled else "No micro_batch_size settled: leaning to "
     assert result.recommendation.line().startswith(
-        f"Current recommended micro_batch_size: {result.recommendation.batch_size}, estimated performance: "
+        f"{head}{result.recommendation.batch_size}, estimated performance: "
     )
     document = json.loads(result.to_json())
     assert [p["batch_size"] for p in document["points"]] == batches
@@ -77,7 +84,7 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
     assert len(document["points"][0]["samples_per_second"]) == len(result.points[0].samples_per_second)
     rows = list(csv.DictReader(io.StringIO(result.to_csv())))
     assert [int(row["batch_size"]) for row in rows] == batches
-    assert "<- recommended" in result.table()
+    assert ("<- recommended" if settled else "<- leaning, not settled") in result.table()
     for a, b in zip(before, workload.model.parameters(), strict=True):  # the model is left as it was
         assert a.equal(b)
 
@@ -92,6 +99,44 @@ def test_global_batch_constraint_and_time_budget() -> None:
     # 96 / 2 devices = 48 per device: every micro-batch measured divides 48.
     assert all(48 % point.batch_size == 0 for point in result.points)
     assert result.stop_reason == "time_budget" and len(result.points) == 1  # the budget stops it at once
+
+
+def test_too_little_time_gives_a_leaning_not_an_answer() -> None:
+    """A real run out of time after its first size: the recommendation is only a leaning, and
+    the result names the size measured and the time that would settle it, in every output."""
+    result = explore(
+        build("mlp"),
+        device="cpu",
+        sizes=BatchSizes(max_batch_size=64),
+        timing=Timing(windows=2, steps_per_window=1, time_budget_seconds=0.0),
+    )
+    doubt = result.unsettled
+    assert result.stop_reason == "time_budget" and doubt is not None
+    assert result.recommendation.batch_size == doubt.leaning == 64 and result.recommendation.confidence == 0
+    assert doubt.measured == (64,) and doubt.more_seconds is not None and doubt.more_seconds > 0
+    assert doubt.budget_seconds == pytest.approx(result.explore_seconds + doubt.more_seconds)
+    lines = result.table().splitlines()
+    assert lines[1].endswith("<- leaning, not settled")
+    assert lines[2] == (
+        "No micro_batch_size settled: leaning to 64, estimated performance: 1.00x base, confidence score: 0 "
+        "(out of 100), below 50: the measurements do not yet tell the sizes apart"
+    )
+    assert lines[3] == doubt.line() and lines[3].startswith(
+        f"measured 64; about {math.ceil(doubt.more_seconds)} s more of timing would settle it "
+        f"(time_budget_seconds about {math.ceil(doubt.budget_seconds or 0)}): the 6 coarse sizes not "
+        f"timed yet"
+    )
+    document = json.loads(result.to_json())
+    assert document["unsettled"] == {
+        "confidence": 0,
+        "floor": 50,
+        "leaning": 64,
+        "measured": [64],
+        "more_seconds": doubt.more_seconds,
+        "budget_seconds": doubt.budget_seconds,
+        "how": doubt.how,
+    }
+    assert document["recommendation"]["batch_size"] == 64  # programs reading the field keep working
 
 
 @pytest.mark.parametrize(
@@ -131,3 +176,25 @@ def test_bad_input(kwargs: dict[str, object], message: str) -> None:
         }
         explore(build("mlp"), device="cpu", **options)  # type: ignore[arg-type]
     assert message in str(info.value)
+
+
+def test_a_single_window_shows_no_spread() -> None:
+    """A size timed in one window has no spread: the table prints ``-``, the JSON null and the CSV
+    an empty cell, where 0.0% would read as a perfectly steady size."""
+    once = Point(64, (1000.0,), (0,))
+    thrice = Point(32, (900.0, 1000.0, 1100.0), (1, 1, 1))
+    assert once.spread is None and thrice.spread == pytest.approx(0.2)
+    result = ExploreResult(
+        (thrice, once),
+        Recommendation(64, 64, 32, 1.0, 0),
+        (Recommendation(64, 64, 32, 1.0, 0),),
+        64,
+        "samples/s",
+        "time_budget",
+        2.0,
+        "cpu",
+    )
+    rows = result.table().splitlines()
+    assert rows[1].split()[3:] == ["20.0%", "3"] and rows[2].split()[3:5] == ["-", "1"]
+    assert [point["spread"] for point in json.loads(result.to_json())["points"]] == [0.2, None]
+    assert [row["spread"] for row in csv.DictReader(io.StringIO(result.to_csv()))] == ["0.2000", ""]

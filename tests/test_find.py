@@ -31,6 +31,7 @@ from tiny_workloads import (
     untraceable,
 )
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 import batchfit
 from batchfit import (
@@ -255,22 +256,28 @@ class Boom(Exception):
 def test_restored_after_an_exception_mid_trial(error: BaseException) -> None:
     workload = _trained(build("cnn", "adam"))
     before = _state(workload)
-    calls = []
+    calls = []  # the batch size of each real step (the fake-tensor forecast's steps are not counted)
 
     def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...]) -> None:
-        calls.append(batch[0].shape[0])
+        real = not isinstance(batch[0], FakeTensor)
+        calls.extend([batch[0].shape[0]] if real else [])
         opt.zero_grad()
         nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
         opt.step()  # weights and Adam state are changed before the failure
         torch.rand(3), random.random()  # and the RNGs advanced
-        if len(calls) == 5:
+        if real and len(calls) == 2:  # the first trial's second step
             raise error
 
     workload.train_step = train_step
     with pytest.raises(type(error)) as info:
         find_batch_size(workload, device="cpu", memory_limit="6MiB")
     assert info.value is error  # the same exception, unchanged
-    assert f"batchfit: raised by the train step at batch_size={calls[-1]}." in getattr(error, "__notes__", [])
+    step = len(list(itertools.takewhile(lambda size: size == calls[-1], reversed(calls))))  # of its trial
+    if isinstance(error, Exception):  # the trial and step it was raised in, which it names
+        note = f"batchfit: raised by the train step at batch_size={calls[-1]}, step {step} of 2."
+        assert error.__notes__ == [note]
+    else:  # a Ctrl-C is not raised by the step: nothing names it so
+        assert getattr(error, "__notes__", []) == []
     _assert_identical(before, _state(workload))
 
 
@@ -279,7 +286,7 @@ def test_non_oom_error_propagates_at_once() -> None:
     workload.loss_fn = lambda output, target: output.sum() + target.view(3, -1).sum()  # breaks at n=2
     with pytest.raises(RuntimeError, match="shape '\\[3, -1\\]' is invalid") as info:
         find_batch_size(workload, device="cpu", memory_limit="64MiB")
-    assert info.value.__notes__ == ["batchfit: raised by the train step at batch_size=2."]
+    assert info.value.__notes__ == ["batchfit: raised by the train step at batch_size=2, step 1 of 2."]
 
 
 def _live_tensor_bytes() -> int:
@@ -318,6 +325,29 @@ def test_optimizer_factory_and_slices_count_their_own_bytes() -> None:
     )
     # Each sample costs its own 64 floats (+ label, activations, gradients), not the 25.6 MB pool.
     assert 1000 < result.batch_size < 4000
+
+
+def test_an_eval_search_beside_the_training_state_counts_its_warm_up_batch_not_the_dataset() -> None:
+    # A TensorDataset's items are views of its tensors. The training step that makes the state
+    # resident before an eval trial collates its batch on the host, as every trial does: the
+    # dataset's 1 MiB is not counted against the 1 MiB device, and the answer is the one found on
+    # the same samples made apart (copies).
+    torch.manual_seed(0)
+    features, labels = torch.randn(4096, 64), torch.randint(0, 10, (4096,))
+    sources: dict[str, dict[str, Any]] = {
+        "dataset": {"dataset": torch.utils.data.TensorDataset(features, labels)},
+        "copies": {"make_batch": lambda n: (features[:n].clone(), labels[:n].clone())},
+    }
+    answers = {}
+    for name, source in sources.items():
+        model = nn.Linear(64, 10)
+        optimizer = torch.optim.Adam(model.parameters())
+        workload = Workload(model, optimizer, loss_fn=nn.functional.cross_entropy, **source)
+        sizes = BatchSizes(max_batch_size=4096)
+        answers[name] = find_batch_size(
+            workload, "eval", device="cpu", memory_limit="1MiB", sizes=sizes
+        ).batch_size
+    assert answers["dataset"] == answers["copies"] > 1000
 
 
 def test_dataset_largest_items_first() -> None:

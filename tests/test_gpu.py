@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import random
 import subprocess
@@ -37,6 +38,7 @@ from batchfit.runtime.devices.cuda import CudaDevice, user_memory_fraction
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.resolve import memory_limit, parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.steps.finite import WHAT_TO_CHECK, LossLog
 from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
@@ -903,3 +905,65 @@ def test_a_search_at_another_fraction_replays_the_requests_its_cached_opening_re
     assert [t.reused for t in second.trials[:2]] == [True, True]
     truth = truth_near(workload, "train", "cpu-caching", second.budget_bytes, second.batch_size, 512)
     assert [t.batch_size for t in second.trials] == [2, 4, truth, truth + 1]
+
+
+# -- steps that do not train, on CUDA: the losses kept on the device, read once a trial -------------
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_losses_are_kept_without_waiting_for_the_device() -> None:
+    log = LossLog(torch.device("cuda"), 4)
+    loss = torch.ones((), device="cuda", requires_grad=True) * 2
+    torch.cuda.set_sync_debug_mode("error")  # an operation that waits for the device raises
+    try:
+        for step, value in ((1, loss), (2, loss * math.inf), (3, loss.half())):
+            log.step = step
+            log.record(value)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert log.first_non_finite() == (2, math.inf)
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_loss_that_turns_nan_stops_the_search_at_its_step() -> None:
+    workload = build_example("mlp", "cuda")
+    calls = []
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        loss = nn.functional.cross_entropy(output, target)
+        return loss * math.nan if len(calls) == 2 else loss  # the second step's loss: NaN
+
+    workload.loss_fn = loss_fn
+    sizes = BatchSizes(min_batch_size=8, max_batch_size=8)
+    with pytest.raises(batchfit.NonFiniteError) as info:
+        find_batch_size(workload, device="cuda", memory_limit="1GiB", sizes=sizes)
+    assert str(info.value) == (
+        "the train step's loss is nan at batch_size=8, step 2 of 2; batchfit does not answer from steps "
+        f"that do not train. {WHAT_TO_CHECK}"
+    )
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_grad_scaler_s_skipped_steps_are_not_an_error() -> None:
+    workload = build_example("mlp", "cuda")
+    # Each step that succeeds grows the scale 2**20-fold: the next overflows in float16 and is
+    # skipped (its gradients inf), which brings the scale back, so every trial ends on a skip.
+    scaler = torch.amp.GradScaler("cuda", growth_factor=2.0**20, backoff_factor=2.0**-20, growth_interval=1)
+    skipped: list[bool] = []
+
+    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        skipped.append(scaler.get_scale() < scale)
+        return loss
+
+    workload.train_step = train_step
+    sizes = BatchSizes(min_batch_size=8, max_batch_size=8)
+    assert find_batch_size(workload, device="cuda", memory_limit="1GiB", sizes=sizes).batch_size == 8
+    assert any(skipped) and not all(skipped)

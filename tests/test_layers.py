@@ -109,3 +109,20 @@ def test_the_cli_reaches_only_the_public_api(name: str) -> None:
         if imported.split(".")[0] == "batchfit" and not imported.startswith("batchfit.cli")
     }
     assert inside <= set(CLI_MAY_IMPORT), inside - set(CLI_MAY_IMPORT)
+
+
+def test_the_core_never_imports_an_integration_or_the_trainers_they_adapt() -> None:
+    # The adapters are imported from their own modules, each needing its extra: a user without
+    # Lightning or transformers imports and runs everything else. No core module imports one
+    # (lazily neither), so none reaches one through another.
+    trainers = ("lightning", "pytorch_lightning", "transformers", "accelerate")
+    core = [name for name in MODULES if not name.startswith("batchfit.integrations")]
+    found = {
+        name: sorted(
+            imported
+            for imported in imports(name, top_level_only=False)
+            if imported.startswith("batchfit.integrations") or imported.split(".")[0] in trainers
+        )
+        for name in core
+    }
+    assert {name: modules for name, modules in found.items() if modules} == {}

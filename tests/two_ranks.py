@@ -67,6 +67,13 @@ def leave_group() -> None:
     dist.barrier()
     store.set(f"left/{rank}", "1")
     store.wait([f"left/{each}" for each in range(world_size)], timedelta(seconds=TIMEOUT_SECONDS))
+    # Rank 0 leaves last: its process may host the store (a TCPStore, as torchrun's and
+    # Lightning's env:// groups have), which the others' waits still read from.
+    if rank == 0:
+        gone = [f"gone/{each}" for each in range(1, world_size)]
+        store.wait(gone, timedelta(seconds=TIMEOUT_SECONDS))
+    else:
+        store.set(f"gone/{rank}", "1")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

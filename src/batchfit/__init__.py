@@ -18,11 +18,13 @@ from batchfit.errors import (
     ConfigurationError,
     DeviceUnavailableError,
     DoesNotFitError,
+    NonFiniteError,
     OptimizerStepOutOfMemoryError,
     RankFailedError,
 )
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import find_batch_size
+from batchfit.fit_check import FitCheck, check
 from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
 from batchfit.policy.choose import Recommendation
@@ -30,6 +32,7 @@ from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, 
 from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
+from batchfit.policy.settling import Unsettled
 from batchfit.policy.techniques import TECHNIQUES
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.progress import Event, OnProgress
@@ -65,6 +68,7 @@ __all__ = [
     "Event",
     "ExperimentConfig",
     "ExploreResult",
+    "FitCheck",
     "Goal",
     "LoaderRecommendation",
     "LoaderSearch",
@@ -73,6 +77,7 @@ __all__ = [
     "MicroBatchChange",
     "MicroBatchStep",
     "Mode",
+    "NonFiniteError",
     "OnProgress",
     "OptimizerStepOutOfMemoryError",
     "Plan",
@@ -85,6 +90,7 @@ __all__ = [
     "TrainingFacts",
     "Trial",
     "Trials",
+    "Unsettled",
     "Where",
     "Workload",
     "__version__",
@@ -92,6 +98,7 @@ __all__ = [
     "analyze",
     "analyze_config",
     "apply_autobatch",
+    "check",
     "check_data",
     "compare",
     "explore",

@@ -19,9 +19,9 @@ from batchfit.errors import ConfigurationError
 from batchfit.explore import ExploreResult, explore_on
 from batchfit.find import find_on
 from batchfit.options import BatchSizes, Target, Timing, Where
-from batchfit.policy.advice import Change, costly, rank
+from batchfit.policy.advice import Change, costly, noisy, rank
 from batchfit.policy.plan import Plan, plan
-from batchfit.policy.plan_options import Baseline
+from batchfit.policy.plan_options import Baseline, Scaling
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory
@@ -45,6 +45,7 @@ class Advice:
     batch_size: int | None  # the batch advise recommends training at
     changes: tuple[Change, ...]  # worth making, the largest measured gain first
     memory_only: tuple[Change, ...]  # a larger batch at a cost in speed
+    within_noise: tuple[Change, ...]  # measured, but the speed-up's interval includes 1: not ranked
     skipped: tuple[str, ...]  # "step: why"
     seconds: float
 
@@ -63,6 +64,7 @@ class Advice:
             "batch_size": self.batch_size,
             "changes": [change.to_dict() for change in self.changes],
             "memory_only": [change.to_dict() for change in self.memory_only],
+            "within_noise": [change.to_dict() for change in self.within_noise],
             "skipped": list(self.skipped),
             "seconds": self.seconds,
         }
@@ -85,13 +87,7 @@ class Advice:
                 + f" {evidence('find')}"
             )
         if self.exploration is not None:
-            recommendation = self.exploration.recommendation
-            speed = self.exploration.estimates()[recommendation.batch_size]
-            lines.append(
-                f"train at batch_size {recommendation.batch_size}: {speed:.1f} {self.exploration.unit}, "
-                f"within the tolerance of the fastest measured ({recommendation.best_batch_size}), "
-                f"confidence {recommendation.confidence} {evidence('explore')}"
-            )
+            lines.append(f"{_exploration_line(self.exploration)} {evidence('explore')}")
         lines.append(
             "what to change, by measured gain:" if self.changes else "nothing measured buys more than 3%."
         )
@@ -99,10 +95,38 @@ class Advice:
         if self.memory_only:
             lines.append("when memory, not speed, stops a run:")
             lines.extend(f"  - {change.line(context)}" for change in self.memory_only)
+        if self.within_noise:
+            lines.append("within noise, not ranked (the speed-up's 90% interval includes 1.00x):")
+            lines.extend(f"  - {change.line(context)}" for change in self.within_noise)
         if self.plan is not None:
-            lines.extend(["plan:", *(f"  {line}" for line in self.plan.summary().splitlines())])
+            leaning = self._leaning()
+            head = "plan:" if leaning is None else f"plan (at {leaning}, explore's leaning, not settled):"
+            lines.extend([head, *(f"  {line}" for line in self.plan.summary().splitlines())])
         lines.extend(f"skipped {why}" for why in self.skipped)
         return "\n".join(lines) + "\n"
+
+    def _leaning(self) -> int | None:
+        """The batch advise plans at when it is only explore's leaning, not a settled answer."""
+        exploration = self.exploration
+        if exploration is None or exploration.unsettled is None:
+            return None
+        return self.batch_size if self.batch_size == exploration.recommendation.batch_size else None
+
+
+def _exploration_line(exploration: ExploreResult) -> str:
+    """Explore's answer or, under its confidence floor, that it has none yet and what would settle it."""
+    recommendation, unsettled = exploration.recommendation, exploration.unsettled
+    speed = f"{exploration.estimates()[recommendation.batch_size]:.1f} {exploration.unit}"
+    if unsettled is None:
+        return (
+            f"train at batch_size {recommendation.batch_size}: {speed}, within the tolerance of the "
+            f"fastest measured ({recommendation.best_batch_size}), confidence {recommendation.confidence}"
+        )
+    return (
+        f"explore settled no batch size: it leans to {recommendation.batch_size} ({speed}) at "
+        f"confidence {recommendation.confidence}, below {recommendation.floor}: the measurements do "
+        f"not yet tell the sizes apart; {unsettled.line().removesuffix('.')}"
+    )
 
 
 #: advise's timing unless told: explore gets 10 s.
@@ -145,9 +169,10 @@ def advise(
     (with ``timing``), ``compare``, ``check-data`` (when the workload has a dataset or the
     checklist a loader) and ``plan`` (with ``baseline``, the run the learning rate was tuned on:
     the learning rate and warm-up for ``sizes.global_batch_size``, by default the recommended
-    batch x ``sizes.world_size``), each unless ``checklist.skip`` names it. ``on_progress`` hears
-    each step as it starts (``started``, labelled with the step) and the steps' own events. The
-    model, optimizer and RNG are left as they were.
+    batch x ``sizes.world_size``, by the scaling rule of the workload's optimizer), each unless
+    ``checklist.skip`` names it. ``on_progress`` hears each step as it starts (``started``,
+    labelled with the step) and the steps' own events. The model, optimizer and RNG are left as
+    they were.
     """
     started = time.perf_counter()
     run = _Checklist(
@@ -173,6 +198,7 @@ def advise(
         batch_size,
         rank(changes),
         costly(changes),
+        noisy(changes),
         tuple(run.skipped),
         time.perf_counter() - started,
     )
@@ -253,7 +279,11 @@ class _Checklist:
             return None
         world_size = sizes.world_size or 1
         global_batch_size = sizes.global_batch_size or (batch_size or 1) * world_size
-        return plan(global_batch_size, baseline, max_micro_batch_size=largest, world_size=world_size)
+        scaling = Scaling(optimizer=self.workload.optimizer_name())  # Adam's rule is not SGD's
+        bound = largest or batch_size  # find skipped: the batch given is taken to fit
+        return plan(
+            global_batch_size, baseline, max_micro_batch_size=bound, world_size=world_size, scaling=scaling
+        )
 
 
 def _changes(comparison: Comparison | None, data: DataCheck | None) -> list[Change]:
@@ -268,6 +298,8 @@ def _changes(comparison: Comparison | None, data: DataCheck | None) -> list[Chan
                     row.batch_ratio,
                     f"batchfit compare --techniques {row.technique}",
                     row.at_max_batch_size,
+                    row.throughput_ratio_low,
+                    row.throughput_ratio_high,
                 )
             )
     if data is not None and data.recommendation is not None:

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from batchfit.policy.ratios import Ratio, paired, ratio_text, within_noise
 from batchfit.units import format_bytes
 
 
@@ -30,9 +31,16 @@ class ComparisonRow:
     accumulation_steps: int | None = None
     batch_ratio: float | None = None  # batch_size over the baseline's
     throughput_ratio: float | None = None  # samples_per_second over the baseline's
+    throughput_ratio_low: float | None = None  # its 90% interval (None: one reading, or the baseline)
+    throughput_ratio_high: float | None = None
     at_max_batch_size: bool = False  # the search reached max_batch_size: batch_size is a lower bound
     trials: int = 0
     seconds: float = 0.0
+
+    @property
+    def within_noise(self) -> bool:
+        """The throughput ratio's interval includes 1: the readings cannot tell it from no change."""
+        return within_noise(self.throughput_ratio_low, self.throughput_ratio_high)
 
     def line(self) -> str:
         """What the row found, in a line."""
@@ -71,7 +79,7 @@ class Comparison:
     def table(self) -> str:
         header = (
             f"{'technique':<22} {'batch_size':>10} {'x batch':>7} {'peak':>11} {'per sample':>11} "
-            f"{self.unit:>12} {'x speed':>7} {'recommended':>11}"
+            f"{self.unit:>12} {'recommended':>11}  x speed [90% interval]"
         )
         lines = [header]
         for row in self.rows:
@@ -84,10 +92,15 @@ class Comparison:
             lines.append(
                 f"{row.technique:<22} {batch:>10} {_times(row.batch_ratio):>7} "
                 f"{_bytes(row.peak_bytes):>11} {_bytes(row.bytes_per_sample):>11} "
-                f"{_number(row.samples_per_second):>12} {_times(row.throughput_ratio):>7} {recommended:>11}"
+                f"{_number(row.samples_per_second):>12} {recommended:>11}  {_speed(row)}"
             )
         if any(row.at_max_batch_size for row in self.rows):
             lines.append(">=: the search reached max_batch_size; the largest batch is at least that.")
+        if any(row.within_noise for row in self.rows):
+            lines.append(
+                "within noise: the speed ratio's interval includes 1.00x; the readings cannot tell it "
+                "from no change (more windows, --windows, narrow it)."
+            )
         lines.append(f"on {self.device}, memory_fraction {self.memory_fraction:g}; how each applied:")
         lines.extend(f"  {row.technique}: {row.note}" for row in self.rows if row.batch_size is not None)
         return "\n".join(lines) + "\n"
@@ -101,15 +114,30 @@ def against(
 ) -> ComparisonRow:
     """The row with its throughput (the median of its readings) and its batch and throughput as
     multiples of the baseline's. The throughput ratio is the median of the ratios within each
-    round: a round's readings are taken moments apart, so a slow spell divides out."""
+    round (a round's readings are taken moments apart, so a slow spell divides out), with its 90%
+    interval from those ratios (``policy.ratios.paired``); the baseline's own row (``row`` is
+    ``baseline``) is 1 by definition and has none."""
     batch = None
     if not row.accumulation_steps and row.batch_size is not None and baseline.batch_size:
         batch = row.batch_size / baseline.batch_size
     speed = statistics.median(readings) if readings else None
-    ratio = None
-    if readings and baseline_readings:
-        ratio = statistics.median(mine / base for mine, base in zip(readings, baseline_readings, strict=True))
-    return replace(row, samples_per_second=speed, batch_ratio=batch, throughput_ratio=ratio)
+    ratio = Ratio(1.0) if row is baseline and readings else None
+    if readings and baseline_readings and row is not baseline:
+        ratio = paired(readings, baseline_readings)
+    return replace(
+        row,
+        samples_per_second=speed,
+        batch_ratio=batch,
+        throughput_ratio=None if ratio is None else ratio.value,
+        throughput_ratio_low=None if ratio is None else ratio.low,
+        throughput_ratio_high=None if ratio is None else ratio.high,
+    )
+
+
+def _speed(row: ComparisonRow) -> str:
+    if row.throughput_ratio is None:
+        return "-"
+    return ratio_text(row.throughput_ratio, row.throughput_ratio_low, row.throughput_ratio_high)
 
 
 def _times(value: float | None) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class BatchfitError(Exception):
     """Base class of every error batchfit raises on purpose."""
@@ -20,7 +22,25 @@ class RankFailedError(BatchfitError, RuntimeError):
 
 
 class DoesNotFitError(BatchfitError, RuntimeError):
-    """Even the smallest allowed batch does not fit in the memory budget."""
+    """Even the smallest allowed batch does not fit in the memory budget. Where a search raised
+    it, ``trial`` is the smallest batch's trial (a ``batchfit.Trial``), and ``budget_bytes`` and
+    ``capacity_bytes`` the budget it failed and the capacity that budget is a share of."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        trial: Any = None,
+        budget_bytes: int | None = None,
+        capacity_bytes: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.trial, self.budget_bytes, self.capacity_bytes = trial, budget_bytes, capacity_bytes
+
+
+class NonFiniteError(BatchfitError, FloatingPointError):
+    """A trial's step does not train: its loss, or the gradients or parameters after it, hold NaN or
+    inf (where no GradScaler skips the step for it); the message names the batch size and the step."""
 
 
 class OptimizerStepOutOfMemoryError(DoesNotFitError):

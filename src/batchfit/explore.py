@@ -18,6 +18,7 @@ from batchfit.options import BatchSizes, Goal, Target, Timing, Where
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.exploration import ExploreStopReason, Rules, explore_rounds
 from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
+from batchfit.policy.settling import Unsettled
 from batchfit.policy.throughput import Point, estimates
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.host import malloc_advice
@@ -28,7 +29,8 @@ from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 @dataclass(frozen=True)
 class ExploreResult:
-    """Every measured point (all its windows), the recommendation, and how it got there."""
+    """Every measured point (all its windows), the recommendation, and how it got there; under
+    the confidence floor, ``unsettled`` says the recommendation is a leaning and what would settle it."""
 
     points: tuple[Point, ...]
     recommendation: Recommendation
@@ -38,6 +40,7 @@ class ExploreResult:
     stop_reason: ExploreStopReason
     explore_seconds: float
     device: str = ""  # the torch device timed, as "cpu" or "cuda:0"
+    unsettled: Unsettled | None = None  # None when the recommendation is settled
 
     def estimates(self) -> dict[int, float]:
         """Each batch size's throughput with the rounds' drift divided out (what the rule compares)."""
@@ -54,6 +57,7 @@ class ExploreResult:
             "stop_reason": self.stop_reason,
             "explore_seconds": self.explore_seconds,
             "device": self.device,
+            "unsettled": None if self.unsettled is None else self.unsettled.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -70,7 +74,7 @@ class ExploreResult:
                     point.batch_size,
                     f"{corrected[point.batch_size]:.3f}",
                     f"{point.median:.3f}",
-                    f"{point.spread:.4f}",
+                    "" if point.spread is None else f"{point.spread:.4f}",
                     len(point.samples_per_second),
                 ]
             )
@@ -79,14 +83,17 @@ class ExploreResult:
     def table(self) -> str:
         corrected = self.estimates()
         lines = [f"{'batch_size':>10}  {self.unit:>12}  {'raw median':>12}  {'spread':>7}  {'windows':>7}"]
+        chosen = "recommended" if self.unsettled is None else "leaning, not settled"
         for point in self.points:
-            mark = "  <- recommended" if point.batch_size == self.recommendation.batch_size else ""
+            mark = f"  <- {chosen}" if point.batch_size == self.recommendation.batch_size else ""
             lines.append(
                 f"{point.batch_size:>10}  {corrected[point.batch_size]:>12.1f}  {point.median:>12.1f}  "
-                f"{point.spread:>6.1%}  "
+                f"{_spread(point.spread):>7}  "
                 f"{len(point.samples_per_second):>7}{mark}"
             )
         lines.append(self.recommendation.line())
+        if self.unsettled is not None:
+            lines.append(self.unsettled.line())
         return "\n".join(lines) + "\n"
 
 
@@ -175,4 +182,10 @@ def explore_on(
         exploration.stop_reason,
         exploration.seconds,
         str(device.torch_device),
+        exploration.unsettled,
     )
+
+
+def _spread(spread: float | None) -> str:
+    """A window spread as the table prints it: ``-`` for a single window, which has none."""
+    return "-" if spread is None else f"{spread:.1%}"

@@ -22,7 +22,7 @@ from batchfit.runtime.distributed.lockstep import Alone, Lockstep, ranks
 from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec
-from batchfit.runtime.steps.trace import forecast_search
+from batchfit.runtime.steps.trace import Forecast, forecast_search
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
@@ -131,12 +131,16 @@ class _Search:
 
     @property
     def warm_batch(self) -> int | None:
-        """An eval search with the training state resident trains the smallest candidate first."""
-        return self.candidates.first if self.mode == "eval" and self.trials.eval_with_training_state else None
+        """An eval search with the training state resident first trains ``Trials.warm_batch_size``,
+        by default the smallest candidate."""
+        if self.mode != "eval" or not self.trials.eval_with_training_state:
+            return None
+        return self.trials.warm_batch_size or self.candidates.first
 
-    def run(self, snapshot: TrainingSnapshot) -> tuple[SearchOutcome, SearchOutcome | None, int]:
-        """The search's outcome, the fake-tensor forecast that placed it (CPU devices), and the
-        sizes the replay of recorded allocator requests was asked about (caching allocators)."""
+    def run(self, snapshot: TrainingSnapshot) -> tuple[SearchOutcome, Forecast, int]:
+        """The search's outcome, the fake-tensor forecast that placed it (CPU devices) or why none
+        did, and the sizes the replay of recorded allocator requests was asked about (caching
+        allocators)."""
         device, budget, confirming = self.target.device, self.budget, self.confirming
         # Behind a caching allocator the trials record their requests into one store (the
         # cache's, when searches share one): replayed at other sizes, the opening's place the
@@ -160,19 +164,20 @@ class _Search:
             longer = _Oracle(TrialRunner(longer_spec, snapshot, records), self, None)
             replay = self.team.forecast(ReplayForecast(records, budget, confirming, device.soft_workspaces))
         forecast = self.team.shared(self.forecast)
+        traced = forecast.outcome
         outcome = search_and_confirm(
             opening,
             self.candidates,
             budget,
-            prior=forecast.trials if forecast else (),
-            seed=forecast.batch_size if forecast else None,
+            prior=traced.trials if traced else (),
+            seed=traced.batch_size if traced else None,
             longer=longer,
             exact=device.exact,
             forecast=replay,
         )
         return outcome, forecast, 0 if replay is None else replay.replays_run
 
-    def forecast(self) -> SearchOutcome | None:
+    def forecast(self) -> Forecast:
         """The search run on fake-tensor traces, where the device can trace the workload."""
         return forecast_search(
             self.workload,
@@ -186,12 +191,13 @@ class _Search:
         )
 
     def result(
-        self, outcome: SearchOutcome, forecast: SearchOutcome | None, replays: int, seconds: float
+        self, outcome: SearchOutcome, forecast: Forecast, replays: int, seconds: float
     ) -> SearchResult:
         """The answer and its evidence; ``DoesNotFitError`` where even the smallest failed."""
         if outcome.batch_size is None:
             raise self.does_not_fit(min(outcome.trials, key=lambda trial: trial.batch_size))
         answer = [trial for trial in outcome.trials if trial.batch_size == outcome.batch_size][-1]
+        traced = forecast.outcome
         return SearchResult(
             mode=self.mode,
             batch_size=outcome.batch_size,
@@ -201,8 +207,8 @@ class _Search:
             memory_fraction=float(self.target.memory_fraction),
             device=self.target.device.name,
             trials=outcome.trials,
-            predicted_trials=forecast.trials if forecast else (),
-            memory_model=outcome.memory_model or (forecast.memory_model if forecast else None),
+            predicted_trials=traced.trials if traced else (),
+            memory_model=outcome.memory_model or (traced.memory_model if traced else None),
             stop_reason=outcome.stop_reason,
             search_seconds=seconds,
             min_batch_size=self.sizes.min_batch_size,
@@ -214,6 +220,7 @@ class _Search:
             replays=replays,
             compiled=self.workload.compiled,
             wrapper_bytes=self.workload.wrapper_bytes,
+            forecast_skipped=forecast.skipped,
         )
 
     def does_not_fit(self, trial: Trial) -> DoesNotFitError:
@@ -236,7 +243,10 @@ class _Search:
             f"({fraction:g} x {format_bytes(self.capacity)}). The fixed part alone, parameters and "
             f"buffers, takes {format_bytes(weights)}{buckets} before gradients, optimizer state and "
             f"activations. Raise memory_limit, or memory_fraction={fraction:g} toward 1, or shrink "
-            f"the fixed part (mixed precision, a lighter optimizer, activation checkpointing)."
+            f"the fixed part (mixed precision, a lighter optimizer, activation checkpointing).",
+            trial=trial,
+            budget_bytes=self.budget,
+            capacity_bytes=self.capacity,
         )
 
 

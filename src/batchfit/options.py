@@ -139,9 +139,17 @@ class Trials:
         "an eval search keeps gradients and optimizer state resident, as validation inside training does",
         cli=False,
     )
+    warm_batch_size: int | None = option(
+        None,
+        "the training batch an eval search warms up with, making that state resident (default: the "
+        "smallest candidate)",
+        cli=False,
+    )
 
     def __post_init__(self) -> None:
         check_positive_int("steps_per_trial", self.steps_per_trial)
+        if self.warm_batch_size is not None:
+            check_positive_int("warm_batch_size", self.warm_batch_size)
         if self.confirm_steps is not None:
             check_positive_int("confirm_steps", self.confirm_steps)
 

@@ -37,6 +37,8 @@ class SearchResult:
     replays: int = 0  # sizes the opening's allocator requests were replayed at, to place the trials
     compiled: tuple[str, ...] = ()  # what of the workload runs torch.compile'd code, measured as it runs
     wrapper_bytes: int = 0  # held beside the model in every trial: a DistributedDataParallel's buckets
+    # Why no fake-tensor forecast placed the trials on a CPU device ("" where one did, or on CUDA).
+    forecast_skipped: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,13 +81,18 @@ class SearchResult:
             if self.compiled
             else ""
         )
+        unforecast = (
+            f" No fake-tensor forecast placed the trials: {self.forecast_skipped}."
+            if self.forecast_skipped
+            else ""
+        )
         return (
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
             f"{format_bytes(self.capacity_bytes)} on {self.device}{ranks}); "
             f"{format_count(len(self.trials), 'trial')}"
             f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}."
-            f"{self._fragmentation()}{retried}{compiled}"
+            f"{self._fragmentation()}{retried}{compiled}{unforecast}"
         )
 
     def _fragmentation(self) -> str:

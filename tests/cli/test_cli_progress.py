@@ -79,7 +79,7 @@ RUNS: dict[str, Run] = {
     "explore": Run(("explore", *MLP_48, "--max-batch-size", "128", "--time-budget-seconds", "1")),
     "explore-interrupted": Run(
         ("explore", *MLP_48, "--time-budget-seconds", "60", "--confidence-target", "100"),
-        interrupt_on="recommended micro_batch_size",
+        interrupt_on="micro_batch_size=",  # the first recommendation, settled or a leaning
     ),
     "torchrun": Run(("find", *MLP_56, "--modes", "train", "--max-batch-size", "64"), ranks=2),
     "torchrun-all-ranks": Run(
@@ -248,14 +248,21 @@ def test_an_error_clears_the_live_line_before_its_one_message(runs: dict[str, Do
 def test_explore_on_a_terminal_shows_the_recommendation_and_its_confidence(runs: dict[str, Done]) -> None:
     done = runs["explore"]
     assert done.returncode == 0, done.stderr
-    said = [line for line in done.lines if line.startswith("batchfit: Current recommended")]
+    # With 1 s, a leaning rather than an answer (under the confidence floor): the line says which.
+    said = [line for line in done.lines if "estimated performance:" in line and "; measured " not in line]
     assert said  # the lines stay as they are
     last = re.search(
-        r"micro_batch_size: (\d+), estimated performance: (\S+)x base, confidence score: (\d+)", said[-1]
+        r"(Current recommended micro_batch_size: |No micro_batch_size settled: leaning to )(\d+), estimated "
+        r"performance: (\S+)x base.*, confidence score: (\d+)",
+        said[-1],
     )
     assert last is not None
-    batch, speedup, confidence = last.groups()
-    recommended = f"recommended micro_batch_size={batch} ({speedup}x base), confidence {confidence}/100"
+    head, batch, speedup, confidence = last.groups()
+    recommended = f"micro_batch_size={batch} ({speedup}x base), confidence {confidence}/100"
+    if head.startswith("Current"):
+        recommended = f"recommended {recommended}"
+    else:
+        recommended = f"leaning to {recommended}, not settled"
     shown = f"explore: running; {recommended}"
     assert shown in done.frames, (shown, done.frames)
     assert done.frames[0] == "explore: running"
@@ -325,6 +332,10 @@ RECOMMENDATION = Recommendation(
                 "compare amp: running; 1 trial, last batch_size=96 ok; "
                 "recommended micro_batch_size=64 (1.85x base), confidence 72/100"
             ),
+        ),
+        (
+            Status("explore").recommended(Recommendation(140, 140, 140, 1.0, 0)),
+            "explore: running; leaning to micro_batch_size=140 (1.00x base), confidence 0/100, not settled",
         ),
         (Status("advise").started("explore"), "advise explore: running"),
         (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchfit.policy.advice import Change, costly, rank
+from batchfit.policy.advice import Change, costly, noisy, rank
 
 
 def change(what: str, speedup: float | None, batch_gain: float | None) -> Change:
@@ -36,4 +36,36 @@ def test_a_batch_gain_at_the_search_s_bound_is_a_lower_bound() -> None:
     assert bounded.line() == (
         "amp: 1.20x the throughput, at least 1.19x the largest batch "
         "(evidence: batchfit compare --techniques amp)"
+    )
+
+
+def noisy_change(what: str, speedup: float, low: float, high: float, batch_gain: float | None) -> Change:
+    return Change(what, speedup, batch_gain, f"batchfit compare --techniques {what}", False, low, high)
+
+
+def test_a_speed_up_within_noise_is_not_ranked_as_a_gain() -> None:
+    """A ratio whose 90% interval includes 1 counts as no change in speed: alone it is listed apart
+    (``noisy``), with a real batch gain it ranks by that gain after every real speed-up, and a
+    slow-down within noise does not make a batch gain costly."""
+    changes = [
+        noisy_change("lucky", 1.29, 0.92, 1.81, None),  # 1.29x, but the readings cannot tell it from 1
+        change("faster", 1.1, None),  # one reading: no interval, taken as measured
+        noisy_change("surely-faster", 1.05, 1.02, 1.08, None),
+        noisy_change("bigger-maybe-slower", 0.9, 0.8, 1.01, 1.5),
+        noisy_change("bigger-surely-slower", 0.9, 0.85, 0.95, 1.5),
+    ]
+    assert [c.what for c in rank(changes)] == ["faster", "surely-faster", "bigger-maybe-slower"]
+    assert [c.what for c in costly(changes)] == ["bigger-surely-slower"]
+    assert [c.what for c in noisy(changes)] == ["lucky"]
+    assert changes[0].within_noise and not changes[1].within_noise and not changes[2].within_noise
+
+
+def test_a_line_gives_the_interval_and_says_within_noise() -> None:
+    assert noisy_change("amp", 1.29, 1.1, 1.52, 1.79).line() == (
+        "amp: 1.29x the throughput [1.10, 1.52], 1.79x the largest batch "
+        "(evidence: batchfit compare --techniques amp)"
+    )
+    assert noisy_change("amp", 1.29, 0.92, 1.81, None).line("--example cnn") == (
+        "amp: 1.29x the throughput [0.92, 1.81] (within noise) "
+        "(evidence: batchfit compare --techniques amp --example cnn)"
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.choose import Recommendation, _confidences, confidences, recommend
+from batchfit.policy.choose import CONFIDENCE_FLOOR, Recommendation, _confidences, confidences, recommend
 from batchfit.policy.throughput import Point, _corrected, assess, estimates
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -218,9 +218,12 @@ def test_constraints_and_base() -> None:
     pick = recommend(points, allowed=lambda b: 48 % b == 0, base_batch_size=4)
     assert pick is not None and pick.batch_size == 16 and pick.base_batch_size == 4
     assert pick.speedup == pytest.approx(4.0, rel=0.02)
+    assert pick.speedup_low is not None and pick.speedup_high is not None
+    assert pick.speedup_low < 4.0 < pick.speedup_high  # the windows' 0.5% noise: a narrow interval
+    assert pick.speedup_high / pick.speedup_low < 1.02
     assert pick.line() == (
-        f"Current recommended micro_batch_size: 16, estimated performance: {pick.speedup:.2f}x base, "
-        f"confidence score: {pick.confidence} (out of 100)"
+        f"Current recommended micro_batch_size: 16, estimated performance: {pick.speedup:.2f}x base "
+        f"[{pick.speedup_low:.2f}, {pick.speedup_high:.2f}], confidence score: {pick.confidence} (out of 100)"
     )
     assert recommend(points, allowed=lambda b: b > 1000) is None
 
@@ -253,7 +256,8 @@ def test_recorded_curve_from_a_real_run() -> None:
         Point(p["batch_size"], tuple(p["samples_per_second"]), tuple(p["rounds"])) for p in recorded["points"]
     ]
     pick = recommend(points)
-    assert pick is not None and pick.to_dict() == recorded["recommendation"]  # what explore reported
+    assert pick is not None  # what explore reported (recorded before the speed-up had an interval)
+    assert {key: pick.to_dict()[key] for key in recorded["recommendation"]} == recorded["recommendation"]
     corrected = estimates(points)
     assert corrected == pytest.approx({p["batch_size"]: p["estimate"] for p in recorded["points"]})
     best = max(corrected.values())
@@ -270,3 +274,54 @@ def test_recorded_curve_from_a_real_run() -> None:
         recommend(points, tolerance=0.15, confidence_target=0),
     )
     assert plain is not None and wide is not None and wide.batch_size < plain.batch_size
+
+
+def test_one_window_per_size_settles_nothing_and_the_line_says_so() -> None:
+    """No spread measured: the rule picks on the medians alone at confidence 0, which is a leaning
+    (the floor is 50), and its speed-up has no interval."""
+    points = [Point(batch, (100.0 * min(batch, 16),)) for batch in BATCHES]
+    pick = recommend(points)
+    assert pick is not None and pick.batch_size == 16 and pick.confidence == 0
+    assert (
+        (pick.speedup_low, pick.speedup_high, pick.floor)
+        == (None, None, CONFIDENCE_FLOOR)
+        == (None, None, 50)
+    )
+    assert not pick.settled
+    assert pick.line() == (
+        "No micro_batch_size settled: leaning to 16, estimated performance: 16.00x base, confidence "
+        "score: 0 (out of 100), below 50: the measurements do not yet tell the sizes apart"
+    )
+
+
+def test_a_confidence_target_below_the_floor_lowers_it() -> None:
+    """confidence_target=0 asks for the plain rule on the medians: its answer is settled."""
+    points = [Point(batch, (100.0 * min(batch, 16),)) for batch in BATCHES]
+    plain = recommend(points, confidence_target=0)
+    assert plain is not None and plain.floor == 0 and plain.settled
+    assert plain.line().startswith("Current recommended micro_batch_size: 16, estimated performance: 16.00x")
+    some = recommend(points, confidence_target=30)
+    assert some is not None and some.floor == 30 and not some.settled
+
+
+def test_the_speed_up_interval_covers_the_true_ratio_and_the_base_has_none() -> None:
+    """A curve straight in log-log (the pooling with neighbours adds no bias) and 3% log-normal
+    noise per window, 5 windows, 300 times: the 90% interval of the speed-up of the fastest (128,
+    clearly) over batch 1 covers the true ratio about 9 times in 10. The base's own speed-up has
+    no interval."""
+    shape = {batch: 100.0 * batch**0.5 for batch in BATCHES}
+    covered = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        points = [
+            Point(batch, tuple(value * math.exp(rng.gauss(0, 0.03)) for _ in range(5)))
+            for batch, value in shape.items()
+        ]
+        pick = recommend(points)
+        assert pick is not None and pick.batch_size == 128
+        assert pick.speedup_low is not None and pick.speedup_high is not None
+        covered += pick.speedup_low <= shape[128] / shape[1] <= pick.speedup_high
+    assert 0.86 <= covered / 300 <= 0.94
+    based = recommend(curve(PLATEAU), base_batch_size=16)
+    assert based is not None and based.batch_size == based.base_batch_size == 16
+    assert (based.speedup, based.speedup_low, based.speedup_high) == (1.0, None, None)

@@ -6,6 +6,8 @@ StepTimer runs the steps on a real tiny model: the policy cannot tell them from 
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable
 
 import pytest
@@ -73,6 +75,17 @@ class ModelledMeter:
         return self.clock
 
 
+class NoisyMeter(ModelledMeter):
+    """The modelled meter with log-normal noise on each window (seeded: the same every run)."""
+
+    def __init__(self, curve: Callable[[int], float], noise: float, seed: int) -> None:
+        super().__init__(curve)
+        self.noise, self.rng = noise, random.Random(seed)
+
+    def window(self, batch_size: int) -> float:
+        return super().window(batch_size) * math.exp(self.rng.gauss(0, self.noise))
+
+
 def knee(batch: int) -> float:
     return 1000.0 * min(1.0, batch / 8) ** 0.7
 
@@ -129,6 +142,7 @@ def test_the_policy_is_deterministic_on_a_modelled_clock() -> None:
     one, two = explore_rounds(range(1, 65), first, rules), explore_rounds(range(1, 65), again, rules)
     assert one == two and first.visits == again.visits
     assert one.recommendation.batch_size == 8 and one.stop_reason == "confident"
+    assert one.recommendation.settled and one.unsettled is None
     assert one.seconds == pytest.approx(first.clock)
     # Every size is first visited once, the coarse sizes from the largest down: 3 windows in a
     # row, or 1 for a size far below the fastest before it (1 and 2, at 0.23 and 0.38 of 64's
@@ -147,6 +161,56 @@ def test_the_time_budget_is_read_on_the_meter_s_clock() -> None:
         range(1, 65), ModelledMeter(knee), Rules(time_budget_seconds=5.0), started=-10.0
     )
     assert started_late.stop_reason == "time_budget" and len(started_late.points) == 1
+
+
+def test_too_short_a_budget_leaves_a_leaning_and_names_the_budget_that_settles_it() -> None:
+    """Out of time after the first coarse size: confidence 0 is not an answer. The result names
+    what was measured and the rest of explore's plan: the 6 coarse sizes left (63 samples in all)
+    at the 5 ms per sample that 64's visit took (2 steps' warm-up and 3 windows, 0.32 s on the
+    modelled clock), then rounds at their cap of 1.5 times the coarse pass. That budget, given,
+    settles on what an unlimited run recommends, and is about what that run took."""
+    short = explore_rounds(range(1, 65), ModelledMeter(knee), Rules(time_budget_seconds=0.0))
+    doubt = short.unsettled
+    assert short.stop_reason == "time_budget" and not short.recommendation.settled and doubt is not None
+    assert (doubt.confidence, doubt.floor, doubt.leaning, doubt.measured) == (0, 50, 64, (64,))
+    assert doubt.more_seconds == pytest.approx(63 * 0.005 + 1.5 * (0.32 + 63 * 0.005))
+    assert doubt.budget_seconds == pytest.approx(short.seconds + doubt.more_seconds)
+    assert doubt.line() == (
+        "measured 64; about 2 s more of timing would settle it (time_budget_seconds about 2): the 6 "
+        "coarse sizes not timed yet, at the 5.0 ms per sample that 64 took, then rounds over the "
+        "contenders of up to 1.5 times the coarse pass."
+    )
+    unlimited = explore_rounds(range(1, 65), ModelledMeter(knee), Rules())
+    again = explore_rounds(range(1, 65), ModelledMeter(knee), Rules(time_budget_seconds=doubt.budget_seconds))
+    assert (
+        again.unsettled is None
+        and again.recommendation.batch_size == unlimited.recommendation.batch_size == 8
+    )
+    assert 0.8 < doubt.budget_seconds / unlimited.seconds < 1.2
+
+
+def test_rounds_that_end_unsure_estimate_the_time_from_the_spread() -> None:
+    """The knee (flat from 8) under 30% noise per window, the rounds capped at one: the confidence
+    ends under 50. The spread so far says how many times the windows would reach the target (the
+    standard errors shrink by its square root); that many times the timing so far, given as the
+    budget, settles it. Where even 64 times would not, the result says so and names no time."""
+    rules = Rules(max_focus_rounds=1)
+    short = explore_rounds(range(1, 65), NoisyMeter(knee, 0.3, seed=6), rules)
+    doubt = short.unsettled
+    assert short.stop_reason == "exhausted" and doubt is not None and doubt.confidence < 50
+    assert doubt.more_seconds is not None and doubt.how.startswith(
+        "the spread measured so far needs about 16 times the windows to reach the confidence target of 90"
+    )
+    longer = Rules(time_budget_seconds=doubt.budget_seconds, max_focus_rounds=10_000, focus_time_factor=1e3)
+    again = explore_rounds(range(1, 65), NoisyMeter(knee, 0.3, seed=6), longer)
+    assert again.stop_reason == "time_budget" and again.unsettled is None
+    hopeless = explore_rounds(range(1, 65), NoisyMeter(knee, 0.3, seed=3), rules).unsettled
+    assert hopeless is not None and hopeless.more_seconds is None and hopeless.budget_seconds is None
+    assert hopeless.line().endswith(
+        "even 64 times the windows, at the spread measured so far, would not reach the confidence target "
+        "of 90: the leading sizes may sit at the edge of the tolerance (0.03), where no amount of timing "
+        "tells them apart; a wider tolerance would."
+    )
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from batchfit.cli import main, parser
 from batchfit.errors import ConfigurationError
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
+from batchfit.policy.scaling_rules import family
 
 HINT = "(set BATCHFIT_DEBUG=1 to see the traceback)"
 BASE: dict[str, Any] = {"base_learning_rate": 0.1, "base_batch_size": 256}
@@ -415,6 +416,10 @@ def test_bad_input_names_the_parameter(
             "weight_decay must be a non-negative number, got -1.0.",
         ),
         (lambda: Scaling(scaling_rule="cubic"), "scaling_rule must be 'linear' or 'sqrt', got 'cubic'."),
+        (
+            lambda: Scaling(optimizer=" "),
+            "optimizer must be an optimizer's name such as 'sgd' or 'adamw', got ' '.",
+        ),
         (lambda: Scaling(warmup_steps=-1), "warmup_steps must be an integer >= 0, got -1."),
         (lambda: Scaling(steps_per_epoch=0), "steps_per_epoch must be a positive integer, got 0."),
     ],
@@ -433,7 +438,9 @@ def test_options_are_frozen_and_the_common_call_is_short() -> None:
     assert batchfit.plan(1024, batchfit.Baseline(0.1, 256), world_size=8, max_micro_batch_size=48) == make(
         1024
     )
-    assert (batchfit.Scaling(), batchfit.TrainingFacts()) == (Scaling("linear"), TrainingFacts(False))
+    # The rule by default: the optimizer's, linear while the optimizer is not known.
+    assert (batchfit.Scaling(), batchfit.TrainingFacts()) == (Scaling(None), TrainingFacts(False))
+    assert make(1024).scaling_rule == "linear"
 
 
 def test_each_option_field_is_a_flag_with_the_same_default() -> None:
@@ -461,6 +468,10 @@ def test_summary_and_json() -> None:
         [
             "global_batch_size 1024 = micro_batch_size 32 x accumulation_steps 4 x world_size 8",
             "learning_rate 0.4 = base_learning_rate 0.1 x 1024 / 256 (linear rule)",
+            (
+                "scaling_rule linear: the rule for SGD (Goyal et al., 2017); the optimizer is not known "
+                "(give optimizer: Adam-family ones take sqrt)"
+            ),
             "warmup_steps 400 (recommended: 100 steps x learning-rate scale-up 4)",
             "weight_decay 0.0002 = 0.0001 x sqrt(4)",
             f"warning: {result.warnings[0]}",
@@ -491,6 +502,68 @@ def test_summary_lines(overrides: dict[str, Any], line: str) -> None:
     assert line in make(1024, **overrides).summary().splitlines()
 
 
+SQRT = "the learning rate with the square root of the batch (Malladi et al., 2022)"
+LINEAR = "SGD scales the learning rate with the batch, after a warm-up (Goyal et al., 2017)"
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "given", "rule", "reason"),
+    [
+        ("adam", None, "sqrt", f"sqrt: Adam-family optimizers scale {SQRT}"),
+        ("AdamW", None, "sqrt", f"sqrt: Adam-family optimizers scale {SQRT}"),
+        ("RMSprop", None, "sqrt", f"sqrt: RMSprop, like Adam, scales {SQRT}"),
+        ("sgd", None, "linear", f"linear: {LINEAR}"),
+        (
+            None,
+            None,
+            "linear",
+            (
+                "linear: the rule for SGD (Goyal et al., 2017); the optimizer is not known (give optimizer: "
+                "Adam-family ones take sqrt)"
+            ),
+        ),
+        (
+            "Lion",
+            None,
+            "linear",
+            (
+                "linear: the rule for SGD (Goyal et al., 2017); no rule is known for Lion (give scaling_rule "
+                "to choose one)"
+            ),
+        ),
+        (
+            "adam",
+            "linear",
+            "linear",
+            f"linear: as given (scaling_rule); adam would take sqrt: Adam-family optimizers scale {SQRT}",
+        ),
+        ("SGD", "sqrt", "sqrt", f"sqrt: as given (scaling_rule); SGD would take linear: {LINEAR}"),
+        (None, "sqrt", "sqrt", "sqrt: as given (scaling_rule)"),
+        ("adamw", "sqrt", "sqrt", "sqrt: as given (scaling_rule)"),
+    ],
+)
+def test_the_rule_follows_the_optimizer_unless_given(
+    optimizer: str | None, given: str | None, rule: str, reason: str
+) -> None:
+    result = make(1024, optimizer=optimizer, scaling_rule=given)
+    assert (result.scaling_rule, result.scaling_reason, result.optimizer) == (rule, reason, optimizer)
+    assert result.learning_rate == pytest.approx(0.2 if rule == "sqrt" else 0.4)  # k = 4
+    assert f"scaling_rule {reason}" in result.summary().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam", "FusedAdam", "AdamW8bit"], "adam"),
+        (["RMSprop", "rmsprop"], "rmsprop"),
+        (["SGD", "sgd"], "sgd"),
+        (["Adagrad", "Adadelta", "LBFGS", "Lion", "LAMB", "Adafactor", "ASGD"], None),
+    ],
+)
+def test_optimizer_families_by_name(names: list[str], expected: str | None) -> None:
+    assert {name: family(name) for name in names} == dict.fromkeys(names, expected)
+
+
 def test_plan_module_does_not_import_torch() -> None:
     module = importlib.import_module("batchfit.policy.plan")  # the module: batchfit.plan is also the function
     tree = ast.parse(Path(str(module.__file__)).read_text())
@@ -519,6 +592,11 @@ CLI += ["--base-learning-rate", "0.1", "--base-batch-size", "256"]
             {"uses_batchnorm": True, "uses_ema": True, "fine_tuning": True, "max_micro_batch_size": 8},
         ),
         (["--micro-batch-size", "16"], {"micro_batch_size": 16}),
+        (["--optimizer", "adam"], {"optimizer": "adam"}),
+        (
+            ["--optimizer", "adam", "--scaling-rule", "linear"],
+            {"optimizer": "adam", "scaling_rule": "linear"},
+        ),
     ],
 )
 def test_cli_plan_prints_the_summary(
@@ -528,6 +606,23 @@ def test_cli_plan_prints_the_summary(
     out, err = capsys.readouterr()
     assert out == make(1024, **overrides).summary() + "\n"
     assert err == ""
+
+
+def test_cli_plan_for_adam_takes_the_square_root_rule_and_says_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Adam tuned at 0.001 for 256: linear scaling gave 0.004 at 1024; the square-root rule 0.002.
+    argv = [*CLI[:-4], "--base-learning-rate", "0.001", "--base-batch-size", "256", "--optimizer", "adam"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "global_batch_size 1024 = micro_batch_size 32 x accumulation_steps 4 x world_size 8",
+        "learning_rate 0.002 = base_learning_rate 0.001 x sqrt(1024 / 256) (sqrt rule)",
+        (
+            "scaling_rule sqrt: Adam-family optimizers scale the learning rate with the square root of the "
+            "batch (Malladi et al., 2022)"
+        ),
+        "warmup_steps 200 (recommended: 100 steps x learning-rate scale-up 2)",
+    ]
 
 
 def test_cli_plan_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,6 +53,8 @@ def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timi
             on_progress=display.hear,
         )
         flags.say(f"stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.")
+        if result.unsettled is not None:
+            flags.say(f"{result.recommendation.line()}; {result.unsettled.line()}")
     document = {  # what ran, beside the result's own fields
         **result.to_dict(),
         **flags.what_ran(workload.name),

@@ -39,9 +39,11 @@ class Status:
             words.append(f"{self.done} {noun}, last {label}{self.last}")
         if self.recommendation is not None:
             recommended = self.recommendation
+            verb = "recommended" if recommended.settled else "leaning to"
             words.append(
-                f"recommended micro_batch_size={recommended.batch_size} "
+                f"{verb} micro_batch_size={recommended.batch_size} "
                 f"({recommended.speedup:.2f}x base), confidence {recommended.confidence}/100"
+                + ("" if recommended.settled else ", not settled")
             )
         return "; ".join(words)
 

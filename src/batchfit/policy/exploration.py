@@ -16,6 +16,7 @@ from batchfit.checks import check_positive_int
 from batchfit.errors import ConfigurationError
 from batchfit.policy.choose import Objective, Recommendation, confidences, recommend
 from batchfit.policy.contenders import KEEP_CHANCE, coarse_sizes, focus_sizes, lone_dips, refinement
+from batchfit.policy.settling import Aims, Effort, Unsettled, unsettled
 from batchfit.policy.throughput import Point
 
 ExploreStopReason = Literal["confident", "time_budget", "exhausted"]
@@ -84,6 +85,7 @@ class Exploration:
     history: tuple[Recommendation, ...]  # the live recommendation after each measurement
     stop_reason: ExploreStopReason
     seconds: float  # on the meter's clock, from ``started``
+    unsettled: Unsettled | None = None  # under the confidence floor: what was measured, what would settle it
 
     @property
     def recommendation(self) -> Recommendation:
@@ -103,7 +105,8 @@ def explore_rounds(
     A coarse pass times the powers of two, the bound and the base, largest first. Then the
     contenders are timed in rounds, one window each, so that a slow spell hits them alike; sizes
     are added between the recommendation and its neighbour. It stops confident, out of time
-    (``time_budget_seconds`` after ``started``, default now), or exhausted.
+    (``time_budget_seconds`` after ``started``, default now), or exhausted. A recommendation
+    under the confidence floor comes with ``unsettled``: what was measured, what would settle it.
     """
     rules.check()
     if not candidates:
@@ -130,16 +133,26 @@ class _Explorer:
         self.history: list[Recommendation] = []
         self.far: set[int] = set()  # sizes measured once in the coarse pass, far slower than the fastest
         self.rounds = 0
+        self.timing_seconds = 0.0  # in visits, on the meter's clock
+        self.coarse_timed: list[tuple[int, float]] = []  # (batch, seconds) of each coarse visit
 
     def run(self) -> Exploration:
         reason: ExploreStopReason = "exhausted"
         coarse_started = self.meter.now()
-        if not self.coarse_pass(coarse_sizes(self.candidates, self.rules.base_batch_size)):
+        coarse = coarse_sizes(self.candidates, self.rules.base_batch_size)
+        if not self.coarse_pass(coarse):
             reason = "time_budget"
         else:
             focus_ends = self.meter.now() + self.rules.focus_time_factor * (self.meter.now() - coarse_started)
             reason = self.focus(focus_ends)
-        return Exploration(tuple(self.points()), tuple(self.history), reason, self.meter.now() - self.started)
+        seconds = self.meter.now() - self.started
+        left = tuple(batch for batch in coarse if batch not in self.measured)
+        effort = Effort(seconds, self.timing_seconds, tuple(self.coarse_timed), left)
+        points = tuple(self.points())
+        rules = self.rules
+        aims = Aims(rules.tolerance, rules.objective, rules.confidence_target, rules.focus_time_factor)
+        doubt = unsettled(self.history[-1], points, effort, aims)
+        return Exploration(points, tuple(self.history), reason, seconds, doubt)
 
     def focus(self, focus_ends: float) -> ExploreStopReason:
         """Rounds over the contenders until the recommendation is settled or a limit is reached."""
@@ -209,6 +222,7 @@ class _Explorer:
         ``floor``; False when the time budget ran out before (the first window always runs)."""
         if self.measured and self.out_of_time():
             return False
+        started = self.meter.now()
         if batch not in self.measured:
             self.meter.first_visit(batch)
             self.measured[batch] = []
@@ -219,6 +233,7 @@ class _Explorer:
             if index == 0 and self.measured[batch][-1][1] < floor:
                 self.far.add(batch)
                 break
+        self.timing_seconds += self.meter.now() - started
         return True
 
     def coarse_pass(self, batches: list[int]) -> bool:
@@ -226,7 +241,10 @@ class _Explorer:
         for a size whose first reads below ``far_below`` of the fastest so far."""
         fastest = 0.0
         for batch in reversed(batches):
+            before = self.timing_seconds
             finished = self.visit(batch, self.rules.windows, self.rules.far_below * fastest)
+            if finished:
+                self.coarse_timed.append((batch, self.timing_seconds - before))
             self.end_round()
             self.update(finished, covered=batch == batches[0])
             if not finished:

@@ -15,6 +15,7 @@ from batchfit.checks import check_positive_int
 from batchfit.errors import ConfigurationError
 from batchfit.policy.micro_batch import chosen_micro_batch, forced_micro_batch
 from batchfit.policy.plan_options import Baseline, Scaling, ScalingRule, TrainingFacts
+from batchfit.policy.scaling_rules import scaling_rule
 
 # Warm-up: 100 optimizer steps per unit of learning-rate scale-up (seed 002's example: 1000 steps
 # for a 10x scale-up), at most 5 epochs (Goyal et al. 2017: 5 epochs for 256 -> 8192, a 32x scale-up).
@@ -45,6 +46,8 @@ class Plan:
     weight_decay: float | None
     base_weight_decay: float | None
     warnings: tuple[str, ...]
+    optimizer: str | None = None  # as given: it picks the rule when scaling_rule is not given
+    scaling_reason: str = ""  # which rule, and why, in one line ("sqrt: Adam-family optimizers ...")
 
     @property
     def learning_rate_scale(self) -> float:
@@ -74,6 +77,7 @@ class Plan:
                 f"learning_rate {self.learning_rate:g} = base_learning_rate {self.base_learning_rate:g} "
                 f"x {rule} ({self.scaling_rule} rule)"
             ),
+            f"scaling_rule {self.scaling_reason}",
             f"warmup_steps {self.warmup_steps} ({self._warmup_reason()})",
         ]
         if self.weight_decay is not None:
@@ -115,20 +119,24 @@ def plan(
         world_size: the devices the batch is split over.
         max_micro_batch_size: the largest micro-batch that fits a device, as ``find`` measured it.
         micro_batch_size: a micro-batch to use as given (one of the two is needed).
-        scaling: the learning-rate rule, the weight-decay scaling and the warm-up.
+        scaling: the learning-rate rule (or the optimizer that picks it), the weight-decay
+            scaling and the warm-up.
         training: what the training does (BatchNorm, EMA, fine-tuning), for ``Plan.warnings``.
 
     The micro-batch is the largest divisor of the per-device batch up to ``max_micro_batch_size`` (a
     global batch that leaves under half of it is refused, naming ones that work); the learning rate
-    scales by ``k = global_batch_size / base_batch_size`` (linear) or ``sqrt(k)``; the warm-up, unless
-    given, is 100 optimizer steps per 1x of scale-up, at most 5 epochs. Rules and sources: docs/plan.md.
+    scales by ``k = global_batch_size / base_batch_size`` (linear) or ``sqrt(k)``: the rule given, or
+    else the optimizer's (sqrt for Adam-family and RMSprop, linear for SGD and when unknown); the
+    warm-up, unless given, is 100 optimizer steps per 1x of scale-up, at most 5 epochs. Rules and
+    sources: docs/plan.md.
     """
     _check_split(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
     if scaling.scale_weight_decay and baseline.weight_decay is None:
         raise ConfigurationError("scale_weight_decay needs weight_decay (the value at base_batch_size).")
     micro = _micro_batch(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
     scale = global_batch_size / baseline.base_batch_size
-    lr_scale = _learning_rate_scale(scale, scaling.scaling_rule)
+    rule, reason = scaling_rule(scaling.scaling_rule, scaling.optimizer)
+    lr_scale = _learning_rate_scale(scale, rule)
     warmup_steps = scaling.warmup_steps
     if warmup_steps is None:
         warmup_steps = _recommended_warmup(lr_scale, scaling.steps_per_epoch)
@@ -141,12 +149,14 @@ def plan(
         learning_rate=baseline.base_learning_rate * lr_scale,
         base_learning_rate=baseline.base_learning_rate,
         base_batch_size=baseline.base_batch_size,
-        scaling_rule=scaling.scaling_rule,
+        scaling_rule=rule,
         warmup_steps=warmup_steps,
         warmup_recommended=scaling.warmup_steps is None,
         weight_decay=_weight_decay(baseline.weight_decay, scale, scaling.scale_weight_decay),
         base_weight_decay=baseline.weight_decay,
         warnings=(),
+        optimizer=scaling.optimizer,
+        scaling_reason=reason,
     )
     return dataclasses.replace(result, warnings=_warnings(result, training, scaling.steps_per_epoch))
 
@@ -192,7 +202,7 @@ def _micro_batch(
 def _learning_rate_scale(scale: float, scaling_rule: str) -> float:
     """What the learning rate is multiplied by for ``scale = global_batch_size / base_batch_size``:
     ``scale`` by the linear rule (Goyal et al. 2017), ``sqrt(scale)`` by the square-root rule
-    (Krizhevsky 2014; Hoffer et al. 2017, often used with Adam)."""
+    (Krizhevsky 2014; Malladi et al. 2022 for Adam and RMSprop)."""
     return scale if scaling_rule == "linear" else math.sqrt(scale)
 
 

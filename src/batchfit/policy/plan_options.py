@@ -34,8 +34,13 @@ class Baseline:
 class Scaling:
     """How the learning rate, the weight decay and the warm-up follow the global batch."""
 
-    scaling_rule: ScalingRule = option(
-        "linear", "linear: the learning rate times k = global / base batch; sqrt: times sqrt(k)"
+    scaling_rule: ScalingRule | None = option(
+        None,
+        "linear: the learning rate times k = global / base batch; sqrt: times sqrt(k) "
+        "(default: sqrt for an Adam-family or RMSprop --optimizer, else linear)",
+    )
+    optimizer: str | None = option(
+        None, "the optimizer's name (sgd, adam, adamw, ...): picks the rule when --scaling-rule is not given"
     )
     scale_weight_decay: bool = option(False, "scale --weight-decay by sqrt(k), whatever the rule")
     warmup_steps: int | None = option(
@@ -46,8 +51,12 @@ class Scaling:
     )
 
     def __post_init__(self) -> None:
-        if self.scaling_rule not in SCALING_RULES:
+        if self.scaling_rule is not None and self.scaling_rule not in SCALING_RULES:
             raise ConfigurationError(f"scaling_rule must be 'linear' or 'sqrt', got {self.scaling_rule!r}.")
+        if self.optimizer is not None and (not isinstance(self.optimizer, str) or not self.optimizer.strip()):
+            raise ConfigurationError(
+                f"optimizer must be an optimizer's name such as 'sgd' or 'adamw', got {self.optimizer!r}."
+            )
         if self.warmup_steps is not None:
             check_positive_int("warmup_steps", self.warmup_steps, minimum=0)
         if self.steps_per_epoch is not None:

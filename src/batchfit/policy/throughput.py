@@ -41,9 +41,12 @@ class Point:
         return statistics.median(self.samples_per_second)
 
     @property
-    def spread(self) -> float:
-        """Relative spread of the windows: (max - min) / median."""
+    def spread(self) -> float | None:
+        """Relative spread of the windows: (max - min) / median; None for a single window, which
+        has none (0 would read as a perfectly steady size)."""
         values = self.samples_per_second
+        if len(values) < 2:
+            return None
         return (max(values) - min(values)) / self.median if self.median > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:

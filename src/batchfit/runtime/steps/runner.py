@@ -14,8 +14,9 @@ from batchfit.policy.trial_cache import verdict
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.oom import is_out_of_memory
+from batchfit.runtime.steps.finite import LossLog, check_finite
 from batchfit.runtime.steps.state import TrainingSnapshot
-from batchfit.runtime.steps.stepping import StepSpec, run_steps, scaled_down
+from batchfit.runtime.steps.stepping import OVERFLOW_STEPS, StepSpec, run_steps, scaled_down
 from batchfit.runtime.workloads.workload import Workload
 
 
@@ -122,30 +123,48 @@ class TrialRunner:
         return trial
 
     def _attempt(self, batch_size: int, host_batch: Any) -> tuple[Trial, bool]:
-        """The trial, and whether an optimizer stepped in it."""
-        self.spec.device.release()  # nothing an earlier trial (or the caller) left cached counts here
+        """The trial, and whether an optimizer stepped in it; a ``NonFiniteError`` where its steps
+        did not train (``runtime.steps.finite``)."""
+        spec = self.spec
+        spec.device.release()  # nothing an earlier trial (or the caller) left cached counts here
         started: list[Measurement] = []
+        losses = LossLog(spec.device.torch_device, spec.steps + OVERFLOW_STEPS)
         step_seconds, failure = None, ""
         try:
-            _, step_seconds = run_steps(self.spec, self.spec.workload.build_optimizer(), host_batch, started)
+            _, step_seconds = run_steps(spec, spec.workload.build_optimizer(), host_batch, started, losses)
         except BaseException as error:
             out_of_memory = _out_of_memory(error, started)
             if out_of_memory is None:
-                error.add_note(f"batchfit: raised by the {self.spec.mode} step at batch_size={batch_size}.")
+                if isinstance(error, Exception):  # not a Ctrl-C: that interrupts, it is not raised by a step
+                    error.add_note(self._raised_at(batch_size, started[0].steps if started else 0))
                 raise
             failure = out_of_memory
+        else:  # the trial's tensors are read before the snapshot puts the model back
+            scaled = bool(spec.scalers)
+            check_finite(spec.workload.module, spec.mode, scaled, losses, batch_size, started[0].steps)
         finally:
             self.snapshot.restore(gradients=False, scales=False)
         measurement = started[0] if started else Measurement()
         stepped = measurement.optimizer_steps > 0
         if failure:
-            self.spec.device.release()
+            spec.device.release()
             return self._failed(batch_size, measurement, failure), stepped
         trial = judge(batch_size, measurement, step_seconds, self.budget_bytes)
         record = measurement.recording.record(batch_size) if measurement.recording is not None else None
         if record is not None and trial.fits:
             self.records[batch_size] = record
         return replace(trial, steps=measurement.steps, steady_from=measurement.steady_from), stepped
+
+    def _raised_at(self, batch_size: int, step: int) -> str:
+        """The note on an error the steps raised: the trial's batch size, and the step that raised."""
+        mode, warm = self.spec.mode, self.spec.warm_batch
+        if step == 0 and mode == "eval" and warm is not None:
+            return (
+                f"batchfit: raised by the train step that makes the training state (batch_size={warm}) "
+                f"before the eval steps at batch_size={batch_size}."
+            )
+        of = f" of {self.spec.steps}" if step <= self.spec.steps else ""
+        return f"batchfit: raised by the {mode} step at batch_size={batch_size}, step {max(step, 1)}{of}."
 
     def _failed(self, batch_size: int, measurement: Measurement, failure: str) -> Trial:
         """The out-of-memory trial: the peak before it failed, and the step that ran out."""

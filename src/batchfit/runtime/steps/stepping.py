@@ -19,8 +19,9 @@ from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.compiled import recompiles_allowed
+from batchfit.runtime.steps.finite import LossLog
 from batchfit.runtime.workloads.batches import to_device
-from batchfit.runtime.workloads.workload import Workload
+from batchfit.runtime.workloads.workload import OnLoss, Workload
 
 #: The most steps a trial adds while its GradScalers skip every optimizer step for overflow: each
 #: skip halves the scale, and 24 halvings take the default 65536 to 1/256.
@@ -62,20 +63,21 @@ def timed_steps(
     count: int,
     *,
     compiled: bool,
+    on_loss: OnLoss | None = None,
 ) -> float:
     """Run ``count`` steps of ``mode``, each on a fresh device copy of ``host_batch`` (as a data
     loader hands training a new batch), and return their seconds, the device synchronised;
     ``compiled``: the steps run ``torch.compile``'d code (``Workload.compiled``, read once by the
-    caller: it walks the model)."""
+    caller: it walks the model); ``on_loss`` hears each step's loss (``Workload.run_train_step``)."""
     device.synchronize()
     begin = time.perf_counter()
     with recompiles_allowed(compiled):  # each batch size may compile its own graph
         for _ in range(count):
             batch = to_device(host_batch, device.torch_device)
             if mode == "train":
-                workload.run_train_step(optimizer, batch)
+                workload.run_train_step(optimizer, batch, on_loss)
             else:
-                workload.run_eval_step(batch)
+                workload.run_eval_step(batch, on_loss)
             del batch
     device.synchronize()
     return max(time.perf_counter() - begin, 1e-9)
@@ -86,17 +88,22 @@ def run_steps(
     optimizer: torch.optim.Optimizer | None,
     host_batch: Any,
     started: list[Measurement] | None = None,
+    losses: LossLog | None = None,
 ) -> tuple[Measurement, float | None]:
     """Run ``spec``'s steps on copies of ``host_batch`` under its cap; the measurement of the last
     step and its seconds. The measurement is also appended to ``started`` as it begins, so a
-    failure can read it. Where the step's GradScalers skipped every optimizer step for overflow,
-    more steps run, up to ``OVERFLOW_STEPS``, until one is taken: the optimizer's state is part of
-    a training step."""
+    failure can read it; ``losses`` keeps each step's loss (made before, outside the measurement).
+    Where the step's GradScalers skipped every optimizer step for overflow, more steps run, up to
+    ``OVERFLOW_STEPS``, until one is taken: the optimizer's state is part of a training step."""
     workload = spec.workload
     # What the steps start with, counted as the block opens and not kept: a tensor they replace
     # (L-BFGS's history, a buffer assigned anew) is freed, as in training.
     resident = resident_tensors(workload.module, optimizer, *workload.reached)
     compiled, wrapper_bytes = bool(workload.compiled), workload.wrapper_bytes
+    warming = spec.mode == "eval" and spec.warm_batch is not None and optimizer is not None
+    # Collated on the host outside the cap, as the steps' batch is: a dataset's items may be views
+    # of one tensor (a TensorDataset's), whose whole storage a collation inside would count.
+    warm_host = workload.host_batch(spec.warm_batch) if warming and spec.warm_batch is not None else None
     with (
         spec.device.measure(
             resident, spec.cap_bytes, compiled=compiled, wrapper_bytes=wrapper_bytes
@@ -108,20 +115,21 @@ def run_steps(
         if started is not None:
             started.append(measurement)
         measurement.recording = recording
-        if spec.mode == "eval" and spec.warm_batch is not None and optimizer is not None:
-            _make_training_state(spec, optimizer, spec.warm_batch)
+        if warm_host is not None and optimizer is not None:
+            _make_training_state(spec, optimizer, warm_host)
         workload.module.train(spec.mode == "train")
-        step_seconds = _each_step(spec, optimizer, host_batch, measurement, recorder, compiled)
+        step_seconds = _each_step(spec, optimizer, host_batch, measurement, recorder, compiled, losses)
     return measurement, step_seconds
 
 
-def _make_training_state(spec: StepSpec, optimizer: torch.optim.Optimizer, warm_batch: int) -> None:
+def _make_training_state(spec: StepSpec, optimizer: torch.optim.Optimizer, warm_host: Any) -> None:
     """Validation inside training runs with gradients and optimizer state resident: a training
-    step at ``warm_batch`` makes them, stepping on while overflow skips its optimizer, else no
-    optimizer state is there. Its batch is freed on return, before the steps."""
+    step on a device copy of ``warm_host`` (a batch of ``spec.warm_batch``) makes them, stepping on
+    while overflow skips its optimizer, else no optimizer state is there. Its copy is freed on
+    return, before the steps."""
     workload = spec.workload
     workload.module.train()
-    warm = to_device(workload.host_batch(warm_batch), spec.device.torch_device)
+    warm = to_device(warm_host, spec.device.torch_device)
     step_until_settled(spec.scalers, lambda: workload.run_train_step(optimizer, warm))
 
 
@@ -132,9 +140,10 @@ def _each_step(
     measurement: Measurement,
     recorder: ExitStack,
     compiled: bool,
+    losses: LossLog | None,
 ) -> float | None:
     """The steps inside the measurement, each begun on it (and on the recording, until
-    ``recorder`` closes it); the last step's seconds."""
+    ``recorder`` closes it), each step's loss kept in ``losses``; the last step's seconds."""
     # A 2-step trial cannot end before its second step, where a recurrence is first seen.
     watch = (
         RecurrenceWatch(needs_optimizer_step=spec.mode == "train")
@@ -153,9 +162,18 @@ def _each_step(
         if recording is not None:
             recording.mark_step()
         measurement.steps = step
+        if losses is not None:
+            losses.step = step
         optimizer_steps = measurement.optimizer_steps
         step_seconds = timed_steps(
-            spec.workload, optimizer, spec.device, spec.mode, host_batch, 1, compiled=compiled
+            spec.workload,
+            optimizer,
+            spec.device,
+            spec.mode,
+            host_batch,
+            1,
+            compiled=compiled,
+            on_loss=None if losses is None else losses.record,
         )
         if watch is not None and step < spec.steps:
             stepped = measurement.optimizer_steps > optimizer_steps

@@ -10,10 +10,16 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeCopyMode,
+    FakeTensorMode,
+)
 
 from batchfit.policy.search import Candidates, SearchOutcome, search
 from batchfit.policy.trial import Mode, Trial
@@ -54,12 +60,13 @@ class FakeTracer:
     def __call__(self, batch_size: int) -> Trial:
         host_batch = self.workload.host_batch(batch_size)
         scalers = [ScalerState.capture(scaler) for scaler in self.scalers]
+        scalars = _scalars(self.workload) if self.session is None else []  # read outside the fake mode
         try:
             # What the step warns of on fake tensors (a scheduler whose real optimizer did not
             # step) is not the user's to read: the real trials warn of what is.
             with self.fake_mode, torch.random.fork_rng(devices=[]), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                fake, optimizer = self.session or self._start()
+                fake, optimizer = self.session or self._start(scalars)
                 if self.mode == "train":  # a real trial's steps start after zero_grad
                     for parameter in fake.model.parameters():
                         parameter.grad = None
@@ -69,23 +76,30 @@ class FakeTracer:
                 measurement, _ = run_steps(spec, optimizer, host_batch)
         except Exception as error:  # anything a fake tensor cannot do: fall back to real trials
             logger.info("fake-tensor trace unavailable (%s: %s)", type(error).__name__, error)
-            raise TraceUnavailable(f"{type(error).__name__}: {error}") from error
+            raise TraceUnavailable(_cannot_trace(error)) from error
         finally:
             for scaler in scalers:
                 scaler.restore()
         return judge(batch_size, measurement, None, self.budget_bytes)
 
-    def _start(self) -> tuple[Workload, torch.optim.Optimizer | None]:
+    def _start(
+        self, scalars: list[tuple[torch.Tensor, Any]]
+    ) -> tuple[Workload, torch.optim.Optimizer | None]:
+        """The fake copy of the model and optimizer, their ``scalars`` (tensors, with their values)
+        copied as fakes made from their values (inside the fake mode), which keep them."""
         workload = self.workload
         real_optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-        memo: dict[int, Any] = {}
+        memo: dict[int, Any] = {
+            id(tensor): torch.tensor(value, dtype=tensor.dtype) for tensor, value in scalars
+        }
         with FakeCopyMode(self.fake_mode):
             model, optimizer = copy.deepcopy((workload.module, real_optimizer), memo)
             if optimizer is not None:
                 # An optimizer pickles its defaults, state and groups alone; what a subclass keeps
                 # beside them (L-BFGS: its parameters as ``_params``) is copied onto the fakes too.
+                # Not ``step``: an LR scheduler's wrapper of it, which steps the real optimizer.
                 for name, value in vars(real_optimizer).items():
-                    if name not in vars(optimizer):
+                    if name not in vars(optimizer) and name != "step":
                         setattr(optimizer, name, copy.deepcopy(value, memo))
         fake = workload.replaced(model=model, optimizer=optimizer or workload.optimizer)
         optimizer = fake.build_optimizer()
@@ -98,6 +112,42 @@ class FakeTracer:
         return self.session
 
 
+def _cannot_trace(error: Exception) -> str:
+    """Why a fake tensor could not run the step, in a line: the error, and what it means where it is
+    the step reading a value a fake tensor does not have."""
+    lines = str(error).strip().splitlines()
+    said = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    if isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)):
+        return f"it reads a tensor's value, as .item(), float() or a shape set by the data do: {said}"
+    return said
+
+
+def _scalars(workload: Workload) -> list[tuple[torch.Tensor, Any]]:
+    """The 0-dim tensors in the optimizer's state (its ``step`` counters, NAdam's ``mu_product``)
+    and the model's buffers (BatchNorm's ``num_batches_tracked``), with their values: the fake copy
+    makes them fakes that keep their value. An optimizer that has stepped reads its ``step``
+    (Adam's bias correction: ``step.item()``), which a fake copied from a tensor cannot answer and
+    a fake made from a number, as a fresh optimizer's is, can."""
+    optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+    state = optimizer.state.values() if optimizer is not None else ()
+    held = [value for each in state for value in each.values()] + list(workload.module.buffers())
+    return [
+        (tensor, tensor.item())
+        for tensor in held
+        if type(tensor) is torch.Tensor and tensor.dim() == 0 and tensor.device.type == "cpu"
+    ]
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The search run on fake-tensor traces (``outcome``), or why none was (``skipped``)."""
+
+    outcome: SearchOutcome | None = None
+    #: Why no forecast placed the trials on a device that traces (CPU devices), in a clause; "" where
+    #: one did, or where the device does not trace (CUDA: its allocator's requests are replayed).
+    skipped: str = ""
+
+
 def forecast_search(
     workload: Workload,
     device: Device,
@@ -107,18 +157,27 @@ def forecast_search(
     warm_batch: int | None,
     candidates: Candidates,
     cache: TrialCache | None,
-) -> SearchOutcome | None:
+) -> Forecast:
     """The search run on fake-tensor traces (CPU devices only): where the real trials should go.
 
     Tracing allocates nothing and costs the same at any batch size; on the CPU it predicts the
-    tracked peak to the byte. None when the device cannot be traced or the workload cannot be.
+    tracked peak to the byte. No outcome where the device cannot be traced (no reason given) or
+    the workload cannot be (the reason given).
     """
     if not isinstance(device, CpuDevice):
-        return None  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
+        return Forecast()  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
     if workload.compiled:
-        return None  # Dynamo runs a step eagerly under fake tensors: the trace would size its eager twin
+        return Forecast(
+            skipped=f"the step runs torch.compile'd code ({', '.join(workload.compiled)}), which Dynamo "
+            f"runs eagerly under fake tensors: a trace would size its eager twin"
+        )
     if workload.reached:  # the fakes are the model's and optimizer's: a step's other state would
-        return None  # take fake tensors (a discriminator's optimizer its state) and go uncounted
+        # take fake tensors (a discriminator's optimizer its state) and go uncounted
+        reached = ", ".join(type(each).__name__ for each in workload.reached)
+        return Forecast(
+            skipped=f"the step updates state beside the model and optimizer ({reached}), which a fake "
+            f"copy of the model and optimizer would not count"
+        )
     # Train: the real trial's last step runs with optimizer state, so the trace warms up first
     # (unless a trial is a single, first step). Eval: as the real trial does.
     warm = candidates.first if mode == "train" and steps > 1 else warm_batch
@@ -135,6 +194,6 @@ def forecast_search(
         return trial
 
     try:
-        return search(trace, candidates, budget, forecast_only=True)
-    except TraceUnavailable:
-        return None
+        return Forecast(search(trace, candidates, budget, forecast_only=True))
+    except TraceUnavailable as error:
+        return Forecast(skipped=f"the step cannot run on fake tensors ({error})")

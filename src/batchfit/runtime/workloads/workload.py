@@ -18,6 +18,8 @@ from batchfit.runtime.workloads.batches import check_batch_size, collated, large
 from batchfit.runtime.workloads.default_step import call_model, model_loss, optimizer_step
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+#: What hears a step's return value (or its loss), as the step returns it: ``runtime.steps.finite``.
+OnLoss = Callable[[Any], None]
 
 
 @dataclass
@@ -174,28 +176,56 @@ class Workload:
             return local_step(self.optimizer)
         return local_step(self.optimizer(self.module.parameters()))
 
-    def run_train_step(self, optimizer: torch.optim.Optimizer | None, batch: Any) -> None:
+    def optimizer_name(self) -> str | None:
+        """The class name of the optimizer the steps use (``"AdamW"``; a ZeRO optimizer's local
+        one), None without one: what picks ``plan``'s learning-rate rule. A factory is called once."""
+        optimizer = self.optimizer
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            optimizer = optimizer(self.module.parameters())
+        if optimizer is None:
+            return None
+        inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer's local optimizer
+        return type(inner if isinstance(inner, torch.optim.Optimizer) else optimizer).__name__
+
+    def run_train_step(
+        self, optimizer: torch.optim.Optimizer | None, batch: Any, on_loss: OnLoss | None = None
+    ) -> None:
+        """One training step on ``batch``; ``on_loss`` is given what it returns (a ``train_step``'s
+        return value, the default step's loss at each backward)."""
         if self.train_step is not None:
-            self.train_step(self.step_model, optimizer, batch)
+            returned = self.train_step(self.step_model, optimizer, batch)
+            if on_loss is not None:
+                on_loss(returned)
             return
         if optimizer is None:
             raise ConfigurationError(
                 "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
                 "or a train_step(model, optimizer, batch) function."
             )
-        optimizer_step(optimizer, lambda: self._loss(batch))
+        optimizer_step(optimizer, lambda: _told(self._loss(batch), on_loss))
 
-    def run_eval_step(self, batch: Any) -> None:
+    def run_eval_step(self, batch: Any, on_loss: OnLoss | None = None) -> None:
+        """One evaluation step on ``batch``, without gradients; ``on_loss`` is given what it returns
+        (an ``eval_step``'s return value, the loss, or the model's output)."""
         with torch.no_grad():
             if self.eval_step is not None:
-                self.eval_step(self.step_model, batch)
+                returned = self.eval_step(self.step_model, batch)
             elif self.loss_fn is not None:
-                self._loss(batch)
+                returned = self._loss(batch)
             else:
-                call_model(self.module, batch)
+                returned = call_model(self.module, batch)
+            if on_loss is not None:
+                on_loss(returned)
 
     def _loss(self, batch: Any) -> torch.Tensor:
         return model_loss(self.module, batch, self.loss_fn)
+
+
+def _told(loss: torch.Tensor, on_loss: OnLoss | None) -> torch.Tensor:
+    """``loss``, given to ``on_loss`` first (while it is alive: the step frees it before the update)."""
+    if on_loss is not None:
+        on_loss(loss)
+    return loss
 
 
 def check_model_on(model: torch.nn.Module, device: torch.device) -> None:

@@ -1,0 +1,382 @@
+"""PyTorch Lightning: ``BatchfitCallback`` finds the train and eval batch sizes at the start of
+``fit`` (the eval size also at ``validate`` and ``test``) on the module's own steps as the Trainer
+runs them, sets them where the loaders read them, and keeps the plan in the checkpoint."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+)
+from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy
+from lightning.pytorch.strategies.xla import XLAStrategy
+from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSource
+from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
+from torch.utils.data import DataLoader
+
+import batchfit
+from batchfit.errors import ConfigurationError
+from batchfit.find import find_batch_size
+from batchfit.integrations.lightning_steps import (
+    MICRO_BATCHES_MEASURED,
+    EvalHook,
+    LightningSteps,
+    lightning_workload,
+    loaders_of,
+    scratch_logging,
+)
+from batchfit.options import BatchSizes, Trials, Where
+from batchfit.policy.micro_batch import check_divisible, chosen_micro_batch
+from batchfit.policy.trial import Mode
+from batchfit.progress import Event
+from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.distributed.lockstep import ranks
+from batchfit.search_result import SearchResult
+from batchfit.units import format_bytes
+
+__all__ = ["CHECKPOINT_KEY", "BatchfitCallback", "LightningPlan"]
+
+logger = logging.getLogger(__name__)
+
+#: The checkpoint's key for the plan: ``torch.load(path)["batchfit"]``.
+CHECKPOINT_KEY = "batchfit"
+
+
+@dataclass(frozen=True)
+class LightningPlan:
+    """The sizes the callback set and what they were found for, as checkpoints keep them:
+    ``global_batch_size = micro_batch_size x accumulation_steps x world_size``."""
+
+    micro_batch_size: int | None  # the train batch per device per forward (None: not searched)
+    accumulation_steps: int
+    world_size: int
+    eval_batch_size: int | None  # None: not searched
+    devices: tuple[str, ...]  # every rank's device, in rank order
+    memory_fraction: float
+    batchfit_version: str
+
+    @property
+    def global_batch_size(self) -> int | None:
+        if self.micro_batch_size is None:
+            return None
+        return self.micro_batch_size * self.accumulation_steps * self.world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "devices": list(self.devices), "global_batch_size": self.global_batch_size}
+
+    @classmethod
+    def from_dict(cls, document: dict[str, Any]) -> LightningPlan:
+        values = {field.name: document[field.name] for field in fields(cls)}
+        return cls(**{**values, "devices": tuple(values["devices"])})
+
+    def summary(self) -> str:
+        parts = []
+        if self.micro_batch_size is not None:
+            parts.append(
+                f"global_batch_size {self.global_batch_size} = micro_batch_size {self.micro_batch_size} "
+                f"x accumulation_steps {self.accumulation_steps} x world_size {self.world_size}"
+            )
+        if self.eval_batch_size is not None:
+            parts.append(f"eval_batch_size {self.eval_batch_size}")
+        return f"{'; '.join(parts)} (memory_fraction {self.memory_fraction:g} of {', '.join(self.devices)})"
+
+
+class BatchfitCallback(Callback):
+    """Sets the largest memory-safe batch sizes before Lightning trains (or evaluates).
+
+    At the start of ``fit`` it finds the train batch (and, with ``eval_batch_arg_name``, the
+    eval batch) on the module's ``training_step`` / ``validation_step`` as the Trainer runs them:
+    its precision plugin, gradient clipping, the optimizer from ``configure_optimizers`` and
+    ``accumulate_grad_batches``. Each trial runs under a hard cap at ``memory_fraction`` x the
+    device's memory (``memory_limit``: a smaller device, or a CPU standing in for one). The sizes
+    go where Lightning's own finder puts them (the module's, its hparams' or its datamodule's
+    ``batch_arg_name``) and the loaders are built anew. Under DDP every rank searches in lockstep
+    and gets the answer that fits the smallest device. At ``validate`` and ``test`` it finds the
+    eval batch and sets ``eval_batch_arg_name`` (default: ``batch_arg_name``).
+
+    Args:
+        device, memory_limit, memory_fraction: as ``batchfit.find_batch_size`` takes them;
+            ``device`` None is the Trainer's.
+        sizes: the sizes searched; its ``global_batch_size`` is the batch of one optimizer step
+            over all ranks: the micro-batch is the largest divisor of its share per rank up to
+            the size found, and ``accumulate_grad_batches`` is set to make up the rest.
+        trials: how a trial runs.
+        batch_arg_name: the attribute the train (and, unless named apart, eval) loaders read.
+        eval_batch_arg_name: the attribute the eval loaders read; ``fit`` searches the eval
+            batch only when one is named.
+
+    ``plan`` (a ``LightningPlan``) and ``results`` (each mode's ``SearchResult``) say what it
+    found. The plan goes into checkpoints (``checkpoint["batchfit"]``), and a run resumed from one
+    (``ckpt_path=``) with the same devices, world size, memory fraction and global batch uses it
+    instead of searching again.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: str | torch.device | None = None,
+        memory_limit: str | int | None = None,
+        memory_fraction: float = 0.8,
+        sizes: BatchSizes = BatchSizes(),
+        trials: Trials = Trials(),
+        batch_arg_name: str = "batch_size",
+        eval_batch_arg_name: str | None = None,
+    ) -> None:
+        self.where = Where(device, memory_limit, memory_fraction)
+        self.sizes, self.trials = sizes, trials
+        self.batch_arg_name, self.eval_batch_arg_name = batch_arg_name, eval_batch_arg_name
+        self.plan: LightningPlan | None = None
+        self.results: dict[Mode, SearchResult] = {}
+        self._saved: LightningPlan | None = None  # the plan of the checkpoint fit resumes from
+
+    # -- Lightning's hooks ---------------------------------------------------------------
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        _check_fit(trainer, pl_module, self.batch_arg_name, self.sizes)
+        saved, self._saved, self.results = self._saved, None, {}
+        where = self._where(trainer)
+        devices = tuple(ranks().run(lambda: resolve_device(where.torch_device, where.memory_limit).name))
+        changed = self._changes(saved, trainer, devices)
+        if saved is not None and not changed:
+            self._apply_fit(trainer, pl_module, saved)
+            self._say(trainer, f"resumed with the checkpoint's plan: {saved.summary()}")
+            return
+        if saved is not None:
+            self._say(trainer, f"searching again, the checkpoint's plan no longer applies: {changed}")
+        plan = self._search_fit(trainer, where, devices)
+        self._apply_fit(trainer, pl_module, plan)
+        self._say(trainer, plan.summary())
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "validate" and not trainer.sanity_checking:
+            self._search_eval(trainer, pl_module, trainer.validate_loop, "validation_step")
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._search_eval(trainer, pl_module, trainer.test_loop, "test_step")
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self.plan is not None:
+            checkpoint[CHECKPOINT_KEY] = self.plan.to_dict()
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        saved = checkpoint.get(CHECKPOINT_KEY)
+        try:
+            self._saved = None if saved is None else LightningPlan.from_dict(saved)
+        except (KeyError, TypeError) as error:  # another batchfit's plan: search again
+            self._saved = None
+            self._say(trainer, f"the checkpoint's plan cannot be read ({type(error).__name__}: {error})")
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # A strategy that restores the checkpoint after the start of fit (ModelParallelStrategy)
+        # hands the plan over too late for this fit; the next fit has a checkpoint of its own.
+        self._saved = None
+
+    # -- fit -----------------------------------------------------------------------------
+
+    def _search_fit(self, trainer: pl.Trainer, where: Where, devices: tuple[str, ...]) -> LightningPlan:
+        """The train search (and the eval search, when its attribute is named), then the split
+        of the global batch, when one is asked for."""
+        target, world_size = self.sizes.global_batch_size, trainer.world_size
+        # Under a global batch the accumulation follows the answer: measured as two micro-batches
+        # (the most any accumulation holds), which holds for one too.
+        accumulation = MICRO_BATCHES_MEASURED if target is not None else trainer.accumulate_grad_batches
+        steps = LightningSteps(trainer, trainer.precision_plugin, accumulation, "validation_step", True)
+        optimizer = trainer.optimizers[0]
+        loader = _one_loader(trainer.fit_loop._data_source)
+        sizes = self.sizes if target is None else _up_to(self.sizes, target // world_size)
+        found = self._search(
+            trainer, where, lightning_workload(trainer, loader, steps, optimizer), "train", sizes
+        )
+        micro, accumulation = found.batch_size, trainer.accumulate_grad_batches
+        if target is not None:
+            micro = chosen_micro_batch(target, world_size, found.batch_size)
+            accumulation = target // (world_size * micro)
+        eval_size = None
+        source = trainer.fit_loop.epoch_loop.val_loop._data_source
+        if self.eval_batch_arg_name is not None and source.is_defined() and trainer.limit_val_batches != 0:
+            workload = lightning_workload(trainer, _one_loader(source), steps, optimizer)
+            eval_size = self._search(trainer, where, workload, "eval", self.sizes).batch_size
+        fraction, version = where.memory_fraction, batchfit.__version__
+        return LightningPlan(micro, accumulation, world_size, eval_size, devices, fraction, version)
+
+    def _apply_fit(self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: LightningPlan) -> None:
+        """The plan's sizes set where the loaders read them and its accumulation on the Trainer;
+        the fit loop's loaders dropped, so that it builds them anew at these sizes."""
+        if plan.micro_batch_size is not None:
+            lightning_setattr(pl_module, self.batch_arg_name, plan.micro_batch_size)
+        if plan.eval_batch_size is not None and self.eval_batch_arg_name is not None:
+            lightning_setattr(pl_module, self.eval_batch_arg_name, plan.eval_batch_size)
+        trainer.accumulate_grad_batches = plan.accumulation_steps
+        trainer.fit_loop._combined_loader = None
+        trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
+        self.plan = plan
+
+    def _changes(self, saved: LightningPlan | None, trainer: pl.Trainer, devices: tuple[str, ...]) -> str:
+        """What differs from when the checkpoint's plan was found (empty: nothing), the same on
+        every rank: the devices are every rank's."""
+        if saved is None:
+            return "no plan in the checkpoint"
+        now = {
+            "world_size": trainer.world_size,
+            "devices": list(devices),
+            "memory_fraction": self.where.memory_fraction,
+            # Under a global batch, the one asked for; else the accumulation that was measured.
+            "global_batch_size": self.sizes.global_batch_size or saved.global_batch_size,
+            "accumulation_steps": (
+                saved.accumulation_steps if self.sizes.global_batch_size else trainer.accumulate_grad_batches
+            ),
+        }
+        then = {**saved.to_dict(), "devices": list(saved.devices)}
+        return "; ".join(
+            f"{name} {then[name]} then, {value} now" for name, value in now.items() if then[name] != value
+        )
+
+    # -- validate and test ---------------------------------------------------------------
+
+    def _search_eval(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loop: _EvaluationLoop, hook: EvalHook
+    ) -> None:
+        """The eval batch of ``validate`` or ``test``, set; the loop's loaders built anew at it."""
+        name = self.eval_batch_arg_name or self.batch_arg_name
+        _check_attribute(pl_module, name, "eval_batch_arg_name")
+        _check_strategy(trainer)
+        where = self._where(trainer)
+        steps = LightningSteps(trainer, trainer.precision_plugin, 1, hook, False)
+        workload = lightning_workload(trainer, _one_loader(loop._data_source), steps, None)
+        result = self._search(trainer, where, workload, "eval", self.sizes)
+        lightning_setattr(pl_module, name, result.batch_size)
+        loop._combined_loader = None
+        loop.setup_data()
+        loop.reset()
+        devices = tuple(ranks().run(lambda: result.device))
+        fraction, version = where.memory_fraction, batchfit.__version__
+        base = self.plan or LightningPlan(None, 1, trainer.world_size, None, devices, fraction, version)
+        self.plan = replace(base, eval_batch_size=result.batch_size)
+        self._say(trainer, f"{name}={result.batch_size} for {hook}")
+
+    # -- shared --------------------------------------------------------------------------
+
+    def _where(self, trainer: pl.Trainer) -> Where:
+        """Where the search runs: the device given, else the Trainer's."""
+        device = self.where.device if self.where.device is not None else trainer.strategy.root_device
+        return Where(device, self.where.memory_limit, self.where.memory_fraction)
+
+    def _search(
+        self, trainer: pl.Trainer, where: Where, workload: batchfit.Workload, mode: Mode, sizes: BatchSizes
+    ) -> SearchResult:
+        """``find_batch_size`` with the loop's logging set aside; rank 0 tells the logger."""
+        speak = trainer.is_global_zero
+        with scratch_logging(trainer):
+            result = find_batch_size(
+                workload,
+                mode,
+                **where.keywords(),
+                sizes=replace(sizes.for_mode(mode), global_batch_size=None, world_size=None),
+                trials=self.trials,
+                on_progress=_tell if speak else None,
+            )
+        if speak:
+            logger.info("%s", result.summary())
+        self.results[mode] = result
+        return result
+
+    def _say(self, trainer: pl.Trainer, message: str) -> None:
+        if trainer.is_global_zero:
+            logger.info("%s", message)
+
+
+def _tell(event: Event) -> None:
+    """A search's progress, to this module's logger: one line per trial."""
+    trial = event.trial
+    if event.stage == "trial" and trial is not None:
+        peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"
+        logger.info("%s batch_size=%d: %s, peak %s", event.label, trial.batch_size, trial.outcome, peak)
+
+
+def _up_to(sizes: BatchSizes, per_device: int) -> BatchSizes:
+    """``sizes`` as the search under a global batch takes them: up to the batch each rank trains."""
+    return replace(sizes, max_batch_size=min(sizes.upper("train"), per_device))
+
+
+def _one_loader(source: _DataLoaderSource) -> DataLoader[Any]:
+    """The DataLoader the module's (or datamodule's) data hook returns: exactly one."""
+    found = loaders_of(source.dataloader())
+    if len(found) != 1:
+        raise ConfigurationError(
+            f"{source.name}() returned {len(found)} DataLoaders; batchfit sizes one loader per mode, "
+            f"read from one batch size attribute. Return one DataLoader, or search the others with "
+            f"batchfit.find_batch_size."
+        )
+    return found[0]
+
+
+def _check_fit(trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, sizes: BatchSizes) -> None:
+    """What the callback needs of ``fit``, or an error that says what to change."""
+    _check_strategy(trainer)
+    if not pl_module.automatic_optimization:
+        raise ConfigurationError(
+            f"{type(pl_module).__name__} sets automatic_optimization=False: its training_step runs "
+            f"its own backward and optimizer step, through the strategy's collectives. The callback "
+            f"measures automatic optimization; search a step of your own with batchfit.find_batch_size."
+        )
+    if not trainer.fit_loop._data_source.is_module():
+        raise ConfigurationError(
+            "trainer.fit(train_dataloaders=...) hands the Trainer DataLoaders built at their batch "
+            "size already, which a size found cannot change. Build them in the LightningModule's "
+            "(or LightningDataModule's) train_dataloader() from its batch_size attribute."
+        )
+    _check_attribute(pl_module, name, "batch_arg_name")
+    target = sizes.global_batch_size
+    if sizes.world_size is not None and sizes.world_size != trainer.world_size:
+        raise ConfigurationError(
+            f"sizes.world_size={sizes.world_size}, but the Trainer runs {trainer.world_size} "
+            f"ranks (num_nodes x devices); leave world_size out, and the Trainer's is used."
+        )
+    if target is not None:
+        check_divisible(target, trainer.world_size)
+        callbacks = getattr(trainer, "callbacks", ())
+        if any(isinstance(callback, GradientAccumulationScheduler) for callback in callbacks):
+            raise ConfigurationError(
+                f"sizes.global_batch_size={target} sets accumulate_grad_batches, which a "
+                f"GradientAccumulationScheduler changes every epoch: remove one of the two."
+            )
+
+
+def _check_strategy(trainer: pl.Trainer) -> None:
+    """A strategy whose steps batchfit runs as they train: one device, DDP, or FSDP2
+    (``ModelParallelStrategy`` with ``fully_shard``)."""
+    strategy = trainer.strategy
+    known = (SingleDeviceStrategy, DDPStrategy, ModelParallelStrategy)
+    other = (DeepSpeedStrategy, XLAStrategy, SingleDeviceXLAStrategy)
+    if not isinstance(strategy, known) or isinstance(strategy, other):
+        raise ConfigurationError(
+            f"the Trainer's strategy is {type(strategy).__name__}; batchfit runs the steps of "
+            f"SingleDeviceStrategy, DDPStrategy and ModelParallelStrategy (FSDP2's "
+            f"fully_shard in configure_model). For FSDPStrategy (FSDP1), shard with fully_shard "
+            f"under ModelParallelStrategy instead."
+        )
+
+
+def _check_attribute(pl_module: pl.LightningModule, name: str, parameter: str) -> None:
+    if not lightning_hasattr(pl_module, name):
+        raise ConfigurationError(
+            f"{type(pl_module).__name__} exposes no {name!r}: neither the module, its hparams nor "
+            f"its datamodule has it, so a batch size found could not reach its DataLoader. Give the "
+            f"module (or its LightningDataModule) a {name} attribute that its dataloader hooks read "
+            f"(self.{name} = 32, or an __init__ argument kept by save_hyperparameters()), or pass "
+            f"{parameter}= the one they read."
+        )

@@ -1,0 +1,174 @@
+"""An out-of-memory in the Trainer's loop, handled without changing what trains: in training the
+loader's batch runs again as micro-batches of half the size (twice the accumulation), so the
+effective batch, the optimizer steps and the learning-rate schedule stay as they were; in
+evaluation the failure is told to every rank, so all of them shrink the eval batch together."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchShrink, Outcome, merge_outcomes
+from batchfit.runtime.devices.oom import first_line, is_out_of_memory
+from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
+from batchfit.runtime.distributed.lockstep import Lockstep
+from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
+
+#: Where a training micro-batch ran out of memory: the Trainer's step runs forward and backward in one.
+PHASE = "the training step"
+
+
+class RankOutOfMemory(torch.OutOfMemoryError):
+    """An evaluation batch ran out of memory on some rank: every rank raises this after the same
+    batch, so all of them leave the evaluation and run it again at a smaller batch."""
+
+
+class TrainingMicroBatches:
+    """The micro-batches each of the loop's batches runs as: all of it (``micro_batch_size``), or
+    halves of it after an out-of-memory, each weighted by its share of the batch.
+
+    The loop calls ``step`` once per batch, as it calls ``training_step``; the batches of the
+    optimizer step so far are kept (the loop holds them anyway), so after an out-of-memory the
+    gradients are dropped and every one of them runs again at the halved micro-batch: no sample is
+    lost or counted twice. Under a process group every rank tells the others after each
+    micro-batch whether it ran out of memory, and all halve together; a ``DistributedDataParallel``
+    model runs every micro-batch in ``no_sync()`` and its gradients are averaged once, on the
+    optimizer step's last batch, after it succeeded on every rank (as ``MicroBatchStep`` does), so
+    no rank waits in DDP's hooks for one that failed.
+    """
+
+    def __init__(
+        self,
+        micro_batch_size: int,
+        training_step: Callable[..., torch.Tensor],
+        on_change: Callable[[MicroBatchChange], None],
+    ) -> None:
+        self.policy = MicroBatchShrink(micro_batch_size)
+        self.training_step = training_step
+        self.on_change = on_change
+        self.pending: list[tuple[Any, Any]] = []  # (batch, num_items_in_batch) of this optimizer step
+        self.pending_step = -1  # the optimizer step (global_step) they belong to
+        self.lockstep = Lockstep.current()
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.policy.micro_batch_size
+
+    def step(self, trainer: Any, model: nn.Module, inputs: Any, num_items_in_batch: Any) -> torch.Tensor:
+        """What ``training_step`` returns for ``inputs`` (the loss the loop logs), its gradients
+        accumulated; on the optimizer step's last batch, averaged over the ranks."""
+        samples = count_samples(inputs, 0)
+        if self.pending_step != trainer.state.global_step:  # an optimizer step left unfinished
+            self.pending.clear()
+        self.pending_step = trainer.state.global_step
+        self.pending.append((inputs, num_items_in_batch))
+        todo = self.pending[-1:]
+        while True:
+            failure, loss = self._run(trainer, model, todo)
+            if failure is None:
+                break
+            model.zero_grad(set_to_none=True)
+            self.on_change(self.policy.out_of_memory(trainer.state.global_step, samples, *failure))
+            gc.collect()  # the failed attempt's activations, held in cycles with its traceback
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            todo = list(self.pending)
+        if trainer.accelerator.sync_gradients:  # the optimizer step's last batch
+            if isinstance(model, DistributedDataParallel) and self.lockstep is not None:
+                self._average(model, self.lockstep)
+            self.pending.clear()
+            self.policy.stepped(trainer.state.global_step, samples)
+        return loss
+
+    def _run(self, trainer: Any, model: nn.Module, todo: list[tuple[Any, Any]]) -> tuple[Any, torch.Tensor]:
+        """Each batch of ``todo`` as micro-batches; where one ran out of memory on any rank (None:
+        nowhere), and the loss of the last batch."""
+        if isinstance(model, DistributedDataParallel) and todo[0] is self.pending[0]:
+            model.require_forward_param_sync = True  # buffers broadcast at the step's first forward
+        losses: list[torch.Tensor] = []
+        for batch, num_items_in_batch in todo:
+            losses = []
+            failure = self._batch(trainer, model, batch, num_items_in_batch, losses)
+            if failure is not None:
+                return failure, torch.zeros(())
+        return None, torch.stack(losses).sum()
+
+    def _batch(
+        self, trainer: Any, model: nn.Module, batch: Any, num_items_in_batch: Any, losses: list[torch.Tensor]
+    ) -> tuple[str, str] | None:
+        samples, start = count_samples(batch, 0), 0
+        for size in self.policy.sizes(samples):
+            part = batch if size == samples else micro_batch(batch, start, size, 0)
+            work = functools.partial(
+                self._micro_batch, trainer, model, part, num_items_in_batch, samples / size, losses
+            )
+            failure = merge_outcomes(self._exchange(work), ranks=self.lockstep is not None)
+            if failure is not None:
+                return failure
+            start += size
+        return None
+
+    def _micro_batch(
+        self,
+        trainer: Any,
+        model: nn.Module,
+        part: Any,
+        num_items_in_batch: Any,
+        parts: float,
+        losses: list[torch.Tensor],
+    ) -> Outcome:
+        """The Trainer's step on ``part``, one ``parts``-th of a batch (its mean loss weighted so: the
+        loop divides by its accumulation); this rank's outcome, an out-of-memory as a value."""
+        accumulation = trainer.current_gradient_accumulation_steps
+        trainer.current_gradient_accumulation_steps = accumulation * parts
+        try:
+            with model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext():
+                losses.append(self.training_step(model, part, num_items_in_batch))
+        except BaseException as error:
+            if not is_out_of_memory(error):
+                raise
+            return count_samples(part, 0), (PHASE, first_line(error))  # the other ranks must hear it
+        finally:
+            trainer.current_gradient_accumulation_steps = accumulation
+        return count_samples(part, 0), None
+
+    def _average(self, model: DistributedDataParallel, lockstep: Lockstep) -> None:
+        parameters = list(model.parameters())
+        masks = lockstep.run(lambda: gradient_mask(parameters))
+        # All the average's memory is taken in its own exchange, before any rank enters its collectives.
+        prepared: list[GradientAverage] = []
+        lockstep.run(lambda: prepared.append(prepare_average(parameters, masks)))
+        prepared[0].all_reduce(lockstep.group, lockstep.world_size)
+
+    def _exchange(self, work: Callable[[], Outcome]) -> list[Outcome]:
+        return [work()] if self.lockstep is None else self.lockstep.run(work)
+
+
+def predict_in_lockstep(predict: Callable[[], Any], lockstep: Lockstep | None) -> Any:
+    """``predict()`` (one evaluation batch); under a process group every rank hears whether it ran
+    out of memory on any rank, and all raise ``RankOutOfMemory`` after the same batch."""
+    if lockstep is None:
+        return predict()
+    error: BaseException | None = None
+    try:
+        outputs = predict()
+    except BaseException as raised:
+        error, outputs = raised, None
+
+    def tell() -> str | None:
+        if error is not None and not is_out_of_memory(error):
+            raise error  # every rank stops: this one with it, the others with RankFailedError
+        return None if error is None else first_line(error)
+
+    failures = [(rank, told) for rank, told in enumerate(lockstep.run(tell)) if told is not None]
+    if failures:
+        rank, told = failures[0]
+        raise RankOutOfMemory(f"evaluation ran out of memory on rank {rank} of {lockstep.world_size}: {told}")
+    return outputs
