@@ -75,7 +75,8 @@ def load_average() -> str:
 
 
 #: What a run's results depend on: uncommitted changes here make its commit not the whole story.
-CODE_PATHS = ("src", "bench", "examples", "pyproject.toml")
+#: The results files themselves are not code: a run that rewrites them leaves the next one's record clean.
+CODE_PATHS = ("src", "bench", ":(exclude)bench/data", "examples", "pyproject.toml")
 
 
 def code_version() -> dict[str, Any]:
