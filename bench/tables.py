@@ -339,6 +339,19 @@ def timings_table(files: list[dict[str, Any]]) -> str:
     return markdown(["command", "device", "seconds", "load average", "file"], lines, (0, 1, 4))
 
 
+def forecast_trained_table(files: list[dict[str, Any]]) -> str:
+    """``bench/forecast_trained.py``: each case's search from a fresh optimizer and after a step."""
+    (data,) = files
+    lines = [
+        [row["case"], row["limit"], row["optimizer"], str(row["batch_size"]),
+         ", ".join(map(str, row["trials"])), str(row["traces"]),
+         f"{row['wall_seconds']:.2f}", f"{row['cpu_seconds']:.2f}"]
+        for row in data["rows"]
+    ]  # fmt: skip
+    headers = ["case", "cap", "optimizer", "answer", "real trials", "fake-tensor traces", "wall s", "CPU s"]
+    return markdown(headers, lines, (0, 1, 2, 4)) + "\n\n" + provenance(data)
+
+
 def transcript_block(files: list[dict[str, Any]], short: bool = False) -> str:
     """A recorded command (``bench/transcript.py``): the command, what it wrote, and where from;
     ``short``: stdout up to its first blank line, then ``...``."""
@@ -370,6 +383,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "compare": (compare_table, True, False),
     "explore": (explore_table, True, False),
     "timings": (timings_table, True, False),
+    "forecast-trained": (forecast_trained_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),
