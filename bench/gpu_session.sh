@@ -49,18 +49,21 @@ for stage in "$@"; do
 done
 
 # The smoke's parts: NAME, its budget in seconds, and its command. The budgets sum to SMOKE_SECONDS
-# less a minute for the checks before it and Python's starts; each comes from docs/benchmarks.md's
-# timings (its "The GPU session" section): the 32 gpu tests took 114 s on the H200 (150 s here for
-# an H100 and tests added since); the main command is two searches of under a second and a
-# process's start (40 s); find's built-ins took 78 s on the H100 with Lightning, accelerate and the
-# bisected truth (110 s for about 300 probes of 10 steps, most of them the mlp's at 0.1 s); ResNet-50
-# AMP's 10-step trials took 1.5 s on the H100 near its boundary, about 60 of them in the scan (150 s).
+# less half a minute for the checks before it and Python's starts; each comes from docs/benchmarks.md's
+# timings (its "The GPU session" section): the 32 core gpu tests took 114 s on the H200 (140 s here
+# for an H100); the adapters' two (Lightning on ResNet-50, the HF Trainer on GPT-2 small) each
+# search and train 20 steps (70 s, not yet measured on a GPU); the main command is two searches of
+# under a second and a process's start (40 s); find's built-ins took 78 s on the H100 with
+# Lightning, accelerate and the bisected truth (100 s for about 300 probes of 10 steps, most of them
+# the mlp's at 0.1 s, without the competitors); ResNet-50 AMP's 10-step trials took 1.5 s on the
+# H100 near its boundary, about 60 of them in the scan (100 s).
 SMOKE_SECONDS=480
 smoke_parts=(
-    "gpu-tests|150|$py -m pytest -p no:cacheprovider -q -rP -m gpu"
+    "gpu-tests|140|$py -m pytest -p no:cacheprovider -q -rP -m gpu --ignore=tests/integrations"
+    "adapters|70|$py -m pytest -p no:cacheprovider -q -rP -m gpu tests/integrations"
     "main-command|40|$py bench/transcript.py --json $out/transcript-cuda-find-transformer.json -- $py -m batchfit find --example transformer --memory-limit 2GiB --modes train,eval --device cuda:0"
-    "find-builtins|110|$py bench/find.py --device cuda --no-competitors --workloads mlp,cnn,transformer --json $out/find-cuda-smoke-builtins.json"
-    "find-resnet50-amp|150|$py bench/find.py --device cuda --no-competitors --workloads resnet50-amp --json $out/find-cuda-smoke-resnet50-amp.json"
+    "find-builtins|100|$py bench/find.py --device cuda --no-competitors --workloads mlp,cnn,transformer --json $out/find-cuda-smoke-builtins.json"
+    "find-resnet50-amp|100|$py bench/find.py --device cuda --no-competitors --workloads resnet50-amp --json $out/find-cuda-smoke-resnet50-amp.json"
 )
 if [ "$plan" = 1 ]; then
     for stage in "$@"; do

@@ -55,10 +55,14 @@ def test_the_smoke_runs_the_gpu_tests_the_main_command_and_find_with_the_truth_i
         name, rest = line.split(" ", 1)
         seconds, command = rest.split(" s: ", 1)
         parts[name] = (int(seconds), command.replace(sys.executable, "python"))
-    assert list(parts) == ["gpu-tests", "main-command", "find-builtins", "find-resnet50-amp"]
+    assert list(parts) == ["gpu-tests", "adapters", "main-command", "find-builtins", "find-resnet50-amp"]
     # Each part under its timeout, and with a minute for the checks before them, 8 minutes in all.
     assert sum(seconds for seconds, _ in parts.values()) + 30 <= 480
-    assert parts["gpu-tests"][1] == "python -m pytest -p no:cacheprovider -q -rP -m gpu"
+    assert (
+        parts["gpu-tests"][1]
+        == "python -m pytest -p no:cacheprovider -q -rP -m gpu --ignore=tests/integrations"
+    )
+    assert parts["adapters"][1] == "python -m pytest -p no:cacheprovider -q -rP -m gpu tests/integrations"
     readme = "python -m batchfit find --example transformer --memory-limit 2GiB --modes train,eval"
     assert parts["main-command"][1].endswith(f"-- {readme} --device cuda:0")
     finds = [parts["find-builtins"][1], parts["find-resnet50-amp"][1]]
