@@ -401,6 +401,11 @@ def render(spec: str) -> str:
     return text if inline else f"\n{text}\n"
 
 
+def shown(path: Path) -> Path:
+    """``path`` from the repository's root where it lies in it."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def documents() -> list[Path]:
     return [path for pattern in DOCUMENTS for path in sorted(ROOT.glob(pattern))]
 
@@ -415,7 +420,7 @@ def stale(paths: Iterable[Path]) -> list[str]:
     for path in paths:
         for match in BLOCK.finditer(path.read_text()):
             if match["body"] != render(match["spec"]):
-                found.append(f"{path.relative_to(ROOT)}: {match['spec']}")
+                found.append(f"{shown(path)}: {match['spec']}")
     return found
 
 
@@ -432,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         text = path.read_text()
         if (new := regenerate(text)) != text:
             path.write_text(new)
-            print(f"rewrote {path.relative_to(ROOT)}")
+            print(f"rewrote {shown(path)}")
     return 0
 
 
