@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gc
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,9 +82,18 @@ class Bench:
     """One case on one device: its workload, put back as built for each method, and the capped
     trial they all run."""
 
-    def __init__(self, case: Case, device: torch.device, cap_bytes: int = 0, kind: str | None = None) -> None:
+    def __init__(
+        self,
+        case: Case,
+        device: torch.device,
+        cap_bytes: int = 0,
+        kind: str | None = None,
+        build: Callable[[torch.device], Workload] | None = None,
+    ) -> None:
+        """``build``: how the case's workload is made (default: ``_workloads.build`` by its name)."""
         self.case, self.device, self.cap_bytes = case, device, cap_bytes
         self.kind = kind or device.type
+        self.build = build or (lambda device: _workloads.build(case.workload, device))
         self._built: tuple[Workload, FreshState] | None = None
 
     def target(self, limit: int) -> Device:
@@ -106,7 +116,7 @@ class Bench:
         a search and its truth on one model agreed (the GPU tests)."""
         torch.backends.cudnn.benchmark = self.case.cudnn_benchmark
         if self._built is None:
-            workload = _workloads.build(self.case.workload, self.device)
+            workload = self.build(self.device)
             self._built = workload, FreshState(workload)
         workload, state = self._built
         state.restart()
@@ -152,6 +162,13 @@ class Bench:
             state.reset()
             return None
         return measurement.peak_bytes
+
+    def probe(self, batch_size: int, steps: int) -> bool:
+        """A probe of the truth: whether ``steps`` steps of ``batch_size`` complete under the cap,
+        from the case's model as built (weights, no gradients or optimizer state, its GradScalers
+        unstepped) with the allocator's cache emptied."""
+        workload, state = self.workload()
+        return self.trial(workload, state, batch_size, steps) is not None
 
     def find(self, workload: Workload) -> batchfit.SearchResult:
         """``find_batch_size`` as every benchmark runs it: train, under the cap at fraction 1."""

@@ -1,12 +1,18 @@
-"""What the benchmarks share: the options they all take, a stopwatch, the machine they ran on,
-aligned text and Markdown tables, ratios, and the results file under ``bench/results/``."""
+"""What the benchmarks share: the options they all take, a stopwatch, the machine and code they ran
+on, aligned text and Markdown tables, ratios, and the results file under ``bench/results/``, which
+records the commit, the device, torch and the command that wrote it."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.metadata
 import json
 import os
+import platform
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -14,7 +20,11 @@ from typing import Any
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+#: Where a checkout is not at hand (a copy of the working tree on a GPU machine), the commit it was
+#: copied from, given by whoever runs it: ``BATCHFIT_COMMIT=$(git rev-parse HEAD)``.
+COMMIT_VARIABLE = "BATCHFIT_COMMIT"
 
 
 def parser(doc: str | None, *, quick: str, json_default: str) -> argparse.ArgumentParser:
@@ -64,12 +74,59 @@ def load_average() -> str:
         return "unknown"
 
 
+#: What a run's results depend on: uncommitted changes here make its commit not the whole story.
+#: The results files themselves are not code: a run that rewrites them leaves the next one's record clean.
+CODE_PATHS = ("src", "bench", ":(exclude)bench/data", "examples", "pyproject.toml")
+
+
+def code_version() -> dict[str, Any]:
+    """The code that runs: ``git rev-parse HEAD`` and whether tracked files of ``CODE_PATHS`` differ
+    from it, else ``$BATCHFIT_COMMIT``, else the package's version (``source`` says which)."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return {"commit": head, "source": "git", "uncommitted_changes": bool(changed)}
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    if os.environ.get(COMMIT_VARIABLE):
+        return {"commit": os.environ[COMMIT_VARIABLE], "source": COMMIT_VARIABLE, "uncommitted_changes": None}
+    return {"commit": versions(["batchfit"])["batchfit"], "source": "version", "uncommitted_changes": None}
+
+
+def command_line() -> str:
+    """The command that runs, the script's path relative to the repository."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    return shlex.join(["python", str(shown), *sys.argv[1:]])
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model and the threads torch uses."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {torch.get_num_threads()} threads"
+
+
 class Session:
     """One run of a benchmark: what ran it, how long it took, and the load average (the machine
     may be shared) at its start and at its end."""
 
     def __init__(self, device: torch.device, packages: Sequence[str]) -> None:
         self.device, self.versions = device, versions(packages)
+        self.code, self.command = code_version(), command_line()  # as the run starts
         self.began, self.load_at_start = time.perf_counter(), load_average()
         self.total_seconds, self.load_at_end = 0.0, "unknown"
 
@@ -94,9 +151,15 @@ class Session:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The results file's fields about the run (after ``finish``)."""
+        """The results file's fields about the run (after ``finish``): what code ran, where, with
+        which torch, by which command, and when."""
         return {
+            "code": self.code,
+            "command": self.command,
+            "written": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch.__version__,
             "device": str(self.device),
+            "device_name": device_name(self.device),
             "allocator_settings": os.environ.get("PYTORCH_ALLOC_CONF")
             or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             "versions": self.versions,
@@ -130,7 +193,8 @@ def print_markdown_table(
         print("| " + " | ".join(line) + " |")
 
 
-def write_results(path: Path, payload: dict[str, Any]) -> None:
+def write_results(path: Path, session: Session, payload: dict[str, Any]) -> None:
+    """The results file: the session's record of the run (``Session.to_dict``), then ``payload``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1))
+    path.write_text(json.dumps({**session.to_dict(), **payload}, indent=1))
     print(f"\nwrote {path}")

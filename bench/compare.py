@@ -5,12 +5,12 @@
     .venv/bin/python bench/compare.py --device cuda    # ResNet-50 and GPT-2 where installed, capped
     .venv/bin/python bench/compare.py --workloads cnn  # one case
 
-For every row that applied, the truth is the largest batch whose 10 steps, the technique applied
-the same way, complete under the comparison's budget on the model compare searched, put back to
-its built weights with no optimizer state (galloping, then bisecting; the cache emptied before each
-probe on CUDA). On a GPU the ratios are set beside the
-published ResNet-50 rows of an 11 GB RTX 2080 Ti (AMP 1.9x the fp32 maximum; checkpointing per
-stage about 1.2x AMP's).
+For every row that applied, the truth is ``_truth.scan`` around the row's largest batch: which
+batches train 10 steps, the technique applied the same way, under the comparison's budget, on the
+model compare searched put back as built for each probe (weights, no optimizer state, GradScalers
+unstepped, the cache emptied); the row's answer is judged on that curve, and trains 20 steps. On a
+GPU the ratios are set beside the published ResNet-50 rows of an 11 GB RTX 2080 Ti (AMP 1.9x the
+fp32 maximum; checkpointing per stage about 1.2x AMP's).
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from __future__ import annotations
 import functools
 import gc
 from dataclasses import asdict
+from typing import Any
 
 import torch
 from _capped import FreshState
 from _harness import RESULTS, Session, parser, print_text_table, write_results
+from _truth import CHECK_STEPS, Curve, judge, scan, settings
 from _workloads import build, missing
-from find import largest_fitting
 
 import batchfit
 from batchfit.comparison import Comparison
@@ -32,17 +33,16 @@ from batchfit.runtime.devices.resolve import parse_device
 from batchfit.runtime.steps.techniques import applied, module_blocks
 from batchfit.runtime.workloads.batches import to_device
 
-#: Steps in a probe of the truth.
-TRUTH_STEPS = 10
 #: The bound of every search and of the truth.
 MAX_BATCH_SIZE = 1024
-#: (workload, memory limit) per device.
+#: (workload, memory limit) per device. On the CPU, limits whose answers stay under about 100, so
+#: that the truth's scan (every size within 12%, 10 steps each) stays within minutes.
 CASES = {
     "cpu": [
-        ("mlp", "48MiB"),
-        ("cnn", "256MiB"),
-        ("transformer", "512MiB"),
-        ("gpt2-tiny", "256MiB"),  # skipped without transformers
+        ("mlp", "46MiB"),
+        ("cnn", "64MiB"),
+        ("transformer", "128MiB"),
+        ("gpt2-tiny", "128MiB"),  # skipped without transformers
     ],
     "cuda": [("resnet50", "10.5GiB"), ("gpt2", "16GiB"), ("cnn", "1GiB")],
 }
@@ -71,19 +71,21 @@ def fits(
     block: str | None,
     budget: int,
     batch: int,
+    steps: int,
 ) -> bool:
-    """Whether TRUTH_STEPS steps of ``workload`` from its built state (``state``: the weights, no
-    gradients, no optimizer state), ``parts`` applied, fit ``budget``. The model compare searched,
-    in the place it was built: where the allocator maps pages into one segment (expandable
-    segments), a model built anew sits elsewhere and the same batch can fit or not."""
+    """Whether ``steps`` steps of ``workload`` from its built state (``state``: the weights, no
+    gradients, no optimizer state, GradScalers unstepped), ``parts`` applied, fit ``budget``. The
+    model compare searched, in the place it was built: where the allocator maps pages into one
+    segment (expandable segments), a model built anew sits elsewhere and the same batch can fit or
+    not."""
     device = next(workload.model.parameters()).device
-    state.reset()
+    state.restart()
     optimizer = state.optimizer  # the workload's own: its state is made by these steps
     try:
         with applied(workload, parts, device, block=block) as (variant, _):
             host = variant.host_batch(batch)
             with batchfit.memory_limit(budget, resident=[workload.model, optimizer], device=device):
-                for _ in range(TRUTH_STEPS):
+                for _ in range(steps):
                     variant.run_train_step(optimizer, to_device(host, device))
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
@@ -94,17 +96,17 @@ def fits(
         return False
     finally:
         optimizer.state.clear()  # nothing of this probe's optimizer stays resident for the next
-        gc.collect()
-        if device.type == "cuda":
+        if device.type == "cuda":  # on the CPU nothing is cached, and a full collection costs 0.1 s
+            gc.collect()
             torch.cuda.empty_cache()
 
 
 def check(
     workload: batchfit.Workload, state: FreshState, comparison: Comparison, block: str | None
-) -> list[int | None]:
-    """The truth for each row that has a largest batch (None for the others), on the model compare
-    searched, put back to its built ``state`` for each probe."""
-    truths: list[int | None] = []
+) -> list[Curve | None]:
+    """The truth's curve for each row that has a largest batch (None for the others), on the model
+    compare searched, put back to its built ``state`` for each probe."""
+    truths: list[Curve | None] = []
     for row in comparison.rows:
         if (
             not row.applied
@@ -115,11 +117,44 @@ def check(
             truths.append(None)
             continue
         parts = () if row.technique == "baseline" else tuple(row.technique.split("+"))
-        budget = comparison.budget_bytes
-        probe = functools.partial(fits, workload, state, parts, block, budget)
-        true_max, _ = largest_fitting(probe, row.batch_size, MAX_BATCH_SIZE)
-        truths.append(true_max)
+        probe = functools.partial(fits, workload, state, parts, block, comparison.budget_bytes)
+        truths.append(scan(probe, row.batch_size))
     return truths
+
+
+def verdict_line(
+    technique: str, answer: int, curve: Curve, anchor: float | None, ratio: float | None
+) -> list[str]:
+    """A row of the printed table: the answer, what it is judged against, and the verdict."""
+    verdict = judge(curve, answer, MAX_BATCH_SIZE)
+    said = "exact" if verdict.exact else f"judged against {verdict.reference}"
+    if verdict.trains is False:
+        said += f"; fails {CHECK_STEPS} steps"
+    return [
+        technique,
+        str(answer),
+        said,
+        curve.describe(),
+        "-" if ratio is None else f"{ratio:.2f}x",
+        "-" if anchor is None else f"{anchor:.2f}x",
+    ]
+
+
+def case_dict(name: str, limit: str, comparison: Comparison, truths: list[Curve | None]) -> dict[str, Any]:
+    """A case as the results file holds it: the comparison, each row's curve and verdict."""
+    verdicts = [
+        None
+        if curve is None or row.batch_size is None
+        else asdict(verdict := judge(curve, row.batch_size, MAX_BATCH_SIZE)) | {"exact": verdict.exact}
+        for row, curve in zip(comparison.rows, truths, strict=True)
+    ]
+    return {
+        "workload": name,
+        "limit": limit,
+        "comparison": asdict(comparison),
+        "truths": [None if curve is None else curve.to_dict() for curve in truths],
+        "verdicts": verdicts,
+    }
 
 
 def main() -> None:
@@ -135,7 +170,7 @@ def main() -> None:
         if unknown:
             args.error(f"unknown workload(s) {', '.join(unknown)} on {device.type}")
         cases = [(name, limit) for name, limit in CASES[device.type] if name in wanted]
-    session = Session(device, ["torch", "torchvision", "transformers"])
+    session = Session(device, ["torch", "batchfit", "torchvision", "transformers"])
     print(session.machine())
     results = []
     for name, limit in cases:
@@ -158,27 +193,24 @@ def main() -> None:
         del workload
         print(f"\n{name} at {limit} ({comparison.seconds:.0f} s)")
         print(comparison.table(), end="")
-        lines = []
-        for row, truth in zip(comparison.rows, truths, strict=True):
-            if truth is None or row.batch_size is None:
-                continue
-            anchor = ANCHORS.get(row.technique) if name == "resnet50" else None
-            lines.append(
-                [
-                    row.technique,
-                    str(row.batch_size),
-                    str(truth),
-                    "exact" if truth == row.batch_size else f"off by {row.batch_size - truth:+d}",
-                    "-" if row.batch_ratio is None else f"{row.batch_ratio:.2f}x",
-                    "-" if anchor is None else f"{anchor:.2f}x",
-                ]
+        lines = [
+            verdict_line(
+                row.technique,
+                row.batch_size,
+                curve,
+                ANCHORS.get(row.technique) if name == "resnet50" else None,
+                row.batch_ratio,
             )
-        print_text_table(["technique", "answer", "truth", "verdict", "x batch", "published x batch"], lines)
-        results.append({"workload": name, "limit": limit, "comparison": asdict(comparison), "truths": truths})
+            for row, curve in zip(comparison.rows, truths, strict=True)
+            if curve is not None and row.batch_size is not None
+        ]
+        print_text_table(["technique", "answer", "verdict", "truth", "x batch", "published x batch"], lines)
+        results.append(case_dict(name, limit, comparison, truths))
     print(session.finish())
     if not options.no_json:
         path = options.json or RESULTS / f"compare-{device.type}.json"
-        write_results(path, {**session.to_dict(), "cases": results})
+        payload = {"truth": settings(), "max_batch_size": MAX_BATCH_SIZE, "cases": results}
+        write_results(path, session, payload)
 
 
 if __name__ == "__main__":

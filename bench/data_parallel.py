@@ -274,7 +274,7 @@ def main() -> None:
     print_text_table(fsdp_headers, fsdp_lines)
     print(session.finish())
     if not args.no_json:
-        write_results(args.json or RESULTS / "data-parallel-cpu.json", {**session.to_dict(), "rows": rows})
+        write_results(args.json or RESULTS / "data-parallel-cpu.json", session, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -299,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     _harness.print_markdown_table(HEADERS, table_rows(rows), text_columns=(0, 2, 10, 16))
     if not args.no_json:
         payload = {
-            **session.to_dict(),
             "quick": args.quick,
             "steps_per_window": _sweep.STEPS_PER_WINDOW,
             "sweep_windows": counted,
@@ -311,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             "malloc": malloc,
             "rows": [row.to_dict() for row in rows],
         }
-        _harness.write_results(json_path, payload)
+        _harness.write_results(json_path, session, payload)
     return 0 if all(row.quality_met and row.time_met for row in rows) else 1
 
 

@@ -1,13 +1,16 @@
-"""Benchmark ``batchfit.find_batch_size`` against the true maximum and against Lightning and accelerate.
+"""Benchmark ``batchfit.find_batch_size`` against the truth and against Lightning and accelerate.
 
 Each case is a workload under a memory cap: the built-in examples on a capped CPU (``--device cpu``,
-the default), or on a GPU (``--device cuda``) ResNet-50 (fp32, cudnn.benchmark, AMP), GPT-2 and
-the examples under a capped caching allocator. Every method runs the same capped trial
-(``_capped.py``); each answer is checked against the truth and trains ``CONFIRM_STEPS`` steps.
+the default) or on the CPU with CUDA's caching allocator modelled (``--device cpu-caching``), or on
+a GPU (``--device cuda``) ResNet-50 (fp32, cudnn.benchmark, AMP), GPT-2 and the examples under a
+capped caching allocator. Every method runs the same capped trial (``_capped.py``) on the case's
+one model, put back as built for each. Then the truth (``_truth.py``): a shuffled scan of
+``TRUTH_STEPS``-step probes around batchfit's answer, up to the true boundary, with every answer's
+``CHECK_STEPS``-step check; each answer is judged on that curve.
 
-Run: ``.venv/bin/python bench/find.py [--device cuda] [--quick] [--workloads cnn,mlp]``. Lightning
-and accelerate come from the ``bench`` extra (``pip install -e '.[bench]'``); without them their
-columns are skipped, as are real models whose package is missing.
+Run: ``.venv/bin/python bench/find.py [--device cuda] [--quick] [--workloads cnn,mlp]
+[--no-competitors]``. Lightning and accelerate come from the ``bench`` extra (``pip install -e
+'.[bench]'``); without them their columns are skipped, as are real models whose package is missing.
 """
 
 from __future__ import annotations
@@ -17,24 +20,27 @@ import itertools
 import math
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import _harness
 import _workloads
+import tables
 import torch
 from _capped import CPU_CACHING, MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult, bench_device
 from _peers import COMPETITORS, available_competitors, quiet_competitors
+from _truth import CHECK_STEPS, TRUTH_STEPS, Curve, Verdict, judge, scan, settings, spans
 
+from batchfit import Workload
 from batchfit.units import format_bytes, parse_bytes
 
-#: Steps in a probe of the CUDA truth, and in the check that each answer trains.
-TRUTH_STEPS = 10
-CONFIRM_STEPS = 20
 PACKAGES = ("torch", "batchfit", "lightning", "accelerate", "torchvision", "transformers")
+#: The largest answer each method may give: batchfit's max_batch_size and accelerate's start;
+#: Lightning's binsearch has none.
+BOUNDS: dict[str, int | None] = {"batchfit": MAX_BATCH_SIZE, "accelerate": MAX_BATCH_SIZE, "lightning": None}
 
-#: CPU limits chosen so each answer lies in about 16..300 and each exhaustive scan stays short.
+#: CPU limits chosen so each answer lies in about 16..200 and the truth's scan stays short.
 #: The mlp's memory is nearly all fixed (weights, gradients, Adam state and its temporaries, about
 #: 36 MiB) with about 3 KiB per sample, so its limits are close together.
 CASES: dict[str, list[Case]] = {
@@ -54,11 +60,11 @@ CASES: dict[str, list[Case]] = {
         Case("transformer", "ref:128"),
     ],
     # CUDA's caching allocator modelled on the CPU: the built-ins under what a trial at a reference
-    # size reserved there, as on the GPU.
+    # size reserved there, as on the GPU (not 128: the truth's scan there takes minutes a case).
     CPU_CACHING: [
         Case("mlp", "ref:256"),
-        *(Case("cnn", f"ref:{size}") for size in (32, 64, 128)),
-        *(Case("transformer", f"ref:{size}") for size in (32, 64, 128)),
+        *(Case("cnn", f"ref:{size}") for size in (32, 64)),
+        *(Case("transformer", f"ref:{size}") for size in (32, 64)),
         Case("gpt2-tiny", "ref:24"),  # a Hugging Face model's requests (where transformers is installed)
     ],
 }
@@ -70,27 +76,21 @@ QUICK: dict[str, list[Case]] = {
 
 
 @dataclass
-class Truth:
-    """The true maximum: by an exhaustive scan of [1, upper] (CPU), or by bisection (CUDA)."""
-
-    true_max: int | None
-    upper: int
-    first_failure: int | None
-    fitting_above_first_failure: list[int]  # non-empty only if fitting is not monotone (scan)
-    seconds: float
-    peaks: dict[int, int]
-    probes: int = 0
-
-
-@dataclass
 class Row:
     case: Case
     cap_bytes: int
-    truth: Truth
+    truth: Curve
     batchfit: MethodResult
     competitors: dict[str, MethodResult | None]  # None: the tool is not installed
     # The GPU's live bytes before the methods and after each, in the order they ran (CUDA only).
     live_bytes: dict[str, int] = field(default_factory=dict)
+
+    def verdict(self, method: str) -> Verdict | None:
+        """A method's answer judged on the truth's curve, within the method's own bound."""
+        result = self.batchfit if method == "batchfit" else self.competitors.get(method)
+        if result is None or result.answer is None:
+            return None
+        return judge(self.truth, result.answer, BOUNDS.get(method))
 
 
 def leftovers(live: dict[str, int], floor: int = 1 << 20) -> str:
@@ -109,78 +109,10 @@ def leftovers(live: dict[str, int], floor: int = 1 << 20) -> str:
     )
 
 
-def run_truth_scan(bench: Bench, upper: int) -> Truth:
-    workload, state = bench.workload()
-    peaks: dict[int, int] = {}
-    started = time.perf_counter()
-    for batch_size in range(1, upper + 1):
-        peak = bench.trial(workload, state, batch_size, STEPS_PER_TRIAL)
-        if peak is not None:
-            peaks[batch_size] = peak
-    seconds = time.perf_counter() - started
-    failures = [b for b in range(1, upper + 1) if b not in peaks]
-    first_failure = failures[0] if failures else None
-    above = [b for b in peaks if first_failure is not None and b > first_failure]
-    return Truth(max(peaks, default=None), upper, first_failure, above, seconds, peaks, upper)
-
-
-def largest_fitting(fits: Callable[[int], bool], start: int, upper: int) -> tuple[int | None, int]:
-    """The largest batch in [1, upper] that ``fits``, and the smallest that does not (upper + 1 if
-    none), assuming memory grows with the batch: gallop from ``start`` to a fitting and a failing
-    size, then bisect between them."""
-    step = 1
-    if fits(start):
-        low = start
-        while True:  # up until a size fails
-            if low == upper:
-                return low, upper + 1
-            candidate = min(upper, low + step)
-            if not fits(candidate):
-                high = candidate
-                break
-            low, step = candidate, 2 * step
-    else:
-        high = start
-        while True:  # down until a size fits
-            if high == 1:
-                return None, 1
-            candidate = max(1, high - step)
-            if fits(candidate):
-                low = candidate
-                break
-            high, step = candidate, 2 * step
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low, high
-
-
-def run_truth_bisect(bench: Bench, start: int) -> Truth:
-    """The largest batch whose TRUTH_STEPS steps complete under the cap (``largest_fitting``)."""
-    workload, state = bench.workload()
-    peaks: dict[int, int] = {}
-    outcomes: dict[int, bool] = {}
-    started = time.perf_counter()
-
-    def fits(batch_size: int) -> bool:
-        if batch_size not in outcomes:
-            peak = bench.trial(workload, state, batch_size, TRUTH_STEPS)
-            outcomes[batch_size] = peak is not None
-            if peak is not None:
-                peaks[batch_size] = peak
-        return outcomes[batch_size]
-
-    true_max, first_failure = largest_fitting(fits, start, MAX_BATCH_SIZE)
-    seconds = time.perf_counter() - started
-    return Truth(true_max, MAX_BATCH_SIZE, first_failure, [], seconds, peaks, len(outcomes))
-
-
-def confirm(bench: Bench, answer: int | None) -> bool | None:
-    """Whether ``answer`` trains CONFIRM_STEPS steps under the cap, from the fresh state."""
-    if answer is None:
-        return None
-    workload, state = bench.workload()
-    return bench.trial(workload, state, answer, CONFIRM_STEPS) is not None
+def take_truth(bench: Bench, answer: int, others: list[int]) -> Curve:
+    """The scan of ``_truth``: every probe from the case's model put back as built (weights, no
+    gradients, no optimizer state, GradScalers unstepped, the cache emptied), under the cap."""
+    return scan(bench.probe, answer, others)
 
 
 def run_batchfit(bench: Bench) -> MethodResult:
@@ -195,7 +127,7 @@ def run_batchfit(bench: Bench) -> MethodResult:
 
 
 def _print_method(name: str, result: MethodResult) -> None:
-    trains = "" if result.trains is None else f"  trains {CONFIRM_STEPS} steps: {result.trains}"
+    trains = "" if result.trains is None else f"  trains {CHECK_STEPS} steps: {result.trains}"
     print(
         f"  {name:<12} answer {result.answer!s:>4}  {result.trials:>3} trials {result.seconds:7.2f} s "
         f"({result.cpu_seconds:.2f} s CPU)  {result.sizes}{trains}"
@@ -224,7 +156,9 @@ def measure(runner: Callable[[Bench], MethodResult], bench: Bench, repeat: int) 
     return first
 
 
-def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, truth_by: str) -> Row:
+def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int) -> Row:
+    """Every method's search, then the truth: the scan around batchfit's answer, judging every
+    answer, with their CHECK_STEPS-step checks in the same shuffle."""
     live: dict[str, int] = {}
 
     def note_live(after: str) -> None:
@@ -240,100 +174,28 @@ def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, truth_by:
     for name, runner in COMPETITORS.items():
         results[name] = measure(runner, bench, repeat) if competitors.get(name) else None
         note_live(name)
+    others = [r.answer for r in results.values() if r is not None and r.answer is not None]
+    truth = take_truth(bench, ours.answer, others)
+    note_live("truth")
     for result in [ours, *results.values()]:
-        if result is not None:
-            result.trains = confirm(bench, result.answer)
-    note_live("20-step checks")
+        if result is not None and result.answer is not None:
+            result.trains = truth.trains.get(result.answer)
     _print_method("batchfit", ours)
     for name, result in results.items():
         if result is not None:
             _print_method(name, result)
-    answers = [r.answer for r in [ours, *results.values()] if r is not None and r.answer is not None]
-    if truth_by == "bisect":
-        truth = run_truth_bisect(bench, ours.answer)
-        how = f"{truth.probes} probes of {TRUTH_STEPS} steps"
-    else:
-        upper = min(MAX_BATCH_SIZE, max([ours.answer + max(16, ours.answer // 2), *(a + 1 for a in answers)]))
-        truth = run_truth_scan(bench, upper)
-        how = f"scanned 1..{truth.upper}"
     print(
-        f"  truth        true max {truth.true_max} ({how}, first failure {truth.first_failure}) "
-        f"in {truth.seconds:.1f} s",
+        f"  truth        {truth.describe()} ({len(truth.order)} probes of {TRUTH_STEPS} steps and "
+        f"checks of {CHECK_STEPS}, in {truth.seconds:.1f} s)",
         flush=True,
     )
-    if truth.fitting_above_first_failure:
-        print(f"  NOTE: fitting is not monotone: {truth.fitting_above_first_failure} fit above a failure")
-    note_live("truth")
+    if not truth.monotone:
+        print(f"  NOTE: fitting is not monotone: {spans(truth.fitting_above_a_failure)} fit above a failure")
+    if truth.reach is not None:
+        print(f"  NOTE: every size up to the scan's reach ({truth.reach}) fits")
     if note := leftovers(live):
         print(f"  {note}")
     return Row(bench.case, bench.cap_bytes, truth, ours, results, live)
-
-
-def headers() -> tuple[str, ...]:
-    return (
-        "workload",
-        "cap",
-        "true max",
-        "batchfit",
-        "exact",
-        "bf trains",
-        "bf trials",
-        "bf traces",
-        "bf s",
-        "lightning",
-        "L trials/bf",
-        "L s/bf",
-        "accelerate",
-        "A trials/bf",
-        "A s/bf",
-    )
-
-
-def table_rows(rows: list[Row]) -> list[list[str]]:
-    lines = []
-    for row in rows:
-        ours = row.batchfit
-        cells = [
-            row.case.name,
-            row.case.cap if not row.case.cap.startswith("ref:") else format_bytes(row.cap_bytes),
-            str(row.truth.true_max),
-            str(ours.answer),
-            "yes" if ours.answer == row.truth.true_max else "NO",
-            {True: "yes", False: "NO", None: "-"}[ours.trains],
-            str(ours.trials),
-            str(ours.traces),
-            f"{ours.seconds:.2f}",
-        ]
-        for name in COMPETITORS:
-            result = row.competitors.get(name)
-            if result is None or result.answer is None:
-                cells += ["n/a" if result is None else "error", "-", "-"]
-            else:
-                cells += [
-                    str(result.answer),
-                    _harness.ratio(result.trials, ours.trials),
-                    _harness.ratio(result.seconds, ours.seconds),
-                ]
-        lines.append(cells)
-    return lines
-
-
-def _peak_differences(rows: list[Row], method: str) -> str:
-    """A method's trial peaks minus the truth's at the same batch sizes: the bytes the tool itself
-    allocated inside the cap (0 when it runs exactly the same trial; on CUDA the truth's probes
-    run more steps, so only the scan's are compared)."""
-    extra = [
-        result.peaks[b] - row.truth.peaks[b]
-        for row in rows
-        if (result := row.batchfit if method == "batchfit" else row.competitors.get(method)) is not None
-        for b in result.peaks
-        if b in row.truth.peaks
-    ]
-    return f"{min(extra)}..{max(extra)} bytes" if extra else "no common batch size"
-
-
-def _spread(ratios: list[float]) -> str:
-    return f"{min(ratios):.1f}..{max(ratios):.1f} (geometric mean {statistics.geometric_mean(ratios):.1f})"
 
 
 #: Lightning's trials and time over batchfit's, at least, in every row: 3 on the CPU (where the
@@ -342,43 +204,44 @@ LIGHTNING_TARGET = {"cpu": 3.0, "cuda": 2.0, CPU_CACHING: 2.0}
 
 
 def print_summary(rows: list[Row], device: str) -> None:
-    exact = [row for row in rows if row.batchfit.answer == row.truth.true_max]
-    print(f"batchfit exact: {len(exact)}/{len(rows)}")
-    for row in rows:
-        if row not in exact:
-            print(f"  NOT EXACT: {row.case.name} at {row.case.cap}: ", end="")
-            print(f"batchfit {row.batchfit.answer}, true maximum {row.truth.true_max}")
-    trained = sum(bool(row.batchfit.trains) for row in rows)
-    print(f"  its answer trained {CONFIRM_STEPS} steps under the cap: {trained}/{len(rows)}")
-    if device == "cpu":
-        print(f"  peaks minus the exhaustive scan's: {_peak_differences(rows, 'batchfit')}")
-    for name in COMPETITORS:
-        ran = [
-            (row, r) for row in rows if (r := row.competitors.get(name)) is not None and r.answer is not None
-        ]
-        if not ran:
+    """How often each method was exact, and Lightning's trials and time over batchfit's."""
+    for name in ("batchfit", *COMPETITORS):
+        judged = [(row, verdict) for row in rows if (verdict := row.verdict(name)) is not None]
+        if not judged:
             continue
-        trials = [r.trials / row.batchfit.trials for row, r in ran]
-        seconds = [r.seconds / row.batchfit.seconds for row, r in ran]
-        exact_count = sum(r.answer == row.truth.true_max for row, r in ran)
-        print(f"{name}: exact {exact_count}/{len(ran)}; as multiples of batchfit's:")
-        cpu = [r.cpu_seconds / row.batchfit.cpu_seconds for row, r in ran]
-        print(f"  trials {_spread(trials)}, seconds {_spread(seconds)}, CPU seconds {_spread(cpu)}")
+        exact = sum(verdict.exact for _, verdict in judged)
+        trained = sum(bool(verdict.trains) for _, verdict in judged)
+        print(f"{name}: exact {exact}/{len(judged)}; its answer trained {CHECK_STEPS} steps: {trained}")
+        for row, verdict in judged:
+            if not verdict.exact:
+                print(
+                    f"  NOT EXACT: {row.case.name} at {row.case.cap}: {verdict.answer}, judged against "
+                    f"{verdict.reference}; trains {CHECK_STEPS} steps: {verdict.trains}"
+                )
+        if name == "batchfit":
+            continue
+        ran = [(row, row.competitors[name]) for row, _ in judged]
+        trials = [r.trials / row.batchfit.trials for row, r in ran if r is not None]
+        seconds = [r.seconds / row.batchfit.seconds for row, r in ran if r is not None]
+        cpu = [r.cpu_seconds / row.batchfit.cpu_seconds for row, r in ran if r is not None]
+        print(f"  as multiples of batchfit's: trials {_spread(trials)}, seconds {_spread(seconds)}, ", end="")
+        print(f"CPU seconds {_spread(cpu)}")
         if name == "lightning":
             target = LIGHTNING_TARGET[device]
             met = all(ratio >= target for ratio in trials + seconds)
             print(f"  target, at most 1/{target:g} of Lightning's trials and time in every row:", end=" ")
             print("met" if met else "NOT met")
-        trained = sum(bool(r.trains) for _, r in ran)
-        print(f"  its answer trained {CONFIRM_STEPS} steps under the cap: {trained}/{len(ran)}")
-        if device == "cpu":
-            print(f"  peaks minus the exhaustive scan's: {_peak_differences(rows, name)}")
 
 
-def prepared(case: Case, device: torch.device, kind: str | None = None) -> Bench:
+def prepared(
+    case: Case,
+    device: torch.device,
+    kind: str | None = None,
+    build: Callable[[torch.device], Workload] | None = None,
+) -> Bench:
     """The case's bench, warmed up, its cap resolved (``ref:B``: what a trial at ``B`` reserved, on
-    the model every method then trains)."""
-    bench = Bench(case, device, kind=kind)
+    the model every method then trains); ``build`` as ``Bench`` takes it."""
+    bench = Bench(case, device, kind=kind, build=build)
     bench.warm_up()
     if case.cap.startswith("ref:"):
         reserved = bench.reserved_at(int(case.cap.partition(":")[2]))
@@ -402,18 +265,29 @@ def select_cases(
     return [case for case in cases if case.workload in wanted]
 
 
+def _spread(ratios: list[float]) -> str:
+    if not ratios:
+        return "-"
+    return f"{min(ratios):.1f}..{max(ratios):.1f} (geometric mean {statistics.geometric_mean(ratios):.1f})"
+
+
+def row_dict(row: Row) -> dict[str, Any]:
+    """A row as the results file holds it: the curve, every method's search and its verdict."""
+    verdicts = {
+        name: asdict(verdict) | {"exact": verdict.exact}
+        for name in ("batchfit", *COMPETITORS)
+        if (verdict := row.verdict(name)) is not None
+    }
+    return asdict(row) | {"truth": row.truth.to_dict(), "verdicts": verdicts}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _harness.parser(__doc__, quick="fewer cases", json_default="bench/results/find-DEVICE.json")
-    parser.add_argument(
-        "--truth",
-        choices=("scan", "bisect"),
-        default=None,
-        help="how the true maximum is found (default: scan on the CPU, bisect on CUDA)",
-    )
     parser.add_argument("--workloads", default=None, help="comma-separated workloads (default: all)")
     parser.add_argument(
         "--repeat", type=int, default=1, help="run each search N times and report the median time"
     )
+    parser.add_argument("--no-competitors", action="store_true", help="batchfit and the truth alone")
     args = parser.parse_args(argv)
     device, kind = bench_device(args.device)
     cases = select_cases(parser, kind, args.quick, args.workloads)
@@ -422,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
     session = _harness.Session(device, PACKAGES)
     print(session.machine())
-    competitors = available_competitors(device, kind)
+    competitors = {} if args.no_competitors else available_competitors(device, kind)
     quiet_competitors()  # after their imports, which set their loggers' levels
     rows: list[Row] = []
     for case in cases:
@@ -432,27 +306,24 @@ def main(argv: list[str] | None = None) -> int:
             continue
         bench = prepared(case, device, kind)
         print(f"{case.name} at {case.cap} ({format_bytes(bench.cap_bytes)}):", flush=True)
-        rows.append(
-            bench_one(bench, competitors, args.repeat, args.truth or ("scan" if kind == "cpu" else "bisect"))
-        )
+        rows.append(bench_one(bench, competitors, args.repeat))
 
-    print()
-    _harness.print_text_table(headers(), table_rows(rows))
     print()
     print_summary(rows, kind)
     print(session.finish())
+    payload = {
+        "steps_per_trial": STEPS_PER_TRIAL,
+        "max_batch_size": MAX_BATCH_SIZE,
+        "repeat": args.repeat,
+        "truth": settings(),
+        "bounds": BOUNDS,
+        "rows": [row_dict(row) for row in rows],
+    }
     print()
-    _harness.print_markdown_table(headers(), table_rows(rows), text_columns=(0, 1))
+    print(tables.find_table([{**session.to_dict(), **payload}]))
     if not args.no_json:
-        payload = {
-            **session.to_dict(),
-            "steps_per_trial": STEPS_PER_TRIAL,
-            "max_batch_size": MAX_BATCH_SIZE,
-            "repeat": args.repeat,
-            "rows": [asdict(row) for row in rows],
-        }
-        _harness.write_results(args.json or _harness.RESULTS / f"find-{kind}.json", payload)
-    return 0 if all(row.batchfit.answer == row.truth.true_max for row in rows) else 1
+        _harness.write_results(args.json or _harness.RESULTS / f"find-{kind}.json", session, payload)
+    return 0 if all(verdict.exact for row in rows if (verdict := row.verdict("batchfit"))) else 1
 
 
 if __name__ == "__main__":

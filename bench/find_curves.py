@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ import _harness
 import _workloads
 import torch
 from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, bench_device
-from find import PACKAGES, largest_fitting, prepared, select_cases
+from find import PACKAGES, prepared, select_cases
 
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.tracker import resident_tensors
@@ -92,6 +93,38 @@ class Curve:
     # The same of each confirming trial that fitted (near the boundary), cut to the opening's steps.
     near_records: dict[str, dict[str, Any]] = field(default_factory=dict)
     soft_workspaces: bool = False  # the device's kernels do without a workspace that does not fit
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, upper: int) -> tuple[int | None, int]:
+    """The largest batch in [1, upper] that ``fits``, and the smallest that does not (upper + 1 if
+    none), assuming memory grows with the batch: gallop from ``start`` to a fitting and a failing
+    size, then bisect between them. It locates where to record densely; it judges nothing (the
+    benchmarks' truth is ``_truth.scan``, which assumes no such thing)."""
+    step = 1
+    if fits(start):
+        low = start
+        while True:  # up until a size fails
+            if low == upper:
+                return low, upper + 1
+            candidate = min(upper, low + step)
+            if not fits(candidate):
+                high = candidate
+                break
+            low, step = candidate, 2 * step
+    else:
+        high = start
+        while True:  # down until a size fits
+            if high == 1:
+                return None, 1
+            candidate = max(1, high - step)
+            if fits(candidate):
+                low = candidate
+                break
+            high, step = candidate, 2 * step
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, high
 
 
 def grid(upper: int) -> list[int]:
@@ -238,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         curves.append(curve)
     print(session.finish())
     if not args.no_json:
-        payload = {**session.to_dict(), "curves": [asdict(curve) for curve in curves]}
-        _harness.write_results(args.json or _harness.RESULTS / f"find-curves-{kind}.json", payload)
+        payload = {"curves": [asdict(curve) for curve in curves]}
+        _harness.write_results(args.json or _harness.RESULTS / f"find-curves-{kind}.json", session, payload)
     return 0
 
 

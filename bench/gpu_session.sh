@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of batchfit, stage by stage, on a machine with CUDA: each stage's log and results
-# file go to $OUT (default bench/results/). Stages:
+# file go to $OUT (default bench/results/). A GPU session runs `smoke` first. Stages:
+#   smoke      the first check, in at most 8 minutes on one H100, each part under a timeout set by
+#              its budget (below), batchfit and the truth alone (no Lightning or accelerate): the gpu
+#              tests, the README's main command on cuda:0, find on the built-ins and on ResNet-50 AMP
 #   gpu-tests  the tests marked gpu (pytest -m gpu), with what the passing ones print (-rP): their figures
 #   tests      the rest of the suite, with CUDA present (tests that mean the CPU say so): in 5
 #              processes where pytest-xdist is installed (about 5 minutes on the H100's 16 cores,
@@ -16,7 +19,10 @@
 #   advise     batchfit advise on built-in examples (the cnn unless named: advise:mlp,cnn,transformer)
 #              on cuda, each under 1GiB (the transformer 2GiB, as the README's main
 #              command): its JSON and its wall time, the time a user waits for the checklist
-# Usage: bash bench/gpu_session.sh STAGE [STAGE ...]   (e.g. gpu-tests find curves)
+# Usage: bash bench/gpu_session.sh [--plan] STAGE [STAGE ...]   (e.g. smoke, or gpu-tests find curves)
+# --plan prints the smoke's commands, each with its timeout, and runs nothing (no CUDA needed).
+# The results files record the commit: where the tree is not a git checkout (a copy on a GPU
+# machine), give it as BATCHFIT_COMMIT=<hash>, else they record the package's version.
 # find, expandable, curves, explore, compare and advise take workloads after a colon, to split a long stage:
 # curves:resnet50,gpt2 (their files are then named after them: find-curves-cuda-resnet50-gpt2.json).
 # Python: $PYTHON, else .venv/bin/python, else python3. Wheels in .whl/ (what the machine lacks:
@@ -25,21 +31,52 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-bench/results}
-mkdir -p "$out"
 if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
 export PYTHONUNBUFFERED=1
-stages="gpu-tests tests find expandable curves explore compare advise"
+stages="smoke gpu-tests tests find expandable curves explore compare advise"
+plan=0
+if [ "${1:-}" = --plan ]; then plan=1; shift; fi
 if [ $# -eq 0 ]; then
-    echo "usage: bash bench/gpu_session.sh STAGE [STAGE ...]; stages: $stages" >&2
+    echo "usage: bash bench/gpu_session.sh [--plan] STAGE [STAGE ...]; stages: $stages" >&2
     exit 2
 fi
 for stage in "$@"; do
     name=${stage%%:*}
-    if [[ " $stages " != *" $name "* ]] || { [[ $stage == *:* ]] && [[ $name == *tests ]]; }; then
-        echo "gpu_session: unknown stage '$stage'; stages: $stages (all but the tests take :WORKLOAD,...)" >&2
+    if [[ " $stages " != *" $name "* ]] || { [[ $stage == *:* ]] && [[ $name == *tests || $name == smoke ]]; }; then
+        echo "gpu_session: unknown stage '$stage'; stages: $stages (all but smoke and the tests take :WORKLOAD,...)" >&2
         exit 2
     fi
 done
+
+# The smoke's parts: NAME, its budget in seconds, and its command. The budgets sum to SMOKE_SECONDS
+# less half a minute for the checks before it and Python's starts; each comes from docs/benchmarks.md's
+# timings (its "The GPU session" section): the 32 core gpu tests took 114 s on the H200 (140 s here
+# for an H100); the adapters' two (Lightning on ResNet-50, the HF Trainer on GPT-2 small) each
+# search and train 20 steps (70 s, not yet measured on a GPU); the main command is two searches of
+# under a second and a process's start (40 s); find's built-ins took 78 s on the H100 with
+# Lightning, accelerate and the bisected truth (100 s for about 300 probes of 10 steps, most of them
+# the mlp's at 0.1 s, without the competitors); ResNet-50 AMP's 10-step trials took 1.5 s on the
+# H100 near its boundary, about 60 of them in the scan (100 s).
+SMOKE_SECONDS=480
+smoke_parts=(
+    "gpu-tests|140|$py -m pytest -p no:cacheprovider -q -rP -m gpu --ignore=tests/integrations"
+    "adapters|70|$py -m pytest -p no:cacheprovider -q -rP -m gpu tests/integrations"
+    "main-command|40|$py bench/transcript.py --json $out/transcript-cuda-find-transformer.json -- $py -m batchfit find --example transformer --memory-limit 2GiB --modes train,eval --device cuda:0"
+    "find-builtins|100|$py bench/find.py --device cuda --no-competitors --workloads mlp,cnn,transformer --json $out/find-cuda-smoke-builtins.json"
+    "find-resnet50-amp|100|$py bench/find.py --device cuda --no-competitors --workloads resnet50-amp --json $out/find-cuda-smoke-resnet50-amp.json"
+)
+if [ "$plan" = 1 ]; then
+    for stage in "$@"; do
+        [ "$stage" = smoke ] || { echo "gpu_session: --plan covers the smoke alone, not '$stage'" >&2; exit 2; }
+    done
+    echo "smoke: at most $SMOKE_SECONDS s"
+    for part in "${smoke_parts[@]}"; do
+        IFS='|' read -r part_name seconds command <<<"$part"
+        echo "$part_name $seconds s: $command"
+    done
+    exit 0
+fi
+mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
         exit 1
@@ -72,6 +109,22 @@ for stage in "$@"; do
         suffix=${suffix//,/-}  # the device tool brings back names of letters, digits, ., _ and - only
     fi
     case $name in
+    smoke)
+        git rev-parse HEAD >/dev/null 2>&1 || [ -n "${BATCHFIT_COMMIT:-}" ] ||
+            echo "gpu_session: not a git checkout and no BATCHFIT_COMMIT: the results files record the package's version alone"
+        failed=0
+        for part in "${smoke_parts[@]}"; do
+            IFS='|' read -r part_name seconds command <<<"$part"
+            began=$SECONDS
+            echo "-- $part_name (budget $seconds s): $command"
+            # shellcheck disable=SC2086  # the command's words, as planned
+            timeout --kill-after=10 "$seconds" $command 2>&1 | tee "$out/smoke-$part_name.log" | tail -n 40
+            code=${PIPESTATUS[0]}
+            [ "$code" -eq 124 ] && echo "-- $part_name: over its budget of $seconds s, stopped"
+            [ "$code" -ne 0 ] && failed=$code
+            echo "-- $part_name: exit $code after $((SECONDS - began)) s"
+        done
+        (exit "$failed") ;;
     gpu-tests) "$py" -m pytest -p no:cacheprovider -q -rP -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
     tests)
         parallel=()

@@ -85,7 +85,7 @@ def main() -> None:
     print_text_table(headers, lines)
     print(session.finish())
     if not args.no_json:
-        write_results(args.json or RESULTS / "lockstep-cpu.json", {**session.to_dict(), "rows": rows})
+        write_results(args.json or RESULTS / "lockstep-cpu.json", session, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
-"""The GPU benchmark's truth (bench/find.py): the largest batch that fits, by galloping and bisecting."""
+"""find's benchmark (bench/find.py): its truth on the CPU stand-ins against brute force, each probe from
+the model as built, one model per case, and its summary."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_workloads import classification_batch, float16_scaled
+from tiny_workloads import build, classification_batch, float16_scaled
 
 from batchfit import Workload
 from batchfit.runtime.steps.reach import grad_scalers
@@ -15,19 +17,21 @@ from batchfit.runtime.steps.reach import grad_scalers
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import find as find_bench
+import find_curves
 from _capped import FreshState
+from _truth import TRUTH_STEPS, Curve, window
 
 
 @pytest.mark.parametrize("limit", [0, 1, 2, 7, 100, 123, 511, 512])
 @pytest.mark.parametrize("start", [1, 5, 100, 124, 300, 512])
-def test_the_truth_is_the_largest_that_fits(limit: int, start: int) -> None:
+def test_the_recording_finds_the_largest_that_fits_where_memory_grows(limit: int, start: int) -> None:
     probed: list[int] = []
 
     def fits(batch: int) -> bool:
         probed.append(batch)
         return batch <= limit
 
-    true_max, first_failure = find_bench.largest_fitting(fits, start, 512)
+    true_max, first_failure = find_curves.largest_fitting(fits, start, 512)
     assert true_max == (limit or None)
     assert first_failure == limit + 1
     assert all(1 <= batch <= 512 for batch in probed)
@@ -41,13 +45,64 @@ def test_the_summary_judges_lightning_against_each_device_s_target(
     # Every kind of bench device has a target (cpu-caching had none, and its full run crashed here).
     ours = find_bench.MethodResult(64, [2, 4, 70, 64, 65], 1.0, 1.0)
     lightning = find_bench.MethodResult(64, [2, 4, 8, 16, 32, 64, 128, 96, 80, 72, 68, 66, 65], 3.0, 3.0)
-    truth = find_bench.Truth(64, 512, 65, [], 1.0, {})
+    truth = Curve({size: size <= 64 for size in range(56, 72)}, {64: True})
     row = find_bench.Row(find_bench.Case("cnn", "ref:64"), 2**27, truth, ours, {"lightning": lightning})
     find_bench.print_summary([row], kind)
     target = find_bench.LIGHTNING_TARGET[kind]
     verdict = "met" if 13 / 5 >= target and 3.0 >= target else "NOT met"
     expected = f"at most 1/{target:g} of Lightning's trials and time in every row: {verdict}"
-    assert expected in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert expected in out and "batchfit: exact 1/1" in out and "lightning: exact 1/1" in out
+
+
+#: Two tiny cases, each a few seconds: the tests' MLP on the capped CPU, and on the CPU with CUDA's
+#: caching allocator modelled under what a trial at 8 reserved.
+TINY = [("cpu", "1.81MiB"), (find_bench.CPU_CACHING, "ref:8")]
+
+
+@pytest.mark.parametrize(("kind", "cap"), TINY)
+def test_the_bench_s_truth_on_a_cpu_stand_in_is_the_brute_force_curve(kind: str, cap: str) -> None:
+    bench = find_bench.prepared(find_bench.Case("mlp", cap), torch.device("cpu"), kind, build=tiny)
+    row = find_bench.bench_one(bench, {}, 1)
+    truth = row.truth
+    low, high = window(row.batchfit.answer)
+    assert set(range(low, high + 1)) <= set(truth.fits)
+    assert truth.first_failure_above(row.batchfit.answer) is not None  # it reached the boundary
+    # Brute force: every size again, in order, on a bench of its own, 10 steps from the built model.
+    again = find_bench.Bench(bench.case, bench.device, bench.cap_bytes, kind, build=tiny)
+    assert {size: again.probe(size, TRUTH_STEPS) for size in sorted(truth.fits)} == truth.fits
+    verdict = row.verdict("batchfit")
+    assert verdict is not None and verdict.exact and verdict.trains
+    payload = find_bench.row_dict(row)
+    assert payload["verdicts"]["batchfit"]["exact"] and Curve.from_dict(payload["truth"]).fits == truth.fits
+
+
+def test_each_probe_of_the_truth_starts_from_an_unstepped_grad_scaler() -> None:
+    # On the bisected truth a GradScaler's scale carried over from probe to probe, so two probes of
+    # one size ran different steps: the first skipped its overflowing steps, the next did not.
+    bench = find_bench.Bench(find_bench.Case("mlp", "1GiB"), torch.device("cpu"), 2**30, build=overflowing)
+    workload, _ = bench.workload()
+    (scaler,) = grad_scalers(workload.train_step)
+    assert bench.probe(4, TRUTH_STEPS)
+    lowered, trained = scaler.get_scale(), copy.deepcopy(workload.model.state_dict())
+    assert lowered < 65536.0  # its first steps overflowed, and were skipped
+    assert bench.probe(4, TRUTH_STEPS) and scaler.get_scale() == lowered
+    again = workload.model.state_dict()
+    assert all(torch.equal(again[name], value) for name, value in trained.items())  # the same steps
+
+
+def tiny(device: torch.device) -> Workload:
+    return build("mlp")
+
+
+def overflowing(device: torch.device) -> Workload:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    workload = Workload(
+        model=model,
+        optimizer=torch.optim.Adam(model.parameters(), lr=1e-3),
+        make_batch=classification_batch((64,)),
+    )
+    return float16_scaled(workload, torch.amp.GradScaler("cpu"), loss_scale=1e3)  # overflows at first
 
 
 def test_every_method_trains_the_case_s_one_model_put_back_as_built() -> None:

@@ -1,4 +1,5 @@
-"""bench/gpu_session.sh, the GPU checks in one call: what it refuses before it spends device time."""
+"""bench/gpu_session.sh, the GPU checks in one call: what it refuses before it spends device time, and
+the smoke's plan, which must fit the device time a session is lent."""
 
 from __future__ import annotations
 
@@ -21,17 +22,52 @@ def test_it_names_its_stages_when_given_none_or_a_wrong_one(tmp_path: Path) -> N
     none = session(tmp_path=tmp_path)
     assert (
         none.returncode == 2
-        and "stages: gpu-tests tests find expandable curves explore compare advise" in none.stderr
+        and "stages: smoke gpu-tests tests find expandable curves explore compare advise" in none.stderr
     )
     wrong = session("find", "curve", tmp_path=tmp_path)
     assert wrong.returncode == 2 and "unknown stage 'curve'" in wrong.stderr
     split = session("curves:cnn", "expandable:cnn", "gpu-tests:cnn", tmp_path=tmp_path)  # tests don't split
     assert split.returncode == 2 and "unknown stage 'gpu-tests:cnn'" in split.stderr
+    smoke = session("smoke:cnn", tmp_path=tmp_path)  # nor does the smoke
+    assert smoke.returncode == 2 and "unknown stage 'smoke:cnn'" in smoke.stderr
+    planned = session("--plan", "find", tmp_path=tmp_path)
+    assert planned.returncode == 2 and "--plan covers the smoke alone, not 'find'" in planned.stderr
     assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the stages would run")
-def test_without_cuda_it_says_so_and_runs_nothing(tmp_path: Path) -> None:
-    done = session("find", tmp_path=tmp_path)
+@pytest.mark.parametrize("stage", ["smoke", "find"])
+def test_without_cuda_it_says_so_and_runs_nothing(stage: str, tmp_path: Path) -> None:
+    done = session(stage, tmp_path=tmp_path)
     assert done.returncode == 1 and "torch sees no CUDA device here" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_smoke_runs_the_gpu_tests_the_main_command_and_find_with_the_truth_in_8_minutes(
+    tmp_path: Path,
+) -> None:
+    planned = session("--plan", "smoke", tmp_path=tmp_path)
+    assert planned.returncode == 0 and list(tmp_path.iterdir()) == []  # planned, nothing run
+    head, *lines = planned.stdout.splitlines()
+    assert head == "smoke: at most 480 s"
+    parts = {}
+    for line in lines:
+        name, rest = line.split(" ", 1)
+        seconds, command = rest.split(" s: ", 1)
+        parts[name] = (int(seconds), command.replace(sys.executable, "python"))
+    assert list(parts) == ["gpu-tests", "adapters", "main-command", "find-builtins", "find-resnet50-amp"]
+    # Each part under its timeout, and with a minute for the checks before them, 8 minutes in all.
+    assert sum(seconds for seconds, _ in parts.values()) + 30 <= 480
+    assert (
+        parts["gpu-tests"][1]
+        == "python -m pytest -p no:cacheprovider -q -rP -m gpu --ignore=tests/integrations"
+    )
+    assert parts["adapters"][1] == "python -m pytest -p no:cacheprovider -q -rP -m gpu tests/integrations"
+    readme = "python -m batchfit find --example transformer --memory-limit 2GiB --modes train,eval"
+    assert parts["main-command"][1].endswith(f"-- {readme} --device cuda:0")
+    finds = [parts["find-builtins"][1], parts["find-resnet50-amp"][1]]
+    assert all(command.startswith("python bench/find.py --device cuda --no-competitors") for command in finds)
+    assert "--workloads mlp,cnn,transformer" in finds[0] and "--workloads resnet50-amp" in finds[1]
+    # Every results file goes under $OUT, which the device tool brings back.
+    written = [command.split("--json ")[1].split()[0] for _, command in parts.values() if "--json" in command]
+    assert len(written) == 3 and all(path.startswith(f"{tmp_path}/") for path in written)

@@ -1,0 +1,445 @@
+"""The tables, transcripts and summary lines of README.md and docs/, made from committed results files.
+
+Each one sits between two marker comments that say what makes it:
+
+    <!-- table: KIND FILE [FILE ...] -->
+    ...what this script writes...
+    <!-- /table -->
+
+KIND is one of ``RENDERERS``; the files are paths from the repository's root. ``python
+bench/tables.py`` rewrites every such block from its files; ``--check`` only says which differ
+(``tests/bench/test_tables.py`` runs it). Files written before the harness recorded the commit,
+the device's name and the command get those from ``NOTES``, what the session notes said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _truth import CHECK_STEPS, TRUTH_STEPS, Curve, judge, spans
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = ("README.md", "docs/*.md")
+BLOCK = re.compile(
+    r"(<!-- table: (?P<spec>[a-z][a-z-]* [^>]*?) -->)(?P<body>.*?)(<!-- /table -->)", re.DOTALL
+)
+#: The largest answer each method of ``bench/find.py`` may give (its BOUNDS).
+FIND_BOUNDS: dict[str, int | None] = {"batchfit": 512, "lightning": None, "accelerate": 512}
+
+
+@dataclass(frozen=True)
+class Note:
+    """What a session's notes say of a results file that does not record it itself."""
+
+    commit: str
+    device_name: str
+    command: str
+    date: str
+
+
+_H100 = "NVIDIA H100 80GB HBM3"
+_H200 = "NVIDIA H200"
+#: Results files written before the harness recorded the code, the device's name and the command,
+#: with what docs/benchmarks.md's session notes said of them when they were committed (04a15a0 and
+#: 6b32440). The H100's record batchfit 0.1.0, the H200's no version at all (``batchfit: null``).
+NOTES: dict[str, Note] = {
+    "bench/data/h100-2026-11-25/find-cuda-resnet50-amp-gpt2-resnet50.json": Note(
+        "a3b253b", _H100, "bash bench/gpu_session.sh find:resnet50-amp,gpt2,resnet50", "2026-11-25"
+    ),
+    "bench/data/h100-2026-11-25/find-cuda-mlp-cnn-transformer.json": Note(
+        "9c34277", _H100, "bash bench/gpu_session.sh find:mlp,cnn,transformer", "2026-11-25"
+    ),
+    "bench/data/h100-2026-11-25/find-curves-cuda-cnn-transformer.json": Note(
+        "a3b253b", _H100, "bash bench/gpu_session.sh curves:cnn,transformer", "2026-11-25"
+    ),
+    "bench/data/h100-2026-11-25/find-curves-cuda-resnet50-amp.json": Note(
+        "a3b253b", _H100, "bash bench/gpu_session.sh curves:resnet50-amp", "2026-11-25"
+    ),
+    "bench/data/h200-2026-11-26/find-cuda-resnet50-amp-resnet50-mlp-cnn-transformer.json": Note(
+        "cccf28b",
+        _H200,
+        "bash bench/gpu_session.sh find:resnet50-amp,resnet50,mlp,cnn,transformer",
+        "2026-11-26",
+    ),
+    "bench/data/h200-2026-11-26/find-cuda-expandable-cnn-transformer-mlp-resnet50-amp.json": Note(
+        "cccf28b",
+        _H200,
+        "bash bench/gpu_session.sh expandable:cnn,transformer,mlp,resnet50-amp",
+        "2026-11-26",
+    ),
+    "bench/data/h200-2026-11-26/compare-cuda-resnet50.json": Note(
+        "cccf28b", _H200, "bash bench/gpu_session.sh compare:resnet50", "2026-11-26"
+    ),
+    "bench/data/h200-2026-11-26/explore-cuda-resnet50-amp.json": Note(
+        "cccf28b", _H200, "bash bench/gpu_session.sh explore:resnet50-amp", "2026-11-26"
+    ),
+}
+
+
+def load(path: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((ROOT / path).read_text())
+    data["path"] = path
+    return data
+
+
+def provenance(data: dict[str, Any]) -> str:
+    """Where a file's figures come from: its command, commit, device, torch and date."""
+    path = data.get("path", "this run")
+    note = NOTES.get(path)
+    code = data.get("code")
+    if code is not None:
+        commit = f"`{code['commit'][:7] if code['source'] != 'version' else code['commit']}`"
+        if code["source"] == "version":
+            commit = f"batchfit {code['commit']} (no checkout)"
+        elif code.get("uncommitted_changes"):
+            commit += " with uncommitted changes"
+        where, command, date = data["device_name"], data["command"], data["written"][:10]
+    elif note is not None:
+        recorded = data.get("versions", {}).get("batchfit")
+        said = f"batchfit {recorded}" if recorded else "no commit (`batchfit: null`)"
+        commit = f"`{note.commit}` (from the session notes; the file records {said})"
+        where, command, date = note.device_name, note.command, note.date
+    else:
+        raise ValueError(f"{path} records no commit and NOTES has none for it")
+    command = re.sub(r"\S*/python3?(?=\s)", "python", command)  # the interpreter, wherever it lives
+    torch = data.get("torch") or data["versions"]["torch"]
+    seconds = f", {data['total_seconds']:.0f} s" if "total_seconds" in data else ""
+    load = data.get("load_average_at_start", "").split(" ")[0]
+    shared = f", load average {load} at its start" if load else ""
+    return (
+        f"`{path}`: `{command}` at {commit} on {where} ({data['device']}), torch {torch}, {date}"
+        f"{seconds}{shared}."
+    )
+
+
+def markdown(headers: list[str], lines: list[list[str]], text_columns: Iterable[int]) -> str:
+    text = set(text_columns)
+    rule = "|".join("---" if i in text else "---:" for i in range(len(headers)))
+    return "\n".join(
+        ["| " + " | ".join(headers) + " |", f"|{rule}|", *("| " + " | ".join(line) + " |" for line in lines)]
+    )
+
+
+# find: a row's truth is a curve (``_truth.scan``) or, in files written before it, a number bisected
+# from batchfit's answer ("true_max", at most "upper").
+
+
+def _cap(row: dict[str, Any]) -> str:
+    cap = row["case"]["cap"]
+    return f"{cap} ({row['cap_bytes'] / 2**20:.0f} MiB)" if cap.startswith("ref:") else cap
+
+
+def _name(row: dict[str, Any]) -> str:
+    return str(row["case"]["workload"]) + (" (cudnn.benchmark)" if row["case"].get("cudnn_benchmark") else "")
+
+
+def _method(row: dict[str, Any], name: str) -> dict[str, Any] | None:
+    result: dict[str, Any] | None = row["batchfit"] if name == "batchfit" else row["competitors"].get(name)
+    return result
+
+
+def _verdict_cell(row: dict[str, Any], name: str) -> str:
+    """A method's answer and its verdict: ``124 exact``, ``241, truth 242``, ``243, fails 20 steps``."""
+    result = _method(row, name)
+    if result is None:
+        return "n/a"
+    answer = result["answer"]
+    if answer is None:
+        return "error"
+    truth = row["truth"]
+    if "fits" in truth:
+        verdict = judge(Curve.from_dict(truth), answer, FIND_BOUNDS.get(name))
+        reference, trains = verdict.reference, verdict.trains
+    else:  # the bisected truth of the older files
+        reference, trains = truth["true_max"], result["trains"]
+        if answer > truth["upper"]:
+            said = f"{answer}, above the truth's ceiling ({truth['upper']})"
+            return said + (f", trains {CHECK_STEPS} steps" if trains else f", fails {CHECK_STEPS} steps")
+    if answer == reference and trains:
+        return f"{answer} exact"
+    said = f"{answer}" if answer == reference else f"{answer}, truth {reference or 'nothing fits'}"
+    return said + (f", fails {CHECK_STEPS} steps" if trains is False else "")
+
+
+def _ratio(row: dict[str, Any], name: str, field: str) -> str:
+    result, ours = _method(row, name), row["batchfit"]
+    if result is None or result["answer"] is None:
+        return "-"
+    value = len(result["sizes"]) if field == "trials" else result["seconds"]
+    base = len(ours["sizes"]) if field == "trials" else ours["seconds"]
+    return f"{value / base:.1f}x" if base else "-"
+
+
+def _truth_cell(row: dict[str, Any]) -> str:
+    truth = row["truth"]
+    if "fits" not in truth:
+        found = "nothing fits" if truth["true_max"] is None else truth["true_max"]
+        probes = f"{truth['probes']} probe{'s' * (truth['probes'] != 1)}"
+        return f"{found} (bisected from batchfit's answer, {probes})"
+    curve = Curve.from_dict(truth)
+    reach = f"; fits to the scan's reach ({curve.reach})" if curve.reach else ""
+    return curve.describe() + reach
+
+
+def find_table(files: list[dict[str, Any]]) -> str:
+    """bench/find.py's rows: each method's answer judged on the truth, trials and seconds."""
+    competitors = [n for n in FIND_BOUNDS if n != "batchfit" and any(_ran(f, n) for f in files)]
+    headers = ["workload", "cap", f"truth ({TRUTH_STEPS} steps)", "batchfit", "trials (sizes)", "s"]
+    for name in competitors:
+        headers += [name, "trials/bf", "s/bf"]
+    lines = []
+    for data in files:
+        for row in data["rows"]:
+            ours = row["batchfit"]
+            line = [
+                _name(row),
+                _cap(row),
+                _truth_cell(row),
+                _verdict_cell(row, "batchfit"),
+                f"{len(ours['sizes'])} ({' '.join(map(str, ours['sizes']))})",
+                f"{ours['seconds']:.2f}",
+            ]
+            for name in competitors:
+                line += [_verdict_cell(row, name), _ratio(row, name, "trials"), _ratio(row, name, "seconds")]
+            lines.append(line)
+    return markdown(headers, lines, (0, 1, 2, 3, 4)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
+def _ran(data: dict[str, Any], name: str) -> bool:
+    return any(row["competitors"].get(name) is not None for row in data["rows"])
+
+
+def find_summary(files: list[dict[str, Any]]) -> str:
+    """A line: batchfit exact in N of M rows, in A-B trials."""
+    rows = [row for data in files for row in data["rows"]]
+    exact = sum(_verdict_cell(row, "batchfit").endswith(" exact") for row in rows)
+    trials = [len(row["batchfit"]["sizes"]) for row in rows]
+    spread = f"{min(trials)}" if min(trials) == max(trials) else f"{min(trials)}-{max(trials)}"
+    return f"exact in {exact} of {len(rows)} rows, in {spread} trials"
+
+
+def curves_table(files: list[dict[str, Any]]) -> str:
+    """Which sizes trained 10 steps in ``bench/find_curves.py``'s recordings: a size whose 2-step
+    trial failed did not train 10; a fitting one's 10-step trial says."""
+    lines = []
+    for data in files:
+        for curve in data["curves"]:
+            verdicts: dict[int, bool] = {}
+            for point in curve["points"]:
+                long = point.get("long")
+                verdicts[point["batch_size"]] = (long or point["short"])["outcome"] == "ok"
+            near = {b: fit for b, fit in verdicts.items() if b >= 0.85 * (curve["largest_fitting"] or 1)}
+            fitting = [b for b, fit in sorted(near.items()) if fit]
+            failing = [b for b, fit in sorted(near.items()) if not fit]
+            first = min(failing, default=None)
+            above = [b for b in fitting if first is not None and b > first]
+            lines.append(
+                [
+                    curve["name"],
+                    f"{curve['cap']} ({curve['cap_bytes'] / 2**20:.0f} MiB)",
+                    spans(fitting),
+                    spans(failing),
+                    "yes" if not above else f"no: {spans(above)} fit above {first}",
+                ]
+            )
+    headers = ["workload", "cap", f"fits {TRUTH_STEPS} steps", "fails", "monotone"]
+    return markdown(headers, lines, (0, 1, 2, 3, 4)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
+def compare_table(files: list[dict[str, Any]]) -> str:
+    """bench/compare.py's rows that have a largest batch, each judged on its truth."""
+    lines = []
+    for data in files:
+        bound = data.get("max_batch_size", 1024)
+        for case in data["cases"]:
+            rows, truths = case["comparison"]["rows"], case["truths"]
+            for row, truth in zip(rows, truths, strict=True):
+                if truth is None or row["batch_size"] is None:
+                    continue
+                answer = row["batch_size"]
+                if isinstance(truth, dict):
+                    curve = Curve.from_dict(truth)
+                    verdict = judge(curve, answer, bound)
+                    said = "exact" if verdict.exact else f"truth {verdict.reference}"
+                    if verdict.trains is False:
+                        said += f", fails {CHECK_STEPS} steps"
+                    described = curve.describe()
+                else:  # the bisected truth of the older files
+                    said = "exact" if truth == answer else f"truth {truth}"
+                    described = f"{truth} (bisected)"
+                ratio = row.get("throughput_ratio")
+                lines.append(
+                    [
+                        case["workload"],
+                        case["limit"],
+                        row["technique"],
+                        str(answer),
+                        said,
+                        described,
+                        "-" if row.get("batch_ratio") is None else f"{row['batch_ratio']:.2f}x",
+                        "-" if ratio is None else f"{ratio:.2f}x",
+                    ]
+                )
+    headers = ["workload", "limit", "technique", "answer", "verdict", "truth", "x batch", "x samples/s"]
+    return markdown(headers, lines, (0, 1, 2, 4, 5)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
+def explore_table(files: list[dict[str, Any]]) -> str:
+    """bench/explore.py's rows: the pick against the sweep's truth."""
+    lines = []
+    for data in files:
+        for row in data["rows"]:
+            ours = row["batchfit"]
+            lines.append(
+                [
+                    row["example"],
+                    str(row["max_batch_size"]),
+                    str(row["sweep_best_batch_size"]),
+                    str(row["truth_pick"]),
+                    str(ours["recommended"]),
+                    f"{ours['confidence']} ({ours['stop_reason']})",
+                    f"{row['quality']:.3f}",
+                    f"{ours['seconds']:.1f}",
+                    f"{row['sweep']['seconds']:.1f}",
+                    f"{row['time_ratio']:.3f}",
+                ]
+            )
+    headers = [
+        "example",
+        "max",
+        "truth's best",
+        "truth's 3% pick",
+        "bf pick",
+        "bf confidence",
+        "quality",
+        "bf s",
+        "sweep s",
+        "time ratio",
+    ]
+    return markdown(headers, lines, (0, 5)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
+def timings_table(files: list[dict[str, Any]]) -> str:
+    """Each run's wall time and the load average at its start, as its results file records them."""
+    lines = []
+    for data in files:
+        note = NOTES.get(data["path"])
+        command = data.get("command", note.command if note else "?")
+        device = data.get("device_name") or (note.device_name if note else data["device"])
+        load = data.get("load_average_at_start", "-").split(" ")[0]
+        lines.append([f"`{command}`", device, f"{data['total_seconds']:.0f}", load, f"`{data['path']}`"])
+    return markdown(["command", "device", "seconds", "load average", "file"], lines, (0, 1, 4))
+
+
+def forecast_trained_table(files: list[dict[str, Any]]) -> str:
+    """``bench/forecast_trained.py``: each case's search from a fresh optimizer and after a step."""
+    (data,) = files
+    lines = [
+        [row["case"], row["limit"], row["optimizer"], str(row["batch_size"]),
+         ", ".join(map(str, row["trials"])), str(row["traces"]),
+         f"{row['wall_seconds']:.2f}", f"{row['cpu_seconds']:.2f}"]
+        for row in data["rows"]
+    ]  # fmt: skip
+    headers = ["case", "cap", "optimizer", "answer", "real trials", "fake-tensor traces", "wall s", "CPU s"]
+    return markdown(headers, lines, (0, 1, 2, 4)) + "\n\n" + provenance(data)
+
+
+def transcript_block(files: list[dict[str, Any]], short: bool = False) -> str:
+    """A recorded command (``bench/transcript.py``): the command, what it wrote, and where from;
+    ``short``: stdout up to its first blank line, then ``...``."""
+    (data,) = files
+    shown = " ".join(data["argv"])
+    shown = re.sub(r"^\S*python3? -m batchfit", "batchfit", shown)
+    shown = re.sub(r"^\S*python3? ", "python ", shown)
+    shown = " ".join([*(f"{name}={value}" for name, value in data.get("env", {}).items()), shown])
+    if data.get("cwd", ".") != ".":
+        shown = f"cd {data['cwd']} && {shown}"
+    stdout = data["stdout"]
+    if short and "\n\n" in stdout.strip("\n"):  # what follows the first blank line, left out
+        stdout = stdout.strip("\n").split("\n\n")[0] + "\n...\n"
+    output = (data["stderr"] + stdout).rstrip("\n")
+    return f"```\n$ {shown}\n{output}\n```\n\n{provenance(data)}"
+
+
+def source_block(paths: list[str]) -> str:
+    """A source file of the repository, as a Python block."""
+    (path,) = paths
+    return f"```python\n{(ROOT / path).read_text().rstrip()}\n```"
+
+
+#: KIND -> (renderer, whether it takes results files (else paths), whether it renders inline).
+RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
+    "find": (find_table, True, False),
+    "find-summary": (find_summary, True, True),
+    "curves": (curves_table, True, False),
+    "compare": (compare_table, True, False),
+    "explore": (explore_table, True, False),
+    "timings": (timings_table, True, False),
+    "forecast-trained": (forecast_trained_table, True, False),
+    "transcript": (transcript_block, True, False),
+    "transcript-short": (functools.partial(transcript_block, short=True), True, False),
+    "source": (source_block, False, False),
+}
+
+
+def render(spec: str) -> str:
+    """The text a block of ``spec`` (``KIND FILE [FILE ...]``) holds, newlines around a block's."""
+    kind, *paths = spec.split()
+    if kind not in RENDERERS or not paths:
+        kinds = ", ".join(RENDERERS)
+        raise ValueError(f"a table is 'KIND FILE [FILE ...]' with KIND one of {kinds}: {spec!r}")
+    renderer, reads, inline = RENDERERS[kind]
+    text = renderer([load(path) for path in paths] if reads else paths)
+    return text if inline else f"\n{text}\n"
+
+
+def shown(path: Path) -> Path:
+    """``path`` from the repository's root where it lies in it."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def documents() -> list[Path]:
+    return [path for pattern in DOCUMENTS for path in sorted(ROOT.glob(pattern))]
+
+
+def regenerate(text: str) -> str:
+    return BLOCK.sub(lambda match: match[1] + render(match["spec"]) + match[4], text)
+
+
+def stale(paths: Iterable[Path]) -> list[str]:
+    """The blocks whose text differs from what their files give, as ``document: spec``."""
+    found = []
+    for path in paths:
+        for match in BLOCK.finditer(path.read_text()):
+            if match["body"] != render(match["spec"]):
+                found.append(f"{shown(path)}: {match['spec']}")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only say which blocks differ (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        found = stale(documents())
+        for block in found:
+            print(f"stale: {block}")
+        return 1 if found else 0
+    for path in documents():
+        text = path.read_text()
+        if (new := regenerate(text)) != text:
+            path.write_text(new)
+            print(f"rewrote {shown(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
