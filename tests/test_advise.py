@@ -104,6 +104,29 @@ def test_the_plan_scales_an_adam_workload_s_learning_rate_by_the_square_root_rul
     assert (factory.optimizer_name(), without.optimizer_name()) == ("AdamW", None)
 
 
+def test_a_noise_scale_adds_goodput_to_explore_and_the_payoff_to_the_plan() -> None:
+    steps = Checklist(skip=("compare", "check-data"), noise_scale=64.0)
+    result = advise(
+        build("mlp", "sgd"),
+        device="cpu",
+        memory_limit=1_600_000,
+        checklist=steps,
+        baseline=Baseline(0.1, 16),
+        timing=Timing(windows=2, steps_per_window=1, time_budget_seconds=0.5),
+    )
+    assert result.exploration is not None and result.exploration.goodput is not None
+    assert result.exploration.goodput.noise_scale == 64.0 and result.plan is not None
+    assert result.plan.payoff is not None and result.plan.payoff.noise_scale == 64.0
+    text = result.report().splitlines()
+    start = text.index("to a target, at the noise scale given (goodput):")
+    goodput = result.exploration.goodput.lines()
+    assert text[start + 1 : start + 1 + len(goodput)] == [f"  {line}" for line in goodput]
+    assert any(line.startswith("  noise_scale 64: from base_batch_size 16") for line in text)
+    assert json.loads(result.to_json())["exploration"]["goodput"]["time_optimal"] == (
+        result.exploration.goodput.time_optimal
+    )
+
+
 def test_bad_steps_and_half_a_plan_are_refused() -> None:
     with pytest.raises(ConfigurationError, match=r"^skip \['tune'\]: the steps are find, explore, compare"):
         Checklist(skip=("tune",))

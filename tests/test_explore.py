@@ -11,16 +11,19 @@ import io
 import json
 import math
 import statistics
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from tiny_workloads import build
 
 from batchfit import BatchSizes, Goal, Timing
 from batchfit.errors import ConfigurationError
-from batchfit.explore import ExploreResult, explore
+from batchfit.explore import ExploreResult, explore, with_goodput
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.contenders import coarse_sizes
 from batchfit.policy.exploration import Rules
+from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.throughput import Point
 
 
@@ -198,3 +201,64 @@ def test_a_single_window_shows_no_spread() -> None:
     assert rows[1].split()[3:] == ["20.0%", "3"] and rows[2].split()[3:5] == ["-", "1"]
     assert [point["spread"] for point in json.loads(result.to_json())["points"]] == [0.2, None]
     assert [row["spread"] for row in csv.DictReader(io.StringIO(result.to_csv()))] == ["0.2000", ""]
+
+
+def test_a_noise_scale_predicts_each_measured_batch_to_a_target_from_the_estimates() -> None:
+    measured = NoiseScale(16.0, 10.0, 30.0, 8, 4, 32, 1.0, 16.0)
+    result = explore(
+        build("mlp", "sgd"),
+        device="cpu",
+        sizes=BatchSizes(max_batch_size=32),
+        timing=Timing(windows=2, steps_per_window=1, time_budget_seconds=1),
+        goal=Goal(noise_scale=measured, sample_tolerance=0.2),
+    )
+    analysis = result.goodput
+    assert analysis is not None and analysis.measured and analysis.sample_tolerance == 0.2
+    estimated = result.estimates()
+    assert {row.batch_size: row.samples_per_second for row in analysis.rows} == estimated
+    assert analysis.time_optimal == min(estimated, key=lambda size: ((size + 16) / estimated[size], size))
+    assert analysis.fastest == max(estimated, key=lambda size: (estimated[size], -size))
+    assert (analysis.noise_scale_low, analysis.noise_scale_high) == (10.0, 30.0)
+    document = json.loads(result.to_json())
+    assert document["goodput"]["time_optimal"] == analysis.time_optimal
+    assert document["goodput"]["lines"] == analysis.lines()
+    assert result.table().endswith(analysis.table())
+    # The seam a measured noise scale comes in by: the same analysis on the result without one.
+    plain = replace(result, goodput=None)
+    assert with_goodput(plain, measured, sample_tolerance=0.2) == result
+    assert json.loads(plain.to_json())["goodput"] is None and "goodput" not in plain.table()
+
+
+def test_a_noise_scale_with_a_fixed_global_batch_is_refused_before_any_work() -> None:
+    with pytest.raises(ConfigurationError) as error:
+        explore(
+            build("mlp", "sgd"),
+            device="cpu",
+            sizes=BatchSizes(max_batch_size=32, global_batch_size=64, world_size=1),
+            goal=Goal(noise_scale=100.0),
+        )
+    assert str(error.value) == (
+        "noise_scale weighs the batch of an optimizer step against its steps, and global_batch_size=64 "
+        "fixes that batch: every micro-batch explored trains it, and the fastest is the quickest to a "
+        "target. Leave out one of the two."
+    )
+
+
+@pytest.mark.parametrize(
+    ("goal", "message"),
+    [
+        (
+            lambda: Goal(noise_scale=0.0),
+            (
+                "noise_scale must be a positive number of samples (inf: the noise hid the signal), got "
+                "0.0; a measured noise scale of 0 or less says the noise did not show at the batches "
+                "measured: measure it at smaller batches."
+            ),
+        ),
+        (lambda: Goal(sample_tolerance=-0.1), "sample_tolerance must be a non-negative number, got -0.1."),
+    ],
+)
+def test_a_goal_checks_its_noise_scale_when_made(goal: Any, message: str) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        goal()
+    assert str(error.value) == message

@@ -28,6 +28,7 @@ from batchfit.fit_check import FitCheck, check
 from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
 from batchfit.policy.choose import Recommendation
+from batchfit.policy.goodput_result import Goodput
 from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, LoaderSetting, SettingRow
 from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.policy.plan import Plan, plan
@@ -70,6 +71,7 @@ __all__ = [
     "ExploreResult",
     "FitCheck",
     "Goal",
+    "Goodput",
     "LoaderRecommendation",
     "LoaderSearch",
     "LoaderSetting",

@@ -18,10 +18,12 @@ from batchfit.comparison import Comparison
 from batchfit.errors import ConfigurationError
 from batchfit.explore import ExploreResult, explore_on
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, Target, Timing, Where
+from batchfit.options import BatchSizes, Goal, Target, Timing, Where
 from batchfit.policy.advice import Change, costly, noisy, rank
+from batchfit.policy.goodput import noise_scale_of
+from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.plan import Plan, plan
-from batchfit.policy.plan_options import Baseline, Scaling
+from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory
@@ -88,6 +90,9 @@ class Advice:
             )
         if self.exploration is not None:
             lines.append(f"{_exploration_line(self.exploration)} {evidence('explore')}")
+            if self.exploration.goodput is not None:
+                lines.append("to a target, at the noise scale given (goodput):")
+                lines.extend(f"  {line}" for line in self.exploration.goodput.lines())
         lines.append(
             "what to change, by measured gain:" if self.changes else "nothing measured buys more than 3%."
         )
@@ -137,13 +142,16 @@ ADVISE_TIMING = Timing(time_budget_seconds=10.0)
 class Checklist:
     """Which of advise's steps run, and what they are given: the steps to ``skip``, the
     ``batch_size`` to check data and plan at (default: explore's recommendation, else find's
-    largest), compare's ``techniques`` (None: the defaults) and check-data's ``loader`` (a factory
-    or its ``module:function`` spec; None: the workload's dataset)."""
+    largest), compare's ``techniques`` (None: the defaults), check-data's ``loader`` (a factory
+    or its ``module:function`` spec; None: the workload's dataset) and the gradient
+    ``noise_scale`` (a number of samples or a measured ``NoiseScale``) that adds goodput to explore
+    and how far scaling pays to the plan."""
 
     skip: tuple[str, ...] = ()
     batch_size: int | None = None
     techniques: tuple[str, ...] | None = None
     loader: LoaderFactory | str | None = None
+    noise_scale: float | NoiseScale | None = None
 
     def __post_init__(self) -> None:
         unknown = [step for step in self.skip if step not in STEPS]
@@ -151,6 +159,8 @@ class Checklist:
             raise ConfigurationError(f"skip {unknown}: the steps are {', '.join(STEPS)}.")
         if self.batch_size is not None:
             check_positive_int("batch_size", self.batch_size)
+        if self.noise_scale is not None:
+            noise_scale_of(self.noise_scale)
 
 
 def advise(
@@ -238,7 +248,8 @@ class _Checklist:
         if not self.starting("explore"):
             return None
         up_to = replace(sizes, max_batch_size=largest, global_batch_size=None, world_size=None)
-        return explore_on(self.target, self.workload, up_to, timing, on_progress=self.on_progress)
+        goal = Goal(noise_scale=self.checklist.noise_scale)
+        return explore_on(self.target, self.workload, up_to, timing, goal, self.on_progress)
 
     def compare(self) -> Comparison | None:
         if not self.starting("compare"):
@@ -281,8 +292,14 @@ class _Checklist:
         global_batch_size = sizes.global_batch_size or (batch_size or 1) * world_size
         scaling = Scaling(optimizer=self.workload.optimizer_name())  # Adam's rule is not SGD's
         bound = largest or batch_size  # find skipped: the batch given is taken to fit
+        training = TrainingFacts(noise_scale=self.checklist.noise_scale)
         return plan(
-            global_batch_size, baseline, max_micro_batch_size=bound, world_size=world_size, scaling=scaling
+            global_batch_size,
+            baseline,
+            max_micro_batch_size=bound,
+            world_size=world_size,
+            scaling=scaling,
+            training=training,
         )
 
 

@@ -13,13 +13,17 @@ from typing import Any
 
 import torch
 
+from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
 from batchfit.options import BatchSizes, Goal, Target, Timing, Where
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.exploration import ExploreStopReason, Rules, explore_rounds
+from batchfit.policy.goodput import SAMPLE_TOLERANCE, ThroughputAt, goodput
+from batchfit.policy.goodput_result import Goodput
 from batchfit.policy.micro_batch import check_divisible, micro_batch_sizes
+from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.settling import Unsettled
-from batchfit.policy.throughput import Point, estimates
+from batchfit.policy.throughput import Point, assess, estimates
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.host import malloc_advice
 from batchfit.runtime.distributed.lockstep import ranks
@@ -30,7 +34,8 @@ from batchfit.runtime.workloads.workload import Workload, check_model_on
 @dataclass(frozen=True)
 class ExploreResult:
     """Every measured point (all its windows), the recommendation, and how it got there; under
-    the confidence floor, ``unsettled`` says the recommendation is a leaning and what would settle it."""
+    the confidence floor, ``unsettled`` says the recommendation is a leaning and what would settle
+    it; given a noise scale, ``goodput`` predicts each batch to a target (None without one)."""
 
     points: tuple[Point, ...]
     recommendation: Recommendation
@@ -41,6 +46,7 @@ class ExploreResult:
     explore_seconds: float
     device: str = ""  # the torch device timed, as "cpu" or "cuda:0"
     unsettled: Unsettled | None = None  # None when the recommendation is settled
+    goodput: Goodput | None = None
 
     def estimates(self) -> dict[int, float]:
         """Each batch size's throughput with the rounds' drift divided out (what the rule compares)."""
@@ -58,6 +64,7 @@ class ExploreResult:
             "explore_seconds": self.explore_seconds,
             "device": self.device,
             "unsettled": None if self.unsettled is None else self.unsettled.to_dict(),
+            "goodput": None if self.goodput is None else self.goodput.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -94,7 +101,8 @@ class ExploreResult:
         lines.append(self.recommendation.line())
         if self.unsettled is not None:
             lines.append(self.unsettled.line())
-        return "\n".join(lines) + "\n"
+        text = "\n".join(lines) + "\n"
+        return text if self.goodput is None else f"{text}\n{self.goodput.table()}"
 
 
 def explore(
@@ -120,7 +128,8 @@ def explore(
     (the ranks of the process group when None, else 1); with ``multiple_of``, be a multiple of it.
     ``on_progress`` hears the memory search's trials, each new recommendation, and on the CPU a
     note on glibc's malloc. Under torch.distributed every rank runs it together and gets the same
-    result.
+    result. With ``goal.noise_scale`` the result's ``goodput`` predicts each batch to a target
+    (``with_goodput``; docs/goodput.md).
     """
     target = Target.of(Where(device, memory_limit, memory_fraction))
     return explore_on(target, workload, sizes, timing, goal, on_progress)
@@ -148,6 +157,12 @@ def explore_on(
     )
     rules.check()
     check_divisible(sizes.global_batch_size, world_size)  # before any work is done
+    if goal.noise_scale is not None and sizes.global_batch_size is not None:
+        raise ConfigurationError(
+            f"noise_scale weighs the batch of an optimizer step against its steps, and "
+            f"global_batch_size={sizes.global_batch_size} fixes that batch: every micro-batch explored "
+            f"trains it, and the fastest is the quickest to a target. Leave out one of the two."
+        )
     device = target.device
     # A rank whose model is elsewhere stops every rank, not only itself.
     team.run(lambda: check_model_on(workload.module, device.torch_device))
@@ -173,7 +188,7 @@ def explore_on(
     with StepTimer(workload, device, timing.steps_per_window, tokens_per_sample) as timer:
         started = team.shared(lambda: started)  # the time budget on rank 0's clock
         exploration = explore_rounds(candidates, team.meter(timer), rules, started=started, on_update=update)
-    return ExploreResult(
+    result = ExploreResult(
         exploration.points,
         exploration.recommendation,
         exploration.history,
@@ -184,6 +199,33 @@ def explore_on(
         str(device.torch_device),
         exploration.unsettled,
     )
+    if goal.noise_scale is None:
+        return result
+    return with_goodput(
+        result, goal.noise_scale, sample_tolerance=goal.sample_tolerance, world_size=world_size
+    )
+
+
+def with_goodput(
+    result: ExploreResult,
+    noise_scale: NoiseScale | float,
+    *,
+    sample_tolerance: float = SAMPLE_TOLERANCE,
+    world_size: int = 1,
+) -> ExploreResult:
+    """``result`` with its ``goodput`` at ``noise_scale`` (a measured ``NoiseScale`` or a number of
+    samples): each measured batch's drift-corrected throughput, with its error, predicted to a target
+    (``batchfit.policy.goodput``). ``world_size``: an optimizer step trains each batch size times it."""
+    levels, errors = assess([point for point in result.points if point.samples_per_second])
+    measured = [
+        ThroughputAt(size, level, None if errors is None else errors[size])
+        for size, level in levels.items()
+        if level > 0  # a size nothing got through trains nothing
+    ]
+    analysis = goodput(
+        measured, noise_scale, sample_tolerance=sample_tolerance, world_size=world_size, unit=result.unit
+    )
+    return replace(result, goodput=analysis)
 
 
 def _spread(spread: float | None) -> str:

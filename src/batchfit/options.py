@@ -21,7 +21,9 @@ from batchfit.checks import (
 )
 from batchfit.errors import ConfigurationError
 from batchfit.policy.choose import Objective, recommend
+from batchfit.policy.goodput import SAMPLE_TOLERANCE, noise_scale_of
 from batchfit.policy.micro_batch import check_divisible
+from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.search import Candidates
 from batchfit.policy.trial import Mode
 from batchfit.runtime.devices.device import Device
@@ -178,7 +180,8 @@ class Timing:
 @dataclass(frozen=True)
 class Goal:
     """What explore recommends: the smallest batch within ``tolerance`` of the fastest (or the
-    fastest), once it is ``confidence_target`` sure."""
+    fastest), once it is ``confidence_target`` sure; with ``noise_scale``, also the batches that
+    train fastest to a target and spend the fewest samples (goodput, docs/goodput.md)."""
 
     tolerance: float = option(0.03, "within this share of the best counts as as fast")
     objective: Objective = option("smallest-within-tolerance", "what to recommend")
@@ -186,10 +189,21 @@ class Goal:
     confidence_target: int = option(
         90, "the confidence asked of the recommendation; stop once it is reached (0-100)"
     )
+    noise_scale: float | NoiseScale | None = option(
+        None,
+        "the gradient noise scale B_noise in samples (a number, or a measured NoiseScale): also "
+        "predict the batch that trains fastest to a target (goodput)",
+    )
+    sample_tolerance: float = option(
+        SAMPLE_TOLERANCE, "goodput's sample-optimal batch spends samples within this share of the fewest"
+    )
 
     def __post_init__(self) -> None:
         if self.base_batch_size is not None:
             check_positive_int("base_batch_size", self.base_batch_size)
+        if self.noise_scale is not None:
+            noise_scale_of(self.noise_scale)
+        check_positive_number("sample_tolerance", self.sample_tolerance, allow_zero=True)
         recommend(  # the chooser's own checks
             (), tolerance=self.tolerance, objective=self.objective, confidence_target=self.confidence_target
         )

@@ -133,3 +133,22 @@ def test_without_a_bound_the_search_for_the_maximum_prints_its_trials_first() ->
     answer = [line for line in trials if line.split()[3] == "ok"][-1]
     assert answer.split()[2] == f"batch_size={document['max_batch_size']}"
     assert any(line.split()[3] == "oom" for line in trials)  # a real boundary under the cap
+
+
+def test_a_noise_scale_adds_the_goodput_table_and_a_bad_one_is_refused_before_any_work() -> None:
+    done = explore("--noise-scale", "8", "--sample-tolerance", "0.5", "--time-budget-seconds", "1")
+    assert done.returncode == 0, done.stderr
+    throughput, goodput = done.stdout.split("\n\n")
+    assert throughput.startswith("batch_size     samples/s    raw median")
+    lines = goodput.splitlines()
+    assert lines[0] == "goodput at noise scale 8 (given); time, samples and steps to a target:"
+    assert any(line.startswith("time-optimal batch_size ") for line in lines)
+    assert lines[-1] == (
+        "the noise scale 8 has no interval: the choice is as sure as that number (a measured noise "
+        "scale of 3 or more steps gives one)"
+    )
+    bad = explore("--noise-scale", "-1")
+    assert bad.returncode == 1 and bad.stderr.startswith(
+        "batchfit: error: noise_scale must be a positive number of samples (inf: the noise hid the "
+        "signal), got -1.0;"
+    )

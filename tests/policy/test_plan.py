@@ -593,6 +593,7 @@ CLI += ["--base-learning-rate", "0.1", "--base-batch-size", "256"]
         ),
         (["--micro-batch-size", "16"], {"micro_batch_size": 16}),
         (["--optimizer", "adam"], {"optimizer": "adam"}),
+        (["--noise-scale", "300"], {"noise_scale": 300.0}),
         (
             ["--optimizer", "adam", "--scaling-rule", "linear"],
             {"optimizer": "adam", "scaling_rule": "linear"},

@@ -19,7 +19,8 @@ from batchfit.advise import advise
 from batchfit.analyze import analyze
 from batchfit.check_data import check_data
 from batchfit.compare import compare
-from batchfit.explore import explore
+from batchfit.explore import ExploreResult, explore, with_goodput
+from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.plan import plan
 from batchfit.policy.plan_options import Baseline
 from batchfit.report import SavedResult
@@ -60,16 +61,33 @@ def find_result(find_document: dict[str, Any]) -> SavedResult:
 
 
 @pytest.fixture(scope="session")
-def explore_result() -> SavedResult:
-    """What ``batchfit explore --format json`` writes for a one-second exploration."""
-    result = explore(
+def explored() -> ExploreResult:
+    """A one-second exploration of the mlp on the CPU."""
+    return explore(
         build_example("mlp", "cpu"),
         device="cpu",
         sizes=BatchSizes(max_batch_size=64),
         timing=Timing(windows=2, steps_per_window=2, time_budget_seconds=1),
     )
-    document = {**result.to_dict(), "workload": "mlp", "device": "cpu", "tolerance": 0.03, **WHAT_RAN}
+
+
+@pytest.fixture(scope="session")
+def explore_result(explored: ExploreResult) -> SavedResult:
+    """What ``batchfit explore --format json`` writes for a one-second exploration."""
+    document = {**explored.to_dict(), "workload": "mlp", "device": "cpu", "tolerance": 0.03, **WHAT_RAN}
     return SavedResult("explore", as_saved(document), "explore.json")
+
+
+#: A measured noise scale with its 90% interval, for the goodput page.
+NOISE_SCALE = NoiseScale(24.0, 12.0, 48.0, 10, 8, 64, 1.0, 24.0)
+
+
+@pytest.fixture(scope="session")
+def explore_goodput_result(explored: ExploreResult) -> SavedResult:
+    """What ``batchfit explore --format json`` writes for that exploration given a noise scale."""
+    result = with_goodput(explored, NOISE_SCALE)
+    document = {**result.to_dict(), "workload": "mlp", "device": "cpu", "tolerance": 0.03, **WHAT_RAN}
+    return SavedResult("explore", as_saved(document), "explore-goodput.json")
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ PAGES: dict[str, tuple[str, ...]] = {
     "find": ("find_result",),
     "explore": ("explore_result",),
     "explore-one-point": ("explore_one_point_result",),
+    "explore-goodput": ("explore_goodput_result",),
     "plan": ("plan_result",),
     "analyze": ("analyze_result",),
     "compare": ("compare_result",),

@@ -187,3 +187,35 @@ def test_explore_page_plots_throughput_and_confidence_with_the_results_numbers()
     assert "tolerance 0.03 under the best" in section["texts"]
     assert section["what_ran"]["device"] == "cpu"  # explore's result records the device it timed
     assert "http://" not in text and "https://" not in text
+
+
+def test_an_exploration_given_a_noise_scale_plots_throughput_efficiency_and_goodput(
+    explore_goodput_result: SavedResult,
+) -> None:
+    document = explore_goodput_result.document
+    goodput = document["goodput"]
+    text = render_report([explore_goodput_result])
+    [section] = Page(text).sections
+    assert section["svgs"] == 2  # explore's own plot, then goodput's
+    texts = section["texts"]
+    assert f"time-optimal batch_size={goodput['time_optimal']} (the highest goodput)" in texts
+    for key, label in (
+        ("time_optimal", "time-optimal"),
+        ("fastest", "fastest"),
+        ("largest", "largest measured"),
+    ):
+        assert f"{label} batch_size={goodput[key]}" in texts
+    assert {
+        "statistical efficiency",
+        "goodput: throughput x efficiency",
+        "samples 10% above the fewest",
+    } <= set(texts)
+    assert {"noise scale 24", "its 90% interval [12, 48]", "efficiency at noise scale 24"} <= set(texts)
+    assert section["lists"]["goodput-notes"] == goodput["lines"]
+    assert "http://" not in text and "https://" not in text
+
+
+def test_an_exploration_without_a_noise_scale_has_no_goodput_plot(explore_result: SavedResult) -> None:
+    assert explore_result.document["goodput"] is None
+    [section] = Page(render_report([explore_result])).sections
+    assert section["svgs"] == 1 and "goodput-notes" not in section["lists"]

@@ -32,6 +32,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--techniques", default=None, help="compare's settings (default: the usual ones)")
     parser.add_argument("--base-learning-rate", type=float, default=None, help="for the plan")
     parser.add_argument("--base-batch-size", type=int, default=None, help="the batch the base rate is for")
+    parser.add_argument(
+        "--noise-scale",
+        type=float,
+        default=None,
+        help="the gradient noise scale in samples: goodput in explore, how far scaling pays in the plan",
+    )
     flags.add_where(parser)
     flags.add_options(
         parser,
@@ -56,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigurationError(f"--skip {args.skip!r}: the steps are {STEPS}.")
     techniques = None if args.techniques is None else tuple(args.techniques.split(","))
-    checklist = Checklist(skip, args.batch_size, techniques, args.loader)
+    checklist = Checklist(skip, args.batch_size, techniques, args.loader, args.noise_scale)
     if (args.base_learning_rate is None) != (args.base_batch_size is None):
         raise ConfigurationError(
             "plan needs both --base-learning-rate and --base-batch-size (the batch that learning rate "

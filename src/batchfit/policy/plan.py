@@ -15,6 +15,7 @@ from batchfit.checks import check_positive_int
 from batchfit.errors import ConfigurationError
 from batchfit.policy.micro_batch import chosen_micro_batch, forced_micro_batch
 from batchfit.policy.plan_options import Baseline, Scaling, ScalingRule, TrainingFacts
+from batchfit.policy.scaling_payoff import ScalingPayoff, scaling_payoff
 from batchfit.policy.scaling_rules import scaling_rule
 
 # Warm-up: 100 optimizer steps per unit of learning-rate scale-up (seed 002's example: 1000 steps
@@ -48,6 +49,7 @@ class Plan:
     warnings: tuple[str, ...]
     optimizer: str | None = None  # as given: it picks the rule when scaling_rule is not given
     scaling_reason: str = ""  # which rule, and why, in one line ("sqrt: Adam-family optimizers ...")
+    payoff: ScalingPayoff | None = None  # with a noise scale: the steps and samples against the base's
 
     @property
     def learning_rate_scale(self) -> float:
@@ -57,6 +59,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
         document["warnings"] = list(self.warnings)
+        document["payoff"] = None if self.payoff is None else self.payoff.to_dict()
         return document
 
     def to_json(self) -> str:
@@ -80,6 +83,8 @@ class Plan:
             f"scaling_rule {self.scaling_reason}",
             f"warmup_steps {self.warmup_steps} ({self._warmup_reason()})",
         ]
+        if self.payoff is not None:
+            lines.extend(self.payoff.lines(self.scaling_rule, self.learning_rate_scale))
         if self.weight_decay is not None:
             scaled = self.weight_decay != self.base_weight_decay
             how = f"= {self.base_weight_decay:g} x sqrt({self.scale_factor:g})" if scaled else "(unchanged)"
@@ -121,7 +126,8 @@ def plan(
         micro_batch_size: a micro-batch to use as given (one of the two is needed).
         scaling: the learning-rate rule (or the optimizer that picks it), the weight-decay
             scaling and the warm-up.
-        training: what the training does (BatchNorm, EMA, fine-tuning), for ``Plan.warnings``.
+        training: what the training does (BatchNorm, EMA, fine-tuning), for ``Plan.warnings``, and
+            its gradient noise scale, for ``Plan.payoff`` (how far scaling pays; docs/goodput.md).
 
     The micro-batch is the largest divisor of the per-device batch up to ``max_micro_batch_size`` (a
     global batch that leaves under half of it is refused, naming ones that work); the learning rate
@@ -157,6 +163,9 @@ def plan(
         warnings=(),
         optimizer=scaling.optimizer,
         scaling_reason=reason,
+        payoff=None
+        if training.noise_scale is None
+        else scaling_payoff(global_batch_size, baseline.base_batch_size, training.noise_scale),
     )
     return dataclasses.replace(result, warnings=_warnings(result, training, scaling.steps_per_epoch))
 
@@ -274,4 +283,5 @@ def _warnings(result: Plan, training: TrainingFacts, steps_per_epoch: int | None
             f"weights quickly; fine-tune with a global batch of {FINE_TUNING_MAX_GLOBAL_BATCH} or less "
             f"and a learning rate 10-100x below the pre-training one."
         )
-    return tuple(warnings)
+    far_above = None if result.payoff is None else result.payoff.warning()
+    return tuple([*warnings, far_above] if far_above else warnings)

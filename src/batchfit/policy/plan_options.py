@@ -9,6 +9,8 @@ from typing import Literal
 
 from batchfit.checks import check_positive_int, check_positive_number, option
 from batchfit.errors import ConfigurationError
+from batchfit.policy.goodput import noise_scale_of
+from batchfit.policy.noise_scale import NoiseScale
 
 ScalingRule = Literal["linear", "sqrt"]
 SCALING_RULES: tuple[str, ...] = ("linear", "sqrt")
@@ -74,3 +76,11 @@ class TrainingFacts:
         False, "the training keeps an EMA of the weights (updated once per optimizer step)"
     )
     fine_tuning: bool = option(False, "fine-tuning a pre-trained model (a large batch or rate overwrites it)")
+    noise_scale: float | NoiseScale | None = option(
+        None,
+        "the gradient noise scale B_noise in samples: how far scaling pays, and a warning far above it",
+    )
+
+    def __post_init__(self) -> None:
+        if self.noise_scale is not None:
+            noise_scale_of(self.noise_scale)

@@ -12,7 +12,7 @@ from typing import Any
 
 import batchfit
 from batchfit.policy.advice import Change
-from batchfit.report import canvas, change_plots, plots
+from batchfit.report import canvas, change_plots, goodput_plots, plots
 from batchfit.report.results import Kind, SavedResult
 
 _STYLE = """
@@ -99,7 +99,17 @@ def _explore(document: Mapping[str, Any], salt: str) -> list[str]:
         "Throughput against batch size (log x): each estimate with its windows' range, the tolerance band "
         "under the best and the recommendation; beside it, the live recommendation and its confidence."
     )
-    return [_figure("explore", caption, plots.explore_figure(document, salt))]
+    parts = [_figure("explore", caption, plots.explore_figure(document, salt))]
+    goodput = document.get("goodput")  # an exploration given a noise scale
+    if goodput is not None:
+        caption = (
+            "Goodput at the noise scale: throughput and goodput (throughput x statistical efficiency) "
+            "against batch size, the time-optimal, fastest and largest measured batches marked; beside "
+            "it, each batch's statistical efficiency, the noise scale and the sample tolerance."
+        )
+        parts.append(_figure("goodput", caption, goodput_plots.goodput_figure(goodput, f"{salt}-goodput")))
+        parts.append(_list("goodput-notes", "To a target, at the noise scale", goodput["lines"]))
+    return parts
 
 
 def _analyze(document: Mapping[str, Any], salt: str) -> list[str]:
