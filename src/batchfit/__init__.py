@@ -5,8 +5,9 @@ What a user imports, all from here: the verbs (``find_batch_size``, ``explore``,
 options they share (``BatchSizes``, ``Trials``, ``Timing``, ``Goal``, ``Where``), the progress
 ``Event``, ``Workload`` and ``load_workload``, the results, and the errors."""
 
+from batchfit.advice_result import Advice
 from batchfit.advise import STEPS as ADVISE_STEPS
-from batchfit.advise import Advice, Checklist, advise
+from batchfit.advise import Checklist, advise
 from batchfit.analyze import Analysis, AnalysisRow, analyze
 from batchfit.autobatch import analyze_config, apply_autobatch
 from batchfit.check_data import DataCheck, check_data

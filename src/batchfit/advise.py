@@ -4,13 +4,12 @@ learning rate and warm-up for the batch it recommends."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
+from batchfit.advice_result import Advice
 from batchfit.check_data import DataCheck, check_data
 from batchfit.checks import check_positive_int
 from batchfit.compare import compare_on
@@ -32,106 +31,6 @@ from batchfit.search_result import SearchResult
 
 #: The steps advise runs, in order; each can be skipped.
 STEPS = ("find", "explore", "compare", "check-data", "plan")
-
-
-@dataclass(frozen=True)
-class Advice:
-    """Every step's result (None where skipped, with why in ``skipped``) and the ranked changes."""
-
-    train: SearchResult | None
-    eval: SearchResult | None
-    exploration: ExploreResult | None
-    comparison: Comparison | None
-    data: DataCheck | None
-    plan: Plan | None
-    batch_size: int | None  # the batch advise recommends training at
-    changes: tuple[Change, ...]  # worth making, the largest measured gain first
-    memory_only: tuple[Change, ...]  # a larger batch at a cost in speed
-    within_noise: tuple[Change, ...]  # measured, but the speed-up's interval includes 1: not ranked
-    skipped: tuple[str, ...]  # "step: why"
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """Each step's result as its own command writes it (None where skipped), and the changes."""
-        parts = {
-            "train": self.train,
-            "eval": self.eval,
-            "exploration": self.exploration,
-            "comparison": self.comparison,
-            "data": self.data,
-            "plan": self.plan,
-        }
-        return {
-            **{name: None if part is None else part.to_dict() for name, part in parts.items()},
-            "batch_size": self.batch_size,
-            "changes": [change.to_dict() for change in self.changes],
-            "memory_only": [change.to_dict() for change in self.memory_only],
-            "within_noise": [change.to_dict() for change in self.within_noise],
-            "skipped": list(self.skipped),
-            "seconds": self.seconds,
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    def report(self, context: str = "") -> str:
-        """What to change, as text; ``context`` (the workload and device flags) completes each
-        evidence command."""
-
-        def evidence(command: str) -> str:
-            return f"(evidence: {f'batchfit {command} {context}'.strip()})"
-
-        lines = []
-        if self.train is not None:
-            lines.append(
-                f"largest memory-safe batch: train {self.train.batch_size}"
-                + (f", eval {self.eval.batch_size}" if self.eval is not None else "")
-                + f" {evidence('find')}"
-            )
-        if self.exploration is not None:
-            lines.append(f"{_exploration_line(self.exploration)} {evidence('explore')}")
-            if self.exploration.goodput is not None:
-                lines.append("to a target, at the noise scale given (goodput):")
-                lines.extend(f"  {line}" for line in self.exploration.goodput.lines())
-        lines.append(
-            "what to change, by measured gain:" if self.changes else "nothing measured buys more than 3%."
-        )
-        lines.extend(f"  {index}. {change.line(context)}" for index, change in enumerate(self.changes, 1))
-        if self.memory_only:
-            lines.append("when memory, not speed, stops a run:")
-            lines.extend(f"  - {change.line(context)}" for change in self.memory_only)
-        if self.within_noise:
-            lines.append("within noise, not ranked (the speed-up's 90% interval includes 1.00x):")
-            lines.extend(f"  - {change.line(context)}" for change in self.within_noise)
-        if self.plan is not None:
-            leaning = self._leaning()
-            head = "plan:" if leaning is None else f"plan (at {leaning}, explore's leaning, not settled):"
-            lines.extend([head, *(f"  {line}" for line in self.plan.summary().splitlines())])
-        lines.extend(f"skipped {why}" for why in self.skipped)
-        return "\n".join(lines) + "\n"
-
-    def _leaning(self) -> int | None:
-        """The batch advise plans at when it is only explore's leaning, not a settled answer."""
-        exploration = self.exploration
-        if exploration is None or exploration.unsettled is None:
-            return None
-        return self.batch_size if self.batch_size == exploration.recommendation.batch_size else None
-
-
-def _exploration_line(exploration: ExploreResult) -> str:
-    """Explore's answer or, under its confidence floor, that it has none yet and what would settle it."""
-    recommendation, unsettled = exploration.recommendation, exploration.unsettled
-    speed = f"{exploration.estimates()[recommendation.batch_size]:.1f} {exploration.unit}"
-    if unsettled is None:
-        return (
-            f"train at batch_size {recommendation.batch_size}: {speed}, within the tolerance of the "
-            f"fastest measured ({recommendation.best_batch_size}), confidence {recommendation.confidence}"
-        )
-    return (
-        f"explore settled no batch size: it leans to {recommendation.batch_size} ({speed}) at "
-        f"confidence {recommendation.confidence}, below {recommendation.floor}: the measurements do "
-        f"not yet tell the sizes apart; {unsettled.line().removesuffix('.')}"
-    )
 
 
 #: advise's timing unless told: explore gets 10 s.

@@ -135,6 +135,27 @@ def explore(
     return explore_on(target, workload, sizes, timing, goal, on_progress)
 
 
+def _checked_rules(sizes: BatchSizes, timing: Timing, goal: Goal, world_size: int) -> Rules:
+    """explore's rounds' rules from the options, each request checked against the others."""
+    rules = Rules(
+        tolerance=goal.tolerance,
+        objective=goal.objective,
+        base_batch_size=goal.base_batch_size,
+        confidence_target=goal.confidence_target,
+        windows=timing.windows,
+        time_budget_seconds=timing.time_budget_seconds,
+    )
+    rules.check()
+    check_divisible(sizes.global_batch_size, world_size)
+    if goal.noise_scale is not None and sizes.global_batch_size is not None:
+        raise ConfigurationError(
+            f"noise_scale weighs the batch of an optimizer step against its steps, and "
+            f"global_batch_size={sizes.global_batch_size} fixes that batch: every micro-batch explored "
+            f"trains it, and the fastest is the quickest to a target. Leave out one of the two."
+        )
+    return rules
+
+
 def explore_on(
     target: Target,
     workload: Workload,
@@ -147,22 +168,7 @@ def explore_on(
     started = time.perf_counter()
     team = ranks()  # under torch.distributed every rank times the same windows
     world_size = sizes.world_size or team.world_size
-    rules = Rules(
-        tolerance=goal.tolerance,
-        objective=goal.objective,
-        base_batch_size=goal.base_batch_size,
-        confidence_target=goal.confidence_target,
-        windows=timing.windows,
-        time_budget_seconds=timing.time_budget_seconds,
-    )
-    rules.check()
-    check_divisible(sizes.global_batch_size, world_size)  # before any work is done
-    if goal.noise_scale is not None and sizes.global_batch_size is not None:
-        raise ConfigurationError(
-            f"noise_scale weighs the batch of an optimizer step against its steps, and "
-            f"global_batch_size={sizes.global_batch_size} fixes that batch: every micro-batch explored "
-            f"trains it, and the fastest is the quickest to a target. Leave out one of the two."
-        )
+    rules = _checked_rules(sizes, timing, goal, world_size)  # before any work is done
     device = target.device
     # A rank whose model is elsewhere stops every rank, not only itself.
     team.run(lambda: check_model_on(workload.module, device.torch_device))

@@ -75,14 +75,7 @@ def recommend(
     whose confidence reaches ``confidence_target``; while none does, the one most surely fast
     (the highest estimate less one standard error).
     """
-    if not 0 <= tolerance < 1:
-        raise ConfigurationError(f"tolerance={tolerance!r} must be in [0, 1), e.g. 0.03 for 3%.")
-    if objective not in ("smallest-within-tolerance", "max-throughput"):
-        raise ConfigurationError(
-            f"objective={objective!r}: use 'smallest-within-tolerance' or 'max-throughput'."
-        )
-    if not 0 <= confidence_target <= 100:
-        raise ConfigurationError(f"confidence_target={confidence_target!r} must be in [0, 100].")
+    _check_rules(tolerance, objective, confidence_target)
     allowed = allowed or (lambda batch: True)
     medians, error = assess([point for point in points if point.samples_per_second])
     eligible = {batch: value for batch, value in medians.items() if allowed(batch)}
@@ -98,19 +91,16 @@ def recommend(
     )
     if objective == "max-throughput":
         chosen = best
-    elif sure is None:  # no spread measured yet: the rule on the medians alone
+    elif sure is None or error is None:  # no spread measured yet: the rule on the medians alone
         chosen = within[0]
     else:
         confident = [batch for batch in within if sure[batch] >= confidence_target / 100]
-        if confident:
-            chosen = confident[0]
-        else:  # the one most surely fast: the highest throughput less one standard error
-            assert error is not None
-            chosen = max(within, key=lambda batch: (medians[batch] * math.exp(-error[batch]), -batch))
+        # Else the one most surely fast: the highest throughput less one standard error.
+        chosen = (
+            confident[0] if confident else max(within, key=lambda b: (medians[b] * math.exp(-error[b]), -b))
+        )
     base = base_batch_size if base_batch_size in medians else min(medians)
-    speedup = Ratio(medians[chosen] / medians[base] if medians[base] > 0 else 0.0)
-    if error is not None and chosen != base and medians[base] > 0:
-        speedup = of_estimates(medians[chosen], medians[base], error[chosen], error[base])
+    speedup = _speedup(medians, error, chosen, base)
     return Recommendation(
         batch_size=chosen,
         best_batch_size=best,
@@ -121,6 +111,24 @@ def recommend(
         speedup_high=speedup.high,
         floor=min(CONFIDENCE_FLOOR, confidence_target),
     )
+
+
+def _check_rules(tolerance: float, objective: Objective, confidence_target: int) -> None:
+    if not 0 <= tolerance < 1:
+        raise ConfigurationError(f"tolerance={tolerance!r} must be in [0, 1), e.g. 0.03 for 3%.")
+    if objective not in ("smallest-within-tolerance", "max-throughput"):
+        raise ConfigurationError(
+            f"objective={objective!r}: use 'smallest-within-tolerance' or 'max-throughput'."
+        )
+    if not 0 <= confidence_target <= 100:
+        raise ConfigurationError(f"confidence_target={confidence_target!r} must be in [0, 100].")
+
+
+def _speedup(medians: dict[int, float], error: dict[int, float] | None, chosen: int, base: int) -> Ratio:
+    """``chosen``'s throughput over ``base``'s, with an interval where their errors are known."""
+    if error is not None and chosen != base and medians[base] > 0:
+        return of_estimates(medians[chosen], medians[base], error[chosen], error[base])
+    return Ratio(medians[chosen] / medians[base] if medians[base] > 0 else 0.0)
 
 
 def confidences(

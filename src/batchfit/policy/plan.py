@@ -137,15 +137,11 @@ def plan(
     sources: docs/plan.md.
     """
     _check_split(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
-    if scaling.scale_weight_decay and baseline.weight_decay is None:
-        raise ConfigurationError("scale_weight_decay needs weight_decay (the value at base_batch_size).")
+    _check_weight_decay(baseline, scaling)
     micro = _micro_batch(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
     scale = global_batch_size / baseline.base_batch_size
     rule, reason = scaling_rule(scaling.scaling_rule, scaling.optimizer)
     lr_scale = _learning_rate_scale(scale, rule)
-    warmup_steps = scaling.warmup_steps
-    if warmup_steps is None:
-        warmup_steps = _recommended_warmup(lr_scale, scaling.steps_per_epoch)
     result = Plan(
         micro_batch_size=micro,
         accumulation_steps=global_batch_size // (world_size * micro),
@@ -156,18 +152,35 @@ def plan(
         base_learning_rate=baseline.base_learning_rate,
         base_batch_size=baseline.base_batch_size,
         scaling_rule=rule,
-        warmup_steps=warmup_steps,
+        warmup_steps=_warmup_steps(scaling, lr_scale),
         warmup_recommended=scaling.warmup_steps is None,
         weight_decay=_weight_decay(baseline.weight_decay, scale, scaling.scale_weight_decay),
         base_weight_decay=baseline.weight_decay,
         warnings=(),
         optimizer=scaling.optimizer,
         scaling_reason=reason,
-        payoff=None
-        if training.noise_scale is None
-        else scaling_payoff(global_batch_size, baseline.base_batch_size, training.noise_scale),
+        payoff=_payoff(global_batch_size, baseline, training),
     )
     return dataclasses.replace(result, warnings=_warnings(result, training, scaling.steps_per_epoch))
+
+
+def _warmup_steps(scaling: Scaling, lr_scale: float) -> int:
+    """The warm-up given, else the one recommended for the learning rate's scale-up."""
+    if scaling.warmup_steps is not None:
+        return scaling.warmup_steps
+    return _recommended_warmup(lr_scale, scaling.steps_per_epoch)
+
+
+def _check_weight_decay(baseline: Baseline, scaling: Scaling) -> None:
+    if scaling.scale_weight_decay and baseline.weight_decay is None:
+        raise ConfigurationError("scale_weight_decay needs weight_decay (the value at base_batch_size).")
+
+
+def _payoff(global_batch_size: int, baseline: Baseline, training: TrainingFacts) -> ScalingPayoff | None:
+    """How far scaling pays, where the training's noise scale is known."""
+    if training.noise_scale is None:
+        return None
+    return scaling_payoff(global_batch_size, baseline.base_batch_size, training.noise_scale)
 
 
 def _check_split(
