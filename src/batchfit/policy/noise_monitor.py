@@ -23,8 +23,11 @@ class NoiseScaleAverage:
     Adam: the first reading's weight is not lost to the zero they start from."""
 
     def __init__(self, decay: float) -> None:
-        if not 0 < decay < 1:
-            raise ConfigurationError(f"decay ({decay}) must be in (0, 1): the weight kept per reading.")
+        if not 0 <= decay < 1:
+            raise ConfigurationError(
+                f"decay ({decay}) must be in [0, 1): the weight the average keeps per reading "
+                f"(0: the last reading alone)."
+            )
         self.decay = decay
         self.signal = self.noise = 0.0  # the averages, not yet bias-corrected
         self.readings = 0
