@@ -90,7 +90,8 @@ def train(seed: int, learning_rate: float, accumulation: int, schedule: BatchSch
         micro_batch_size=MICRO_BATCH_SIZE,
         noise_scale=monitor,
     )
-    batch, batches, reached = MICRO_BATCH_SIZE * accumulation, [], False
+    batch, reached = MICRO_BATCH_SIZE * accumulation, False
+    batches: list[int] = []
     while len(batches) < MAX_STEPS and not reached:
         step(task.draw(batch))
         batches.append(batch)

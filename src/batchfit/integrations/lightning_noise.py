@@ -115,8 +115,8 @@ def _check(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
     if trainer.accumulate_grad_batches < 2:
         raise ConfigurationError(
             f"NoiseScaleCallback needs accumulate_grad_batches >= 2, got "
-            f"{trainer.accumulate_grad_batches}: the noise scale compares a micro-batch's gradient with the accumulated batch's, and one "
-            f"micro-batch has nothing to compare with. Halve the loader's batch_size and set "
+            f"{trainer.accumulate_grad_batches}: the noise scale compares a micro-batch's gradient with "
+            f"the accumulated batch's, and one micro-batch has nothing to compare with. Halve the loader's batch_size and set "
             f"accumulate_grad_batches=2 (the same global batch)."
         )
     if not pl_module.automatic_optimization:
