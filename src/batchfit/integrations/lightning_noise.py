@@ -116,7 +116,8 @@ def _check(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         raise ConfigurationError(
             f"NoiseScaleCallback needs accumulate_grad_batches >= 2, got "
             f"{trainer.accumulate_grad_batches}: the noise scale compares a micro-batch's gradient with "
-            f"the accumulated batch's, and one micro-batch has nothing to compare with. Halve the loader's batch_size and set "
+            f"the accumulated batch's, and one micro-batch has nothing to compare with. Halve the "
+            f"loader's batch_size and set "
             f"accumulate_grad_batches=2 (the same global batch)."
         )
     if not pl_module.automatic_optimization:
