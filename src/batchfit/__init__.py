@@ -28,10 +28,12 @@ from batchfit.find import find_batch_size
 from batchfit.fit_check import FitCheck, check
 from batchfit.micro_batch_step import MicroBatchStep
 from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
+from batchfit.policy.batch_schedule import BatchSchedule, ScheduleChange
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.goodput_result import Goodput
 from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, LoaderSetting, SettingRow
 from batchfit.policy.micro_batch import MicroBatchChange
+from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.settling import Unsettled
@@ -58,6 +60,7 @@ __all__ = [
     "Analysis",
     "AnalysisRow",
     "Baseline",
+    "BatchSchedule",
     "BatchSizes",
     "BatchfitError",
     "Checklist",
@@ -80,6 +83,8 @@ __all__ = [
     "MicroBatchChange",
     "MicroBatchStep",
     "Mode",
+    "NoiseScaleMonitor",
+    "NoiseScaleReport",
     "NonFiniteError",
     "OnProgress",
     "OptimizerStepOutOfMemoryError",
@@ -87,6 +92,7 @@ __all__ = [
     "RankFailedError",
     "Recommendation",
     "Scaling",
+    "ScheduleChange",
     "SearchResult",
     "SettingRow",
     "Timing",

@@ -16,11 +16,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import ConfigurationError, OptimizerStepOutOfMemoryError
 from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchShrink, merge_outcomes
+from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
 from batchfit.runtime.distributed.lockstep import Lockstep
 from batchfit.runtime.distributed.sharded import is_fully_sharded
 from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
+from batchfit.runtime.steps.noise_monitoring import StepNoise
 from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss, scalar_loss
 from batchfit.schedule import step_optimizer
 
@@ -79,6 +81,15 @@ class MicroBatchStep:
     rank that fails in backward never leaves another waiting in DDP's hooks. Collectives inside the
     forward (SyncBatchNorm) and FSDP are not covered. BatchNorm sees micro-batches, as with any
     accumulation, and the forwards of a failed attempt have already updated its running statistics.
+
+    With ``noise_scale`` (a ``NoiseScaleMonitor``) each optimizer step of two or more micro-batches
+    of one size is read: each micro-batch's gradient against the step's accumulated one (one extra
+    copy of the gradients; under a process group each rank's, averaged over the ranks). Every
+    ``every`` steps the noise scale ``B_simple`` is logged (INFO) and kept in
+    ``noise_scale.latest``. With the monitor's ``BatchSchedule``, a change multiplies the
+    optimizer's learning rates (and the scheduler's ``base_lrs``) by the rule's factor, is logged
+    (WARNING) with its evidence, and sets ``batch_size`` to the per-device batch to feed from then
+    on: the micro-batch stays, so the accumulation grows and the memory does not.
     """
 
     def __init__(
@@ -94,6 +105,7 @@ class MicroBatchStep:
         max_grad_norm: float | None = None,
         grow_after: int | None = None,
         batch_dim: int = 0,
+        noise_scale: NoiseScaleMonitor | None = None,
     ) -> None:
         _check(model, optimizer, loss_fn, compute_loss, max_grad_norm, batch_dim)
         self._policy = MicroBatchShrink(micro_batch_size, grow_after=grow_after)
@@ -110,6 +122,13 @@ class MicroBatchStep:
         self._ddp = isinstance(model, DistributedDataParallel)
         lockstep = Lockstep(model.process_group) if self._ddp else Lockstep.current()
         self._lockstep = lockstep if lockstep is not None and lockstep.world_size > 1 else None
+        self.noise_scale = noise_scale
+        self._noise = (
+            None
+            if noise_scale is None
+            else StepNoise(noise_scale, model.parameters(), scaler, self._lockstep)
+        )
+        self.batch_size: int | None = None  # per device: the last call's, or the schedule's after a change
 
     @property
     def micro_batch_size(self) -> int:
@@ -127,6 +146,7 @@ class MicroBatchStep:
         self._drop_gradients()
         try:
             loss, masks = self._accumulate(batch, samples)
+            reading = None if self._noise is None else self._noise.end_step()
             if self._ddp and self._lockstep is not None:
                 self._average_gradients(self._lockstep, masks)
             self._exchange(self._step_optimizer)
@@ -136,6 +156,11 @@ class MicroBatchStep:
         if self.scheduler is not None:
             self.scheduler.step()
         self._drop_gradients()
+        self.batch_size = samples
+        if reading is not None and self._noise is not None:
+            self._report(
+                self._noise.record(reading, self.optimizer_steps, self.optimizer, self._schedulers())
+            )
         change = self._policy.stepped(self.optimizer_steps, samples)
         self.optimizer_steps += 1
         if change is not None:
@@ -147,6 +172,8 @@ class MicroBatchStep:
         micro-batch again after an out-of-memory on any rank; the loss and each rank's gradient mask."""
         while True:
             sizes = self._policy.sizes(samples)
+            if self._noise is not None:
+                self._noise.begin(sizes)
             losses: list[torch.Tensor] = []
             if isinstance(self.model, DistributedDataParallel):
                 self.model.require_forward_param_sync = True  # buffers broadcast at the first forward
@@ -164,6 +191,8 @@ class MicroBatchStep:
                 return torch.stack(losses).sum(), [mask for _, _, mask in statuses]
             del losses, work
             self._drop_gradients()
+            if self._noise is not None:
+                self._noise.drop()
             change = self._policy.out_of_memory(self.optimizer_steps, samples, *failure)
             self._log(change)
             gc.collect()  # the failed attempt's activations, held in cycles with its traceback
@@ -181,6 +210,8 @@ class MicroBatchStep:
                 weighted = self._loss(micro_batch(batch, start, size, self.batch_dim)) * (size / samples)
                 phase = "backward"
                 (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
+                if self._noise is not None:
+                    self._noise.after_backward()
         except BaseException as error:
             if not is_out_of_memory(error):
                 raise
@@ -243,6 +274,27 @@ class MicroBatchStep:
         self.optimizer.zero_grad(set_to_none=True)
         for parameter in self._parameters:
             parameter.grad = None
+
+    def _schedulers(self) -> list[LRScheduler]:
+        return [] if self.scheduler is None else [self.scheduler]
+
+    def _report(self, report: NoiseScaleReport | None) -> None:
+        """Log the monitor's report (rank 0); after a change, the per-device batch it asks for."""
+        if report is None:
+            return
+        change = report.change
+        if change is not None:
+            self.batch_size = change.new_global_batch_size // (
+                1 if self._lockstep is None else self._lockstep.world_size
+            )
+        if self._lockstep is None or self._lockstep.rank == 0:
+            level = logging.INFO if change is None else logging.WARNING
+            asks = (
+                ""
+                if change is None
+                else f"; feed batches of {self.batch_size} samples per device from now on"
+            )
+            logger.log(level, f"MicroBatchStep: {report.line()}{asks}.")
 
     def _log(self, change: MicroBatchChange) -> None:
         if self._lockstep is None or self._lockstep.rank == 0:

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 import batchfit
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_batch_size
+from batchfit.integrations.lightning_noise import NoiseScaleCallback
 from batchfit.integrations.lightning_steps import (
     MICRO_BATCHES_MEASURED,
     EvalHook,
@@ -44,7 +45,7 @@ from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
 
-__all__ = ["CHECKPOINT_KEY", "BatchfitCallback", "LightningPlan"]
+__all__ = ["CHECKPOINT_KEY", "BatchfitCallback", "LightningPlan", "NoiseScaleCallback"]
 
 logger = logging.getLogger(__name__)
 
