@@ -1,9 +1,11 @@
 """batchfit: which batch size should I train (and evaluate) with on this hardware?
 
 What a user imports, all from here: the verbs (``find_batch_size``, ``explore``, ``compare``,
-``check_data``, ``advise``, ``analyze``, ``plan``, ``apply_autobatch``, ``MicroBatchStep``), the
-options they share (``BatchSizes``, ``Trials``, ``Timing``, ``Goal``, ``Where``), the progress
-``Event``, ``Workload`` and ``load_workload``, the results, and the errors."""
+``check_data``, ``advise``, ``analyze``, ``plan``, ``noise_scale``, ``apply_autobatch``,
+``MicroBatchStep``), the options they share (``BatchSizes``, ``Trials``, ``Timing``, ``Goal``,
+``Where``, ``Sampling``), the noise scale's readers for a training loop (``AccumulationNoise``,
+``DataParallelNoise``), the progress ``Event``, ``Workload`` and ``load_workload``, the results,
+and the errors."""
 
 from batchfit.advise import STEPS as ADVISE_STEPS
 from batchfit.advise import Advice, Checklist, advise
@@ -26,10 +28,12 @@ from batchfit.explore import ExploreResult, explore
 from batchfit.find import find_batch_size
 from batchfit.fit_check import FitCheck, check
 from batchfit.micro_batch_step import MicroBatchStep
-from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
+from batchfit.noise_scale import NoiseScaleResult, noise_scale
+from batchfit.options import BatchSizes, Goal, Sampling, Timing, Trials, Where
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, LoaderSetting, SettingRow
 from batchfit.policy.micro_batch import MicroBatchChange
+from batchfit.policy.noise_scale import GradientReading, NoiseScale
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.settling import Unsettled
@@ -38,6 +42,8 @@ from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.progress import Event, OnProgress
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import memory_limit
+from batchfit.runtime.distributed.gradient_noise import DataParallelNoise
+from batchfit.runtime.steps.gradient_noise import AccumulationNoise
 from batchfit.runtime.workloads.examples import EXAMPLES as _BUILDERS
 from batchfit.runtime.workloads.specs import load_workload
 from batchfit.runtime.workloads.workload import Workload
@@ -52,6 +58,7 @@ __all__ = [
     "ADVISE_STEPS",
     "EXAMPLES",
     "TECHNIQUES",
+    "AccumulationNoise",
     "Advice",
     "Analysis",
     "AnalysisRow",
@@ -63,6 +70,7 @@ __all__ = [
     "ComparisonRow",
     "ConfigurationError",
     "DataCheck",
+    "DataParallelNoise",
     "DeviceUnavailableError",
     "DoesNotFitError",
     "Event",
@@ -70,6 +78,7 @@ __all__ = [
     "ExploreResult",
     "FitCheck",
     "Goal",
+    "GradientReading",
     "LoaderRecommendation",
     "LoaderSearch",
     "LoaderSetting",
@@ -77,12 +86,15 @@ __all__ = [
     "MicroBatchChange",
     "MicroBatchStep",
     "Mode",
+    "NoiseScale",
+    "NoiseScaleResult",
     "NonFiniteError",
     "OnProgress",
     "OptimizerStepOutOfMemoryError",
     "Plan",
     "RankFailedError",
     "Recommendation",
+    "Sampling",
     "Scaling",
     "SearchResult",
     "SettingRow",
@@ -107,5 +119,6 @@ __all__ = [
     "load_config",
     "load_workload",
     "memory_limit",
+    "noise_scale",
     "plan",
 ]
