@@ -69,7 +69,7 @@ class NoiseScaleResult:
         high = "-" if scale.high is None else f"{scale.high:.4g}"
         weights = "fixed weights" if self.fixed_weights else "training"
         lines = [
-            f"B_simple          {scale.b_simple:.4g}",
+            f"B_simple          {scale.b_simple:.4g}" if scale.resolved else "B_simple          not resolved",
             f"90% interval      {low} to {high}",
             f"steps             {scale.steps} ({weights})",
             f"batch sizes       {scale.big_batch_size} against {scale.small_batch_size}",
@@ -180,9 +180,7 @@ class _Run:
         for step in range(1, steps + 1):
             readings.append(self.step(step, self._batch(step)))
             so_far = estimate(readings)
-            value = (
-                f"B_simple {so_far.b_simple:.4g} so far" if so_far.resolved else "B_simple not resolved yet"
-            )
+            value = f"{so_far.b_simple:.4g} so far" if so_far.resolved else "not resolved yet"
             message = f"noise-scale step {step}/{steps}: B_simple {value}"
             tell(on_progress, Event("noise-scale", "reading", "train", self.micro, message=message))
         return readings
