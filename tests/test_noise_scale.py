@@ -244,3 +244,21 @@ def test_a_non_finite_loss_stops_it_and_state_comes_back() -> None:
         "read from steps that train."
     )
     assert all(torch.equal(value, weights[name]) for name, value in workload.model.state_dict().items())
+
+
+def test_a_make_batch_that_repeats_itself_is_told() -> None:
+    """The built-in examples' make_batch returns the same batch for a size: the note says what that
+    measures and what to do; fresh batches hear no note."""
+    fixed = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    notes: list[str] = []
+    sampling = Sampling(32, micro_batch_size=8, steps=3, fixed_weights=True)
+    batchfit.noise_scale(
+        tiny_classifier(make_batch=lambda n: fixed),
+        sampling=sampling,
+        on_progress=lambda event: notes.append(event.message) if event.stage == "note" else None,
+    )
+    assert len(notes) == 1
+    assert notes[0].startswith("the first two steps drew the same batch: the noise scale is then")
+    heard: list[str] = []
+    batchfit.noise_scale(tiny_classifier(), sampling=sampling, on_progress=lambda e: heard.append(e.stage))
+    assert "note" not in heard

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_leaves
 
 from batchfit.errors import ConfigurationError, DoesNotFitError, NonFiniteError
 from batchfit.options import Sampling, Target, Where
@@ -177,8 +178,13 @@ class _Run:
         """``steps`` optimizer steps, each read; the readings."""
         self.workload.module.train()
         readings: list[GradientReading] = []
+        first: Any = None
         for step in range(1, steps + 1):
-            readings.append(self.step(step, self._batch(step)))
+            batch = self._batch(step)
+            if step <= 2 and _same_batch(first, batch):
+                tell(on_progress, Event("noise-scale", "note", message=SAME_BATCH))
+            first = batch if step == 1 else None
+            readings.append(self.step(step, batch))
             so_far = estimate(readings)
             value = f"{so_far.b_simple:.4g} so far" if so_far.resolved else "not resolved yet"
             message = f"noise-scale step {step}/{steps}: B_simple {value}"
@@ -234,6 +240,27 @@ class _Run:
         batch = plain(batch)
         check_batch_size(batch, size, workload.batch_dim, source)
         return on_host(batch)
+
+
+#: What a workload whose batches do not change is told.
+SAME_BATCH = (
+    "the first two steps drew the same batch: the noise scale is then that batch's own, not the "
+    "data's; make make_batch(n) return new samples on each call (as a data loader does), or pass a "
+    "dataset."
+)
+
+
+def _same_batch(first: Any, second: Any) -> bool:
+    """Whether two host batches hold the same tensors (a ``make_batch`` that ignores the RNG)."""
+    if first is None:
+        return False
+    one, two = tree_leaves(first), tree_leaves(second)
+    tensors = all(isinstance(leaf, torch.Tensor) for leaf in [*one, *two])
+    return (
+        tensors
+        and len(one) == len(two)
+        and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    )
 
 
 def _check_workload(workload: Workload, device: torch.device, fixed_weights: bool) -> None:
