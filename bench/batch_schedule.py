@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import math
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from _harness import RESULTS, Session, parser, print_markdown_table, print_text_table, ratio, write_results
 from torch import nn
 
-import batchfit
 from batchfit import BatchSchedule, MicroBatchStep, NoiseScaleMonitor
 
 FEATURES, HIDDEN, CLASSES = 32, 128, 10
@@ -169,7 +165,7 @@ def main() -> None:
     if args.device != "cpu":
         raise SystemExit("bench/batch_schedule.py trains on the CPU; --device cpu only.")
     torch.set_num_threads(1)
-    session = Session(torch.device("cpu"), ["torch"])
+    session = Session(torch.device("cpu"), ["torch", "batchfit"])
     print(session.machine())
     seeds = range(1 if args.quick else 5)
     rates = LEARNING_RATES[1:3] if args.quick else LEARNING_RATES
@@ -222,15 +218,7 @@ def main() -> None:
     print_markdown_table(headers, lines, {0})
     print(session.finish())
     if not args.no_json:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
         payload = {
-            **session.to_dict(),
-            "commit": commit or None,
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "batchfit_version": batchfit.__version__,
-            "torch_version": torch.__version__,
             "task": {
                 "features": FEATURES,
                 "hidden": HIDDEN,
@@ -248,7 +236,7 @@ def main() -> None:
             "sweeps": {"smallest": small_sweep, "largest": large_sweep},
             "rows": rows,
         }
-        write_results(args.json or RESULTS / "batch-schedule-cpu.json", payload)
+        write_results(args.json or RESULTS / "batch-schedule-cpu.json", session, payload)
 
 
 if __name__ == "__main__":

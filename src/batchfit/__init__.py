@@ -1,9 +1,11 @@
 """batchfit: which batch size should I train (and evaluate) with on this hardware?
 
 What a user imports, all from here: the verbs (``find_batch_size``, ``explore``, ``compare``,
-``check_data``, ``advise``, ``analyze``, ``plan``, ``apply_autobatch``, ``MicroBatchStep``), the
-options they share (``BatchSizes``, ``Trials``, ``Timing``, ``Goal``, ``Where``), the progress
-``Event``, ``Workload`` and ``load_workload``, the results, and the errors."""
+``check_data``, ``advise``, ``analyze``, ``plan``, ``noise_scale``, ``apply_autobatch``,
+``MicroBatchStep``), the options they share (``BatchSizes``, ``Trials``, ``Timing``, ``Goal``,
+``Where``, ``Sampling``), the noise scale's readers for a training loop (``AccumulationNoise``,
+``DataParallelNoise``), the progress ``Event``, ``Workload`` and ``load_workload``, the results,
+and the errors."""
 
 from batchfit.advice_result import Advice
 from batchfit.advise import STEPS as ADVISE_STEPS
@@ -27,13 +29,15 @@ from batchfit.explore import ExploreResult, explore
 from batchfit.find import find_batch_size
 from batchfit.fit_check import FitCheck, check
 from batchfit.micro_batch_step import MicroBatchStep
-from batchfit.options import BatchSizes, Goal, Timing, Trials, Where
+from batchfit.noise_scale import NoiseScaleResult, noise_scale
+from batchfit.options import BatchSizes, Goal, Sampling, Timing, Trials, Where
 from batchfit.policy.batch_schedule import BatchSchedule, ScheduleChange
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.goodput_result import Goodput
 from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, LoaderSetting, SettingRow
 from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
+from batchfit.policy.noise_scale import GradientReading, NoiseScale
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.settling import Unsettled
@@ -42,6 +46,8 @@ from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.progress import Event, OnProgress
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import memory_limit
+from batchfit.runtime.distributed.gradient_noise import DataParallelNoise
+from batchfit.runtime.steps.gradient_noise import AccumulationNoise
 from batchfit.runtime.workloads.examples import EXAMPLES as _BUILDERS
 from batchfit.runtime.workloads.specs import load_workload
 from batchfit.runtime.workloads.workload import Workload
@@ -56,6 +62,7 @@ __all__ = [
     "ADVISE_STEPS",
     "EXAMPLES",
     "TECHNIQUES",
+    "AccumulationNoise",
     "Advice",
     "Analysis",
     "AnalysisRow",
@@ -68,6 +75,7 @@ __all__ = [
     "ComparisonRow",
     "ConfigurationError",
     "DataCheck",
+    "DataParallelNoise",
     "DeviceUnavailableError",
     "DoesNotFitError",
     "Event",
@@ -76,6 +84,7 @@ __all__ = [
     "FitCheck",
     "Goal",
     "Goodput",
+    "GradientReading",
     "LoaderRecommendation",
     "LoaderSearch",
     "LoaderSetting",
@@ -83,14 +92,17 @@ __all__ = [
     "MicroBatchChange",
     "MicroBatchStep",
     "Mode",
+    "NoiseScale",
     "NoiseScaleMonitor",
     "NoiseScaleReport",
+    "NoiseScaleResult",
     "NonFiniteError",
     "OnProgress",
     "OptimizerStepOutOfMemoryError",
     "Plan",
     "RankFailedError",
     "Recommendation",
+    "Sampling",
     "Scaling",
     "ScheduleChange",
     "SearchResult",
@@ -116,5 +128,6 @@ __all__ = [
     "load_config",
     "load_workload",
     "memory_limit",
+    "noise_scale",
     "plan",
 ]

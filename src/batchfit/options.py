@@ -1,10 +1,12 @@
 """The options several verbs share, each a small typed object validated when it is made: where to
 measure (``Where``), which batch sizes (``BatchSizes``), how a memory trial runs (``Trials``), how
-throughput is timed (``Timing``) and what explore aims at (``Goal``). The command line's flags are
-generated from their fields, so a flag is its field's name with dashes and says what its field says."""
+throughput is timed (``Timing``), what explore aims at (``Goal``) and how the noise scale is
+sampled (``Sampling``). The command line's flags are generated from their fields, so a flag is its
+field's name with dashes and says what its field says."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -219,3 +221,68 @@ class Target:
     @classmethod
     def of(cls, where: Where) -> Target:
         return cls(resolve_device(where.torch_device, where.memory_limit_bytes), where.memory_fraction)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the noise scale is measured: the big batch (one optimizer step's), the small one (a
+    micro-batch on one device; one rank's share under torchrun), and over how many steps."""
+
+    batch_size: int = option(
+        dataclasses.MISSING, "the big batch: the samples of one optimizer step, over every rank"
+    )
+    micro_batch_size: int | None = option(
+        None, "the small batch on one device: samples per forward (default: batch_size / accumulation_steps)"
+    )
+    accumulation_steps: int | None = option(
+        None, "micro-batches per optimizer step (default: batch_size / micro_batch_size)"
+    )
+    steps: int = option(20, "optimizer steps to read the gradients of")
+    fixed_weights: bool = option(
+        False, "read every step's gradients at the model's weights as they are, without optimizer steps"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "micro_batch_size", "accumulation_steps", "steps"):
+            value = getattr(self, name)
+            if value is not None:
+                check_positive_int(name, value)
+
+    def split(self, world_size: int) -> tuple[int, int]:
+        """``(micro_batch_size, accumulation_steps)`` on each of ``world_size`` ranks; a
+        ConfigurationError where the sizes do not divide, disagree, or leave no small batch."""
+        local, remainder = divmod(self.batch_size, world_size)
+        if remainder:
+            raise ConfigurationError(
+                f"batch_size ({self.batch_size}) must be divisible by world_size ({world_size}): each "
+                f"rank trains an equal share; pass a multiple of {world_size}."
+            )
+        micro, accumulation = self.micro_batch_size, self.accumulation_steps
+        if micro is None and accumulation is None:
+            if world_size == 1:
+                raise ConfigurationError(
+                    f"on one device the noise scale compares micro-batches with the batch of "
+                    f"{self.batch_size} they add up to: pass micro_batch_size (a divisor of "
+                    f"{self.batch_size} below it, such as {_half(self.batch_size)}) or accumulation_steps."
+                )
+            accumulation = 1
+        micro = micro if micro is not None else local // (accumulation or 1)
+        accumulation = accumulation if accumulation is not None else local // micro
+        if micro * accumulation != local:
+            raise ConfigurationError(
+                f"micro_batch_size x accumulation_steps ({micro} x {accumulation}) must equal the batch "
+                f"each of {world_size} device(s) trains ({local} of batch_size {self.batch_size}); "
+                f"pass one of them and batchfit derives the other."
+            )
+        if world_size == 1 and accumulation == 1:
+            raise ConfigurationError(
+                f"micro_batch_size ({micro}) equals batch_size ({self.batch_size}), so the small batch "
+                f"is the big one and the two give no noise scale; pass a micro_batch_size below it "
+                f"that divides it, such as {_half(self.batch_size)}."
+            )
+        return micro, accumulation
+
+
+def _half(size: int) -> int:
+    """The largest divisor of ``size`` at most half of it (1 for a prime)."""
+    return next(divisor for divisor in range(size // 2, 0, -1) if size % divisor == 0)

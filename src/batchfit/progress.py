@@ -12,8 +12,9 @@ from batchfit.policy.trial import Trial
 
 #: started: a trial (``batch_size``) or a step of advise (``label``) begins; trial: a memory trial
 #: ended; recommendation: explore's live recommendation changed; row, setting: compare measured a
-#: technique, check-data a DataLoader setting (``message`` says what); note: something to know.
-Stage = Literal["started", "trial", "recommendation", "row", "setting", "note"]
+#: technique, check-data a DataLoader setting (``message`` says what); reading: noise-scale read a
+#: step's gradients (``message``: the estimate so far); note: something to know.
+Stage = Literal["started", "trial", "recommendation", "row", "setting", "reading", "note"]
 
 
 @dataclass(frozen=True)

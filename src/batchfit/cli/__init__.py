@@ -11,7 +11,18 @@ from collections.abc import Sequence
 
 import batchfit
 from batchfit import BatchfitError, ConfigurationError, RankFailedError
-from batchfit.cli import advise, analyze, check, check_data, compare, explore, find, plan, report
+from batchfit.cli import (
+    advise,
+    analyze,
+    check,
+    check_data,
+    compare,
+    explore,
+    find,
+    noise_scale,
+    plan,
+    report,
+)
 from batchfit.cli.launch import exit_launched, launched_world_size
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
@@ -23,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     )
     root.add_argument("--version", action="version", version=f"batchfit {batchfit.__version__}")
     commands = root.add_subparsers(dest="command", required=True)
-    for command in (find, explore, compare, check_data, advise, analyze, plan, check, report):
+    for command in (find, explore, compare, check_data, advise, analyze, plan, noise_scale, check, report):
         command.add_parser(commands).set_defaults(run=command.run)
     return root
 
