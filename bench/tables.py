@@ -352,6 +352,27 @@ def forecast_trained_table(files: list[dict[str, Any]]) -> str:
     return markdown(headers, lines, (0, 1, 2, 4)) + "\n\n" + provenance(data)
 
 
+def batch_schedule_table(files: list[dict[str, Any]]) -> str:
+    """``bench/batch_schedule.py``: each method's steps, samples and predicted time to the target,
+    medians over the seeds, and the schedule's over each (the schedule is the last row)."""
+    (data,) = files
+    rows, seeds = data["rows"], data["task"]["seeds"]
+    schedule = rows[-1]
+    lines = [
+        [row["method"], f"{row['reached']}/{seeds}", f"{row['steps']:.0f}", f"{row['samples']:.0f}",
+         f"{row['predicted_seconds']:.2f}", _times(schedule["samples"], row["samples"]),
+         _times(schedule["predicted_seconds"], row["predicted_seconds"])]
+        for row in rows
+    ]  # fmt: skip
+    headers = ["method", "reached", "steps", "samples", "predicted s", "schedule's samples / this",
+               "schedule's time / this"]  # fmt: skip
+    return markdown(headers, lines, (0,)) + "\n\n" + provenance(data)
+
+
+def _times(value: float, base: float) -> str:
+    return f"{value / base:.2f}x" if base > 0 else "-"
+
+
 def transcript_block(files: list[dict[str, Any]], short: bool = False) -> str:
     """A recorded command (``bench/transcript.py``): the command, what it wrote, and where from;
     ``short``: stdout up to its first blank line, then ``...``."""
@@ -384,6 +405,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "explore": (explore_table, True, False),
     "timings": (timings_table, True, False),
     "forecast-trained": (forecast_trained_table, True, False),
+    "batch-schedule": (batch_schedule_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),
