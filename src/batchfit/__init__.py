@@ -29,7 +29,8 @@ from batchfit.explore import ExploreResult, explore
 from batchfit.find import find_batch_size
 from batchfit.fit_check import FitCheck, check
 from batchfit.micro_batch_step import MicroBatchStep
-from batchfit.noise_scale import NoiseScaleResult, noise_scale
+from batchfit.noise_scale import noise_scale
+from batchfit.noise_scale_result import NoiseScaleResult
 from batchfit.options import BatchSizes, Goal, Sampling, Timing, Trials, Where
 from batchfit.policy.batch_schedule import BatchSchedule, ScheduleChange
 from batchfit.policy.choose import Recommendation

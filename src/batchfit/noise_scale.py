@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -15,8 +14,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves
 
 from batchfit.errors import ConfigurationError, DoesNotFitError, NonFiniteError
+from batchfit.noise_scale_result import NoiseScaleResult
 from batchfit.options import Sampling, Target, Where
-from batchfit.policy.noise_scale import GradientReading, NoiseScale, estimate
+from batchfit.policy.noise_scale import GradientReading, estimate
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.devices.tracker import resident_tensors
@@ -30,71 +30,7 @@ from batchfit.runtime.workloads.batches import check_batch_size, collated, on_ho
 from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
-
-@dataclass(frozen=True)
-class NoiseScaleResult:
-    """The noise scale (``estimate``: ``B_simple``, its 90% interval, ``|G|^2`` and ``tr(Sigma)``)
-    and the readings it rests on, one per optimizer step, with the batch sizes that made them."""
-
-    estimate: NoiseScale
-    readings: tuple[GradientReading, ...]
-    batch_size: int  # the big batch: one optimizer step's samples, over every rank
-    micro_batch_size: int  # samples per forward on each device
-    accumulation_steps: int
-    world_size: int
-    fixed_weights: bool  # read at the weights as found, without optimizer steps between readings
-    device: str
-    seconds: float
-
-    @property
-    def b_simple(self) -> float:
-        return self.estimate.b_simple
-
-    def summary(self) -> str:
-        """One line: the estimate, its interval and what it rests on."""
-        scale = self.estimate
-        if not scale.resolved:
-            return f"B_simple not resolved: {scale.meaning()}"
-        interval = (
-            "" if scale.low is None or scale.high is None else f" (90%: {scale.low:.4g}-{scale.high:.4g})"
-        )
-        return (
-            f"B_simple = {scale.b_simple:.4g}{interval} from {scale.steps} steps, batch "
-            f"{scale.big_batch_size} against {scale.small_batch_size}"
-        )
-
-    def text(self) -> str:
-        """The result as the command line prints it."""
-        scale = self.estimate
-        low = "-" if scale.low is None else f"{scale.low:.4g}"
-        high = "-" if scale.high is None else f"{scale.high:.4g}"
-        weights = "fixed weights" if self.fixed_weights else "training"
-        lines = [
-            f"B_simple          {scale.b_simple:.4g}" if scale.resolved else "B_simple          not resolved",
-            f"90% interval      {low} to {high}",
-            f"steps             {scale.steps} ({weights})",
-            f"batch sizes       {scale.big_batch_size} against {scale.small_batch_size}",
-            f"|G|^2             {scale.gradient_norm_sq:.4g}",
-            f"tr(Sigma)         {scale.trace_sigma:.4g}",
-            f"meaning           {scale.meaning()}",
-        ]
-        return "\n".join(lines) + "\n"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "noise_scale": self.estimate.to_dict(),
-            "readings": [
-                {"small_norm_sq": reading.small_norm_sq, "big_norm_sq": reading.big_norm_sq}
-                for reading in self.readings
-            ],
-            "batch_size": self.batch_size,
-            "micro_batch_size": self.micro_batch_size,
-            "accumulation_steps": self.accumulation_steps,
-            "world_size": self.world_size,
-            "fixed_weights": self.fixed_weights,
-            "device": self.device,
-            "seconds": self.seconds,
-        }
+__all__ = ["NoiseScaleResult", "noise_scale"]
 
 
 def noise_scale(
