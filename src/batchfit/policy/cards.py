@@ -115,7 +115,7 @@ def card_named(name: str) -> Card:
             return card
     raise ConfigurationError(
         f"gpu={name!r} is not a card batchfit knows: use one of {', '.join(CARDS)}, "
-        f"or give its memory with capacities=['24GiB'] (--capacity 24GiB)."
+        f"or give its memory with capacities=['24GiB'] (--capacities 24GiB)."
     )
 
 
