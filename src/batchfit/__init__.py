@@ -1,7 +1,7 @@
 """batchfit: which batch size should I train (and evaluate) with on this hardware?
 
 What a user imports, all from here: the verbs (``find_batch_size``, ``explore``, ``compare``,
-``check_data``, ``advise``, ``analyze``, ``plan``, ``noise_scale``, ``apply_autobatch``,
+``check_data``, ``advise``, ``analyze``, ``plan``, ``noise_scale``, ``predict``, ``apply_autobatch``,
 ``MicroBatchStep``), the options they share (``BatchSizes``, ``Trials``, ``Timing``, ``Goal``,
 ``Where``, ``Sampling``), the noise scale's readers for a training loop (``AccumulationNoise``,
 ``DataParallelNoise``), the progress ``Event``, ``Workload`` and ``load_workload``, the results,
@@ -44,6 +44,8 @@ from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.settling import Unsettled
 from batchfit.policy.techniques import TECHNIQUES
 from batchfit.policy.trial import MemoryModel, Mode, Trial
+from batchfit.predict import predict
+from batchfit.prediction import Prediction, PredictionRow, Targets
 from batchfit.progress import Event, OnProgress
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import memory_limit
@@ -101,6 +103,8 @@ __all__ = [
     "OnProgress",
     "OptimizerStepOutOfMemoryError",
     "Plan",
+    "Prediction",
+    "PredictionRow",
     "RankFailedError",
     "Recommendation",
     "Sampling",
@@ -108,6 +112,7 @@ __all__ = [
     "ScheduleChange",
     "SearchResult",
     "SettingRow",
+    "Targets",
     "Timing",
     "TrainingFacts",
     "Trial",
@@ -131,4 +136,5 @@ __all__ = [
     "memory_limit",
     "noise_scale",
     "plan",
+    "predict",
 ]

@@ -21,6 +21,7 @@ from batchfit.cli import (
     find,
     noise_scale,
     plan,
+    predict,
     report,
 )
 from batchfit.cli.launch import exit_launched, launched_world_size
@@ -34,7 +35,19 @@ def parser() -> argparse.ArgumentParser:
     )
     root.add_argument("--version", action="version", version=f"batchfit {batchfit.__version__}")
     commands = root.add_subparsers(dest="command", required=True)
-    for command in (find, explore, compare, check_data, advise, analyze, plan, noise_scale, check, report):
+    for command in (
+        find,
+        explore,
+        compare,
+        check_data,
+        advise,
+        analyze,
+        plan,
+        predict,
+        noise_scale,
+        check,
+        report,
+    ):
         command.add_parser(commands).set_defaults(run=command.run)
     return root
 

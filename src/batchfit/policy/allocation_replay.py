@@ -18,10 +18,20 @@ forecast (``policy.replay_forecast``) to place its real trials, and only real tr
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event
 from batchfit.policy.allocator_blocks import Block, Segments
 from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
+
+
+@dataclass(frozen=True)
+class Played:
+    """A replay's verdict at one batch size, with the modelled allocator's peaks."""
+
+    fits: bool
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
 
 
 class AllocationReplay:
@@ -90,11 +100,20 @@ class AllocationReplay:
         ``soft_workspaces``, a request freed right after it is made (a workspace) that cannot be
         placed is done without, as cuDNN does: it catches the allocator's failure (after the
         allocator has emptied its cache) and runs an algorithm that needs less."""
+        played = self.play(batch_size, limit_bytes, steps, soft_workspaces)
+        return None if played is None else played.fits
+
+    def play(
+        self, batch_size: int, limit_bytes: int | None, steps: int, soft_workspaces: bool = False
+    ) -> Played | None:
+        """``fits``, with the allocator's allocated and reserved peaks over the steps played (to the
+        failure, where they fail); ``limit_bytes`` None plays them uncapped."""
         recorded = len(self.steps) - 1
         if steps > recorded and not self.repeatable:
             return None
         sizes = [max(1, math.ceil(fixed + slope * batch_size)) for fixed, slope in self.lines]
-        player = _Player(CachingAllocator.starting_from(self.start, limit_bytes, self.expandable), sizes)
+        allocator = CachingAllocator.starting_from(self.start, limit_bytes, self.expandable)
+        player = _Player(allocator, sizes)
         if soft_workspaces:
             player.soft = self.transient
         blocks: dict[int, Block | None] = {}
@@ -107,11 +126,12 @@ class AllocationReplay:
                         ordinal += 1
                     else:
                         player.release(blocks.pop(value))
-            if steps <= recorded:
-                return True
-            return self._repeat(player, blocks, steps - recorded)
+            if steps > recorded:
+                self._repeat(player, blocks, steps - recorded)
+            fits = True
         except AllocatorOutOfMemory:
-            return False
+            fits = False
+        return Played(fits, allocator.peak_allocated_bytes, allocator.peak_reserved_bytes)
 
     def _repeat(self, player: _Player, blocks: dict[int, Block | None], times: int) -> bool:
         """Play the last step ``times`` more times, each freeing what the one before handed on; stop

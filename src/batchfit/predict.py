@@ -1,0 +1,229 @@
+"""``predict``: the largest train and eval batch on GPUs you do not have, from a few small trials'
+allocator requests replayed at each target's memory (``policy.capacity_prediction``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+
+from batchfit.errors import ConfigurationError
+from batchfit.find import _check_workload
+from batchfit.options import BatchSizes, Trials, Where, mode_named
+from batchfit.policy.allocation_record import AllocationRecord
+from batchfit.policy.capacity_prediction import CapacityPrediction, CapacityPredictor, Unmodelled
+from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
+from batchfit.policy.trial import Mode, Trial
+from batchfit.prediction import Prediction, PredictionRow, Targets
+from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.runtime.devices.cuda import CudaDevice
+from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.resolve import resolve_device
+from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.steps.reach import grad_scalers
+from batchfit.runtime.steps.runner import TrialRunner
+from batchfit.runtime.steps.state import TrainingSnapshot
+from batchfit.runtime.workloads.workload import Workload
+
+#: The batch sizes recorded: the pair ``find`` opens with and one more, whose own answer shows the
+#: replay's error where the step's requests do not follow lines in the batch.
+RECORD_SIZES = (2, 4, 8)
+#: The CPU alone: the share of the budget each part the CPU cannot model may move the step's
+#: memory by, either way. Guesses, not measurements, until a GPU session measures them.
+GUESSED_SHARES = {
+    "cudnn": 0.03,
+    "attention": 0.10,
+    "autocast": 0.25,
+}
+#: Where the CPU stands in alone: its capacity for the small trials (their own memory is real).
+CPU_RECORDING_BYTES = 1 << 40
+
+
+def predict(
+    workload: Workload,
+    *,
+    capacities: Sequence[str | int] | str = (),
+    gpus: Sequence[str] | str = (),
+    reserve: str | int = 0,
+    modes: Sequence[str] = ("train", "eval"),
+    device: str | torch.device | None = None,
+    memory_fraction: float = 0.8,
+    sizes: BatchSizes = BatchSizes(),
+    trials: Trials = Trials(),
+) -> Prediction:
+    """Predict the largest ``modes`` batch on GPUs of other sizes: ``capacities`` (totals, such as
+    ``"24GiB"``) and ``gpus`` (cards by name, ``batchfit.policy.cards.CARDS``), each less its CUDA
+    context and ``reserve``, at ``memory_fraction`` of the rest, as ``find`` would search there.
+
+    On a GPU (``device="cuda"``) small trials (``RECORD_SIZES``) record their requests to the
+    caching allocator, replayed on its model at each target. On the CPU (``device="cpu"``) the same
+    trials run on the CPU with CUDA's allocator modelled, with what differs on CUDA added where it
+    can be (cuBLAS's workspace, a foreach optimizer step) and named and banded where it cannot.
+    The model, optimizer and RNG are left as they were.
+    """
+    targets = Targets(
+        capacities if isinstance(capacities, str) else tuple(str(each) for each in capacities),
+        gpus if isinstance(gpus, str) else tuple(gpus),
+        reserve,
+    )
+    where = Where(device, None, memory_fraction)
+    named = tuple(mode_named(mode) for mode in modes)
+    target = resolve_device(where.torch_device, None)
+    if isinstance(target, CudaDevice):
+        return predict_on(target, workload, targets, named, memory_fraction, sizes, trials)
+    return predict_on(
+        CachingCpuDevice(CPU_RECORDING_BYTES), workload, targets, named, memory_fraction, sizes, trials,
+        cpu_alone=True,
+    )  # fmt: skip
+
+
+def predict_on(
+    device: CachingCpuDevice | CudaDevice,
+    workload: Workload,
+    targets: Targets,
+    modes: Sequence[Mode],
+    memory_fraction: float = 0.8,
+    sizes: BatchSizes = BatchSizes(),
+    trials: Trials = Trials(),
+    *,
+    cpu_alone: bool = False,
+    context: bool = True,
+) -> Prediction:
+    """``predict`` recording on ``device`` (CUDA, or the CPU with CUDA's allocator modelled);
+    ``cpu_alone``: the CPU stands in for CUDA (its additions and unmodelled parts apply);
+    ``context=False``: the targets hold nothing beside the allocator (the CPU stand-in's own
+    capacities, for tests and benches)."""
+    started = time.perf_counter()
+    memories = targets.memories(context)
+    unmodelled = _unmodelled(workload) if cpu_alone else ()
+    steps = trials.confirm_steps or device.confirm_steps or trials.steps_per_trial
+    rows: dict[str, dict[Mode, CapacityPrediction]] = {memory.name: {} for memory, _ in memories}
+    recorded: dict[Mode, tuple[Trial, ...]] = {}
+    evidence: dict[Mode, dict[int, AllocationRecord]] = {}
+    for mode in modes:
+        _check_workload(workload, mode, device)
+        candidates = sizes.candidates(mode)
+        with _cuda_defaults(workload, cpu_alone):
+            records, ran = record(workload, mode, device, memory_fraction, trials, candidates.first)
+        recorded[mode], evidence[mode] = ran, records
+        predictors: dict[tuple[int, ...], CapacityPredictor] = {}
+        for memory, hopper in memories:
+            kept = (CUBLAS_WORKSPACE_BYTES["hopper" if hopper else "older"],) if cpu_alone else ()
+            if kept not in predictors:
+                predictors[kept] = CapacityPredictor(records, steps, device.soft_workspaces, kept)
+            rows[memory.name][mode] = predictors[kept].predict(
+                memory, candidates, memory_fraction, targets.reserve_bytes, unmodelled
+            )
+    return Prediction(
+        device=device.name,
+        cpu_alone=cpu_alone,
+        memory_fraction=memory_fraction,
+        reserve_bytes=targets.reserve_bytes,
+        steps=steps,
+        rows=tuple(
+            PredictionRow.of(memory, rows[memory.name], memory_fraction, targets.reserve_bytes)
+            for memory, _ in memories
+        ),
+        recorded_trials=recorded,
+        records=evidence,
+        unmodelled=unmodelled,
+        modelled=_modelled(cpu_alone, workload),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def record(
+    workload: Workload,
+    mode: Mode,
+    device: Device,
+    memory_fraction: float,
+    trials: Trials,
+    smallest: int = 1,
+) -> tuple[dict[int, AllocationRecord], tuple[Trial, ...]]:
+    """The allocator requests of ``RECORD_SIZES`` trials that fit (each of
+    ``trials.steps_per_trial`` steps under the device's budget), and the trials; stops at the first
+    that does not fit. An eval trial first trains ``trials.warm_batch_size`` (else ``smallest``,
+    the smallest candidate), as find's do. The model, optimizer and RNG are put back after."""
+    optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+    snapshot = TrainingSnapshot.capture(workload.module, optimizer, workload.functions)
+    records: dict[int, AllocationRecord] = {}
+    ran: list[Trial] = []
+    try:
+        snapshot.set_gradients_aside()
+        held = resident_tensors(workload.module, workload.optimizer, *workload.reached)
+        budget = int(memory_fraction * device.capacity_bytes(held, workload.wrapper_bytes))
+        warm = (
+            (trials.warm_batch_size or smallest)
+            if mode == "eval" and trials.eval_with_training_state
+            else None
+        )
+        runner = TrialRunner.on(
+            workload, device, mode, trials.steps_per_trial, budget, snapshot, warm, record=True
+        )
+        runner.records = records
+        for batch_size in RECORD_SIZES:
+            trial = runner.run(batch_size)
+            ran.append(trial)
+            if not trial.fits:
+                break
+    finally:
+        snapshot.restore(gradients=True)
+        device.release()
+    if len(records) < 2:
+        raise ConfigurationError(
+            f"the {mode} step recorded {len(records)} trial(s) of {list(RECORD_SIZES)} on {device.name} "
+            f"({', '.join(trial.line(str(trial.batch_size)) for trial in ran)}): a prediction needs two "
+            f"that fit and whose requests align. Lower the batch sizes' memory (a smaller model) or "
+            f"use a device with more memory to record on."
+        )
+    return records, tuple(ran)
+
+
+@contextmanager
+def _cuda_defaults(workload: Workload, cpu_alone: bool) -> Iterator[None]:
+    """On the CPU standing in for CUDA, the optimizer steps as it defaults to on CUDA (foreach,
+    where its ``foreach`` is unset and it is not fused): the step's temporaries are CUDA's."""
+    optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+    changed = []
+    if cpu_alone and optimizer is not None and "foreach" in optimizer.defaults:
+        changed = [
+            group
+            for group in optimizer.param_groups
+            if group.get("foreach") is None and not group.get("fused")
+        ]
+    for group in changed:
+        group["foreach"] = True
+    try:
+        yield
+    finally:
+        for group in changed:
+            group["foreach"] = None
+
+
+def _unmodelled(workload: Workload) -> tuple[Unmodelled, ...]:
+    """What the CPU cannot show of the step on CUDA, each with its guessed share of the budget."""
+    modules = list(workload.module.modules())
+    found = []
+    if any(isinstance(module, torch.nn.modules.conv._ConvNd) for module in modules):
+        found.append(("cuDNN's convolution workspaces (the algorithm CUDA picks)", "cudnn"))
+    if any("attention" in type(module).__name__.lower() for module in modules):
+        found.append(("the attention kernel CUDA picks (flash, memory-efficient or math)", "attention"))
+    if grad_scalers(workload.train_step, workload.eval_step):
+        found.append(("autocast to float16 with a GradScaler (run as the CPU runs it)", "autocast"))
+    return tuple(Unmodelled(part, GUESSED_SHARES[key]) for part, key in found)
+
+
+def _modelled(cpu_alone: bool, workload: Workload) -> tuple[str, ...]:
+    if not cpu_alone:
+        return ("every request the local GPU's allocator served, cuBLAS's and cuDNN's workspaces included",)
+    parts = [
+        "CUDA's caching allocator (rounding, pools, segments, splitting, retries) on the step's own tensors",
+        "cuBLAS's workspace, kept from the first matrix product (32 MiB on Hopper, 8.125 MiB before)",
+        "the CUDA context, by card (policy.cards: an estimate with its range)",
+    ]
+    optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+    if optimizer is not None and "foreach" in optimizer.defaults:
+        parts.append("the optimizer's foreach step, CUDA's default (unless set otherwise)")
+    return tuple(parts)
