@@ -20,9 +20,9 @@ pytest.importorskip("transformers")
 from hf_models import VOCAB, gpt2, language_modelling, token_examples
 from transformers import TrainerCallback, TrainingArguments
 
-from batchfit import BatchSchedule, NoiseScaleMonitor
+from batchfit import BatchSchedule, BatchSizes, NoiseScaleMonitor
 from batchfit.errors import ConfigurationError
-from batchfit.integrations.transformers import NoiseScaleTrainer
+from batchfit.integrations.transformers import BatchfitTrainer, NoiseScaleMixin, NoiseScaleTrainer
 from batchfit.policy.noise_scale import GradientReading, estimate
 
 
@@ -176,3 +176,39 @@ def test_the_monitor_must_be_a_monitor(tmp_path: Path) -> None:
         ConfigurationError, match=r"noise_scale must be a batchfit\.NoiseScaleMonitor, got int\."
     ):
         trainer(tmp_path, 100, token_examples(32))  # type: ignore[arg-type]
+
+
+class FittedNoiseScaleTrainer(NoiseScaleMixin, BatchfitTrainer):  # type: ignore[misc]
+    """The monitor before the batch-size fitting: it reads the micro-batches the fitting chose."""
+
+
+def test_before_batchfit_trainer_it_reads_the_fitted_micro_batches(tmp_path: Path) -> None:
+    monitor = NoiseScaleMonitor(every=3)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_strategy="no",
+        train_sampling_strategy="sequential",
+        per_device_train_batch_size=16,
+        max_steps=6,
+    )
+    run = FittedNoiseScaleTrainer(
+        model=gpt2(),
+        args=args,
+        train_dataset=token_examples(96),
+        data_collator=language_modelling,
+        noise_scale=monitor,
+        memory_limit="64MiB",
+        sizes=BatchSizes(max_batch_size=8),  # the global batch of 16 as 2 micro-batches of 8
+    )
+    run.train()
+    plan = run.batchfit_plan
+    assert plan is not None and (plan.micro_batch_size, plan.accumulation_steps) == (8, 2)
+    assert [(reading.small_batch_size, reading.big_batch_size) for reading in monitor.readings] == [
+        (8, 16)
+    ] * 3
+    logged = [entry["step"] for entry in run.state.log_history if "noise_scale/b_simple" in entry]
+    assert logged == [3, 6]
