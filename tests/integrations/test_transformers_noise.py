@@ -158,6 +158,22 @@ def test_the_schedule_grows_the_accumulation_where_the_epoch_allows_and_scales_t
     assert monitor.readings[-1].small_batch_size == 4 and monitor.readings[-1].big_batch_size == 16
 
 
+def test_a_change_the_epoch_does_not_allow_waits_for_the_next_epoch(tmp_path: Path) -> None:
+    # 6 batches an epoch: decided after 3 steps of 2 (6 batches, not a multiple of 4), at the end.
+    schedule = BatchSchedule(max_accumulation_steps=4, min_steps=3, margin=1e-3)
+    monitor = NoiseScaleMonitor(every=3, schedule=schedule)
+    run = trainer(tmp_path, monitor, skewed(8) * 3, gradient_accumulation_steps=2, num_train_epochs=2)
+    steps = Steps()
+    run.add_callback(steps)
+    run.train()
+    assert len(monitor.changes) == 1
+    # The second epoch at 4 batches a step, its last step the 2 left (no reading: not 4 of them).
+    assert steps.micro_batches == [2, 2, 2, 4, 2]
+    assert len(monitor.readings) == 1 and monitor.readings[0].big_batch_size == 16
+    # The Trainer counted 6 steps (2 epochs of 3) when it started; the run took 5.
+    assert (run.state.global_step, run.state.max_steps) == (5, 6)
+
+
 def test_one_micro_batch_per_step_is_refused_with_the_split_that_keeps_the_batch(tmp_path: Path) -> None:
     run = trainer(
         tmp_path, NoiseScaleMonitor(every=3), token_examples(32), gradient_accumulation_steps=1, max_steps=2
