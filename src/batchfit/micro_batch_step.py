@@ -14,16 +14,16 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from batchfit.errors import ConfigurationError, OptimizerStepOutOfMemoryError
+from batchfit.errors import OptimizerStepOutOfMemoryError
 from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchShrink, merge_outcomes
-from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
 from batchfit.runtime.distributed.lockstep import Lockstep
-from batchfit.runtime.distributed.sharded import is_fully_sharded
+from batchfit.runtime.steps.micro_batch_checks import check_arguments
 from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
-from batchfit.runtime.steps.noise_monitoring import StepNoise
-from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss, scalar_loss
+from batchfit.runtime.steps.noise_monitoring import StepNoise, report_line
+from batchfit.runtime.workloads.default_step import model_loss, scalar_loss
 from batchfit.schedule import step_optimizer
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class MicroBatchStep:
         batch_dim: int = 0,
         noise_scale: NoiseScaleMonitor | None = None,
     ) -> None:
-        _check(model, optimizer, loss_fn, compute_loss, max_grad_norm, batch_dim)
+        check_arguments(model, optimizer, loss_fn, compute_loss, max_grad_norm, batch_dim)
         self._policy = MicroBatchShrink(micro_batch_size, grow_after=grow_after)
         self.model = model
         self.optimizer = optimizer
@@ -158,9 +158,12 @@ class MicroBatchStep:
         self._drop_gradients()
         self.batch_size = samples
         if reading is not None and self._noise is not None:
-            self._report(
-                self._noise.record(reading, self.optimizer_steps, self.optimizer, self._schedulers())
-            )
+            report = self._noise.record(reading, self.optimizer_steps, self.optimizer, self._schedulers())
+            if report is not None:
+                self.batch_size = self._noise.batch_size_after(report, samples)
+                if self._lockstep is None or self._lockstep.rank == 0:
+                    level = logging.INFO if report.change is None else logging.WARNING
+                    logger.log(level, report_line(report, self.batch_size))
         change = self._policy.stepped(self.optimizer_steps, samples)
         self.optimizer_steps += 1
         if change is not None:
@@ -278,65 +281,9 @@ class MicroBatchStep:
     def _schedulers(self) -> list[LRScheduler]:
         return [] if self.scheduler is None else [self.scheduler]
 
-    def _report(self, report: NoiseScaleReport | None) -> None:
-        """Log the monitor's report (rank 0); after a change, the per-device batch it asks for."""
-        if report is None:
-            return
-        change = report.change
-        if change is not None:
-            self.batch_size = change.new_global_batch_size // (
-                1 if self._lockstep is None else self._lockstep.world_size
-            )
-        if self._lockstep is None or self._lockstep.rank == 0:
-            level = logging.INFO if change is None else logging.WARNING
-            asks = (
-                ""
-                if change is None
-                else f"; feed batches of {self.batch_size} samples per device from now on"
-            )
-            logger.log(level, f"MicroBatchStep: {report.line()}{asks}.")
-
     def _log(self, change: MicroBatchChange) -> None:
         if self._lockstep is None or self._lockstep.rank == 0:
             logger.warning(
                 f"MicroBatchStep: micro_batch_size {change.old_micro_batch_size} -> "
                 f"{change.new_micro_batch_size} at optimizer step {change.optimizer_step}: {change.reason}."
             )
-
-
-def _check(
-    model: Any,
-    optimizer: Any,
-    loss_fn: Any,
-    compute_loss: Any,
-    max_grad_norm: float | None,
-    batch_dim: Any,
-) -> None:
-    if not isinstance(model, nn.Module):
-        raise ConfigurationError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigurationError(
-            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}; MicroBatchStep "
-            f"steps it once per call."
-        )
-    check_steps_on_gradients(optimizer, "MicroBatchStep")
-    if loss_fn is not None and compute_loss is not None:
-        raise ConfigurationError(
-            "pass loss_fn or compute_loss, not both: compute_loss(model, micro_batch) computes the loss "
-            "itself, loss_fn(model(inputs), target) on a batch (inputs, target)."
-        )
-    for name, function in (("loss_fn", loss_fn), ("compute_loss", compute_loss)):
-        if function is not None and not callable(function):
-            raise ConfigurationError(f"{name} must be callable, got {type(function).__name__}.")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ConfigurationError(f"max_grad_norm ({max_grad_norm}) must be positive; None does not clip.")
-    if isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim < 0:
-        raise ConfigurationError(
-            f"batch_dim ({batch_dim!r}) must be 0 or more: the dimension of the batch's tensors that "
-            f"holds the samples."
-        )
-    if is_fully_sharded(model):
-        raise ConfigurationError(
-            "MicroBatchStep does not run FSDP models: their backward runs collectives, so a rank that ran "
-            "out of memory there would leave the others waiting. Use DistributedDataParallel."
-        )

@@ -5,39 +5,29 @@ runs them, sets them where the loaders read them, and keeps the plan in the chec
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
-from lightning.pytorch.strategies import (
-    DDPStrategy,
-    DeepSpeedStrategy,
-    ModelParallelStrategy,
-    SingleDeviceStrategy,
-)
-from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy
-from lightning.pytorch.strategies.xla import XLAStrategy
-from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSource
-from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
-from torch.utils.data import DataLoader
+from lightning.pytorch.utilities.parsing import lightning_setattr
 
 import batchfit
-from batchfit.errors import ConfigurationError
 from batchfit.find import find_batch_size
+from batchfit.integrations.lightning_checks import check_attribute, check_fit, check_strategy, one_loader
 from batchfit.integrations.lightning_noise import NoiseScaleCallback
+from batchfit.integrations.lightning_plan import CHECKPOINT_KEY, LightningPlan
 from batchfit.integrations.lightning_steps import (
     MICRO_BATCHES_MEASURED,
     EvalHook,
     LightningSteps,
     lightning_workload,
-    loaders_of,
     scratch_logging,
 )
 from batchfit.options import BatchSizes, Trials, Where
-from batchfit.policy.micro_batch import check_divisible, chosen_micro_batch
+from batchfit.policy.micro_batch import chosen_micro_batch
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event
 from batchfit.runtime.devices.resolve import resolve_device
@@ -48,48 +38,6 @@ from batchfit.units import format_bytes
 __all__ = ["CHECKPOINT_KEY", "BatchfitCallback", "LightningPlan", "NoiseScaleCallback"]
 
 logger = logging.getLogger(__name__)
-
-#: The checkpoint's key for the plan: ``torch.load(path)["batchfit"]``.
-CHECKPOINT_KEY = "batchfit"
-
-
-@dataclass(frozen=True)
-class LightningPlan:
-    """The sizes the callback set and what they were found for, as checkpoints keep them:
-    ``global_batch_size = micro_batch_size x accumulation_steps x world_size``."""
-
-    micro_batch_size: int | None  # the train batch per device per forward (None: not searched)
-    accumulation_steps: int
-    world_size: int
-    eval_batch_size: int | None  # None: not searched
-    devices: tuple[str, ...]  # every rank's device, in rank order
-    memory_fraction: float
-    batchfit_version: str
-
-    @property
-    def global_batch_size(self) -> int | None:
-        if self.micro_batch_size is None:
-            return None
-        return self.micro_batch_size * self.accumulation_steps * self.world_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "devices": list(self.devices), "global_batch_size": self.global_batch_size}
-
-    @classmethod
-    def from_dict(cls, document: dict[str, Any]) -> LightningPlan:
-        values = {field.name: document[field.name] for field in fields(cls)}
-        return cls(**{**values, "devices": tuple(values["devices"])})
-
-    def summary(self) -> str:
-        parts = []
-        if self.micro_batch_size is not None:
-            parts.append(
-                f"global_batch_size {self.global_batch_size} = micro_batch_size {self.micro_batch_size} "
-                f"x accumulation_steps {self.accumulation_steps} x world_size {self.world_size}"
-            )
-        if self.eval_batch_size is not None:
-            parts.append(f"eval_batch_size {self.eval_batch_size}")
-        return f"{'; '.join(parts)} (memory_fraction {self.memory_fraction:g} of {', '.join(self.devices)})"
 
 
 class BatchfitCallback(Callback):
@@ -143,7 +91,7 @@ class BatchfitCallback(Callback):
     # -- Lightning's hooks ---------------------------------------------------------------
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _check_fit(trainer, pl_module, self.batch_arg_name, self.sizes)
+        check_fit(trainer, pl_module, self.batch_arg_name, self.sizes)
         saved, self._saved, self.results = self._saved, None, {}
         where = self._where(trainer)
         devices = tuple(ranks().run(lambda: resolve_device(where.torch_device, where.memory_limit).name))
@@ -197,7 +145,7 @@ class BatchfitCallback(Callback):
         accumulation = MICRO_BATCHES_MEASURED if target is not None else trainer.accumulate_grad_batches
         steps = LightningSteps(trainer, trainer.precision_plugin, accumulation, "validation_step", True)
         optimizer = trainer.optimizers[0]
-        loader = _one_loader(trainer.fit_loop._data_source)
+        loader = one_loader(trainer.fit_loop._data_source)
         sizes = self.sizes if target is None else _up_to(self.sizes, target // world_size)
         found = self._search(
             trainer, where, lightning_workload(trainer, loader, steps, optimizer), "train", sizes
@@ -209,7 +157,7 @@ class BatchfitCallback(Callback):
         eval_size = None
         source = trainer.fit_loop.epoch_loop.val_loop._data_source
         if self.eval_batch_arg_name is not None and source.is_defined() and trainer.limit_val_batches != 0:
-            workload = lightning_workload(trainer, _one_loader(source), steps, optimizer)
+            workload = lightning_workload(trainer, one_loader(source), steps, optimizer)
             eval_size = self._search(trainer, where, workload, "eval", self.sizes).batch_size
         fraction, version = where.memory_fraction, batchfit.__version__
         return LightningPlan(micro, accumulation, world_size, eval_size, devices, fraction, version)
@@ -253,11 +201,11 @@ class BatchfitCallback(Callback):
     ) -> None:
         """The eval batch of ``validate`` or ``test``, set; the loop's loaders built anew at it."""
         name = self.eval_batch_arg_name or self.batch_arg_name
-        _check_attribute(pl_module, name, "eval_batch_arg_name")
-        _check_strategy(trainer)
+        check_attribute(pl_module, name, "eval_batch_arg_name")
+        check_strategy(trainer)
         where = self._where(trainer)
         steps = LightningSteps(trainer, trainer.precision_plugin, 1, hook, False)
-        workload = lightning_workload(trainer, _one_loader(loop._data_source), steps, None)
+        workload = lightning_workload(trainer, one_loader(loop._data_source), steps, None)
         result = self._search(trainer, where, workload, "eval", self.sizes)
         lightning_setattr(pl_module, name, result.batch_size)
         loop._combined_loader = None
@@ -311,73 +259,3 @@ def _tell(event: Event) -> None:
 def _up_to(sizes: BatchSizes, per_device: int) -> BatchSizes:
     """``sizes`` as the search under a global batch takes them: up to the batch each rank trains."""
     return replace(sizes, max_batch_size=min(sizes.upper("train"), per_device))
-
-
-def _one_loader(source: _DataLoaderSource) -> DataLoader[Any]:
-    """The DataLoader the module's (or datamodule's) data hook returns: exactly one."""
-    found = loaders_of(source.dataloader())
-    if len(found) != 1:
-        raise ConfigurationError(
-            f"{source.name}() returned {len(found)} DataLoaders; batchfit sizes one loader per mode, "
-            f"read from one batch size attribute. Return one DataLoader, or search the others with "
-            f"batchfit.find_batch_size."
-        )
-    return found[0]
-
-
-def _check_fit(trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, sizes: BatchSizes) -> None:
-    """What the callback needs of ``fit``, or an error that says what to change."""
-    _check_strategy(trainer)
-    if not pl_module.automatic_optimization:
-        raise ConfigurationError(
-            f"{type(pl_module).__name__} sets automatic_optimization=False: its training_step runs "
-            f"its own backward and optimizer step, through the strategy's collectives. The callback "
-            f"measures automatic optimization; search a step of your own with batchfit.find_batch_size."
-        )
-    if not trainer.fit_loop._data_source.is_module():
-        raise ConfigurationError(
-            "trainer.fit(train_dataloaders=...) hands the Trainer DataLoaders built at their batch "
-            "size already, which a size found cannot change. Build them in the LightningModule's "
-            "(or LightningDataModule's) train_dataloader() from its batch_size attribute."
-        )
-    _check_attribute(pl_module, name, "batch_arg_name")
-    target = sizes.global_batch_size
-    if sizes.world_size is not None and sizes.world_size != trainer.world_size:
-        raise ConfigurationError(
-            f"sizes.world_size={sizes.world_size}, but the Trainer runs {trainer.world_size} "
-            f"ranks (num_nodes x devices); leave world_size out, and the Trainer's is used."
-        )
-    if target is not None:
-        check_divisible(target, trainer.world_size)
-        callbacks = getattr(trainer, "callbacks", ())
-        if any(isinstance(callback, GradientAccumulationScheduler) for callback in callbacks):
-            raise ConfigurationError(
-                f"sizes.global_batch_size={target} sets accumulate_grad_batches, which a "
-                f"GradientAccumulationScheduler changes every epoch: remove one of the two."
-            )
-
-
-def _check_strategy(trainer: pl.Trainer) -> None:
-    """A strategy whose steps batchfit runs as they train: one device, DDP, or FSDP2
-    (``ModelParallelStrategy`` with ``fully_shard``)."""
-    strategy = trainer.strategy
-    known = (SingleDeviceStrategy, DDPStrategy, ModelParallelStrategy)
-    other = (DeepSpeedStrategy, XLAStrategy, SingleDeviceXLAStrategy)
-    if not isinstance(strategy, known) or isinstance(strategy, other):
-        raise ConfigurationError(
-            f"the Trainer's strategy is {type(strategy).__name__}; batchfit runs the steps of "
-            f"SingleDeviceStrategy, DDPStrategy and ModelParallelStrategy (FSDP2's "
-            f"fully_shard in configure_model). For FSDPStrategy (FSDP1), shard with fully_shard "
-            f"under ModelParallelStrategy instead."
-        )
-
-
-def _check_attribute(pl_module: pl.LightningModule, name: str, parameter: str) -> None:
-    if not lightning_hasattr(pl_module, name):
-        raise ConfigurationError(
-            f"{type(pl_module).__name__} exposes no {name!r}: neither the module, its hparams nor "
-            f"its datamodule has it, so a batch size found could not reach its DataLoader. Give the "
-            f"module (or its LightningDataModule) a {name} attribute that its dataloader hooks read "
-            f"(self.{name} = 32, or an __init__ argument kept by save_hyperparameters()), or pass "
-            f"{parameter}= the one they read."
-        )

@@ -106,3 +106,15 @@ class StepNoise:
         if report is not None and report.change is not None:
             scale_learning_rate(optimizer, report.change.learning_rate_factor, schedulers)
         return report
+
+    def batch_size_after(self, report: NoiseScaleReport, samples: int) -> int:
+        """The per-device batch to feed from the next step on: ``samples`` (this step's), or after
+        the report's change the batch it asks for."""
+        world_size = 1 if self.lockstep is None else self.lockstep.world_size
+        return samples if report.change is None else report.change.new_global_batch_size // world_size
+
+
+def report_line(report: NoiseScaleReport, batch_size: int) -> str:
+    """The report as ``MicroBatchStep`` logs it; after a change, with the per-device batch it asks for."""
+    asks = "" if report.change is None else f"; feed batches of {batch_size} samples per device from now on"
+    return f"MicroBatchStep: {report.line()}{asks}."
