@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -373,6 +374,28 @@ def _times(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base > 0 else "-"
 
 
+def noise_prediction_table(files: list[dict[str, Any]]) -> str:
+    """``bench/noise_prediction.py``: steps to the target per batch size against the fitted S(B),
+    then the fit's and the ratio's lines as the bench printed them."""
+    (data,) = files
+    fit = data["fit"]
+    lines = []
+    for row in data["rows"]:
+        runs = [math.inf if steps is None else steps for steps in row["steps"]]
+        lines.append(
+            [
+                str(row["batch_size"]),
+                f"{row['learning_rate']:g}",
+                f"{row['median_steps']:.0f}",
+                f"{min(runs):.0f}-{max(runs):.0f}",
+                f"{fit['s_min'] * (1 + fit['b_crit'] / row['batch_size']):.0f}",
+            ]
+        )
+    headers = ["batch", "learning rate", "steps (median)", "steps (range)", "fitted S(B)"]
+    said = "\n".join(f"- {line}" for line in data["lines"])
+    return f"{markdown(headers, lines, ())}\n\n{said}\n\n{provenance(data)}"
+
+
 def transcript_block(files: list[dict[str, Any]], short: bool = False) -> str:
     """A recorded command (``bench/transcript.py``): the command, what it wrote, and where from;
     ``short``: stdout up to its first blank line, then ``...``."""
@@ -406,6 +429,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "timings": (timings_table, True, False),
     "forecast-trained": (forecast_trained_table, True, False),
     "batch-schedule": (batch_schedule_table, True, False),
+    "noise-prediction": (noise_prediction_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from batchfit.explore import ExploreResult, explore, with_goodput
 from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.plan import plan
 from batchfit.policy.plan_options import Baseline
-from batchfit.report import SavedResult
+from batchfit.report import SavedResult, read_result
 from batchfit.runtime.workloads.examples import build_example
 
 CREATED_AT = "2025-01-01T00:00:00+00:00"
@@ -204,3 +205,38 @@ def advise_result() -> SavedResult:
     )
     document = {**result.to_dict(), "context": "--example mlp --device cpu --memory-limit 48MiB"}
     return SavedResult("advise", stamped(document), "advise.json")
+
+
+@pytest.fixture(scope="session")
+def noise_scale_result() -> SavedResult:
+    """What ``batchfit noise-scale --format json`` writes: 8 training steps of a small MLP learning
+    which of 4 inputs is largest, each step on fresh samples, batch 64 against micro-batches of 16."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    workload = batchfit.Workload(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_batch=largest_of_four,
+        loss_fn=nn.functional.cross_entropy,
+        name="largest-of-four",
+    )
+    sampling = batchfit.Sampling(batch_size=64, micro_batch_size=16, steps=8)
+    result = batchfit.noise_scale(workload, sampling=sampling, device="cpu")
+    return SavedResult("noise-scale", stamped(result.to_dict(), "largest-of-four"), "noise-scale.json")
+
+
+def largest_of_four(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh inputs (the measurement seeds torch's RNG per step), labelled by their largest of the
+    first four features: a signal the noise does not hide."""
+    inputs = torch.randn(samples, 16)
+    return inputs, inputs[:, :4].argmax(dim=1)
+
+
+#: The results file of bench/noise_prediction.py that docs/goodput.md shows.
+NOISE_PREDICTION = Path(__file__).resolve().parents[2] / "bench/data/cpu-2026-11-26/noise-prediction-cpu.json"
+
+
+@pytest.fixture(scope="session")
+def noise_prediction_result() -> SavedResult:
+    """The committed results file of the noise scale's prediction, as ``batchfit report`` reads it."""
+    return read_result(NOISE_PREDICTION)

@@ -28,6 +28,8 @@ PAGES: dict[str, tuple[str, ...]] = {
     "compare": ("compare_result",),
     "check-data": ("check_data_result",),
     "advise": ("advise_result",),
+    "noise-scale": ("noise_scale_result",),
+    "noise-prediction": ("noise_prediction_result",),
 }
 PAGES["all"] = tuple(name for names in PAGES.values() for name in names)
 

@@ -103,6 +103,22 @@ WITH_REPORT = {  # command: (its argv, writing x.json; what follows --report; th
         (),
         1,
     ),
+    "noise-scale": (
+        (
+            "noise-scale",
+            "--example",
+            "mlp",
+            "--device",
+            "cpu",
+            "--batch-size",
+            "64",
+            "--micro-batch-size",
+            "16",
+        ),
+        ("--steps", "4", "--format", "json", "--output", "x.json"),
+        (),
+        1,
+    ),
     "advise": (
         ("advise", *MLP, "--techniques", "baseline,amp", "--time-budget-seconds", "0.5"),
         ("--format", "json", "--output", "x.json"),

@@ -16,7 +16,7 @@ from batchfit.errors import ConfigurationError
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
 from batchfit.policy.plan_options import Baseline
-from batchfit.report import SavedResult, read_result, recognise, render_report
+from batchfit.report import SavedResult, noise_plots, read_result, recognise, render_report
 from batchfit.runtime.workloads.examples import build_example
 from batchfit.units import format_bytes
 
@@ -127,8 +127,9 @@ def test_a_document_that_is_no_result_is_refused_with_the_keys_a_report_needs() 
         recognise({"batch_size": 8}, "x.json")
     assert str(error.value) == (
         "x.json is not a saved batchfit result: its keys (batch_size) are not those of any command's JSON "
-        "output (advise, find, explore, plan, analyze, compare, check-data). Save one with --format json "
-        "--output FILE (analyze: --output FILE.json)."
+        "output (advise, find, explore, plan, analyze, compare, check-data, noise-scale) or of "
+        "bench/noise_prediction.py's results file. Save one with --format json --output FILE (analyze: "
+        "--output FILE.json)."
     )
 
 
@@ -219,3 +220,48 @@ def test_an_exploration_without_a_noise_scale_has_no_goodput_plot(explore_result
     assert explore_result.document["goodput"] is None
     [section] = Page(render_report([explore_result])).sections
     assert section["svgs"] == 1 and "goodput-notes" not in section["lists"]
+
+
+def test_a_noise_scale_result_plots_each_step_s_readings_and_the_running_estimate(
+    noise_scale_result: SavedResult,
+) -> None:
+    document = noise_scale_result.document
+    assert recognise(document) == "noise-scale"
+    scale = document["noise_scale"]
+    readings = noise_plots.readings_of(document)
+    so_far = noise_plots.running(readings)
+    assert len(so_far) == scale["steps"] == 8
+    assert so_far[-1].b_simple == pytest.approx(scale["b_simple"], rel=1e-12)  # the saved estimate
+    [section] = Page(render_report([noise_scale_result])).sections
+    assert section["svgs"] == 1
+    assert section["what_ran"]["command"] == "batchfit noise-scale"
+    texts = section["texts"]
+    assert f"B_simple = {scale['b_simple']:.4g}" in texts
+    assert f"|G|^2 estimate per step: {scale['gradient_norm_sq']:.4g} over 8" in texts
+    assert f"tr(Sigma) estimate per step: {scale['trace_sigma']:.4g} over 8" in texts
+    assert {"B_simple so far", "its 90% interval", "|G|^2, one step", "tr(Sigma), mean so far"} <= set(texts)
+    assert section["lists"]["noise-scale-notes"] == [
+        f"B_simple {scale['b_simple']:.4g}",
+        "from 8 steps (training), batch 64 against 16",
+        f"meaning: {scale['meaning']}",
+    ]
+
+
+def test_the_noise_prediction_file_plots_the_measured_steps_against_the_fitted_curve(
+    noise_prediction_result: SavedResult,
+) -> None:
+    document = noise_prediction_result.document
+    assert recognise(document) == "noise-prediction"
+    found, (low, high) = document["fit"], document["intervals"]["b_crit"]
+    [section] = Page(render_report([noise_prediction_result])).sections
+    assert section["svgs"] == 1
+    assert section["what_ran"]["command"] == document["command"]  # the bench's, not a subcommand
+    assert section["what_ran"]["torch"] == document["torch"]
+    assert section["what_ran"]["time"] == document["written"]
+    texts = section["texts"]
+    assert f"fitted S(B) = {found['s_min']:.0f} (1 + {found['b_crit']:.0f} / B)" in texts
+    assert f"B_crit = {found['b_crit']:.0f}" in texts
+    assert f"its 90% interval [{low:.0f}, {high:.0f}]" in texts
+    assert f"B_simple early = {found['b_simple_early']:.0f}" in texts
+    assert f"B_crit / B_simple early = {found['b_crit'] / found['b_simple_early']:.2f}" in texts
+    assert section["lists"]["noise-prediction-notes"] == document["lines"]

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 import batchfit
-from batchfit import ConfigurationError, Sampling, Where
+from batchfit import Sampling, Where
 from batchfit.cli import flags
 
 
@@ -28,8 +28,6 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.report is not None:
-        raise ConfigurationError("--report draws no noise-scale page yet; write --format json instead.")
     where, sampling = flags.options(args, Where), flags.options(args, Sampling)
     return flags.run_launched(args, where, lambda: _run(args, where, sampling))
 

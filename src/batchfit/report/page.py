@@ -12,7 +12,7 @@ from typing import Any
 
 import batchfit
 from batchfit.policy.advice import Change
-from batchfit.report import canvas, change_plots, goodput_plots, plots
+from batchfit.report import canvas, change_plots, goodput_plots, noise_plots, plots
 from batchfit.report.results import Kind, SavedResult
 
 _STYLE = """
@@ -143,6 +143,38 @@ def _check_data(document: Mapping[str, Any], salt: str) -> list[str]:
     ]
 
 
+def _noise_scale(document: Mapping[str, Any], salt: str) -> list[str]:
+    caption = (
+        "The noise scale's readings, one per optimizer step: the estimates of |G|^2 (the true "
+        "gradient's squared norm) and tr(Sigma) (the per-example gradients' variance) with their means "
+        "so far, and B_simple = tr(Sigma) / |G|^2 over the steps so far with its 90% interval."
+    )
+    scale = document["noise_scale"]
+    weights = "fixed weights" if document["fixed_weights"] else "training"
+    small = scale["small_batch_size"]
+    facts = [
+        f"B_simple {scale['b_simple']:.4g}" if scale["resolved"] else "B_simple not resolved",
+        f"from {scale['steps']} steps ({weights}), batch {scale['big_batch_size']} against {small}",
+        f"meaning: {scale['meaning']}",
+    ]
+    return [
+        _figure("noise-scale", caption, noise_plots.noise_scale_figure(document, salt)),
+        _list("noise-scale-notes", "What it says", facts),
+    ]
+
+
+def _noise_prediction(document: Mapping[str, Any], salt: str) -> list[str]:
+    caption = (
+        "The median steps to the target per batch size (the bar: their range over the seeds) against "
+        "the fitted S(B) = S_min (1 + B_crit / B), with B_crit and the early B_simple marked; beside it, "
+        "B_simple at each checkpoint of the largest batch's runs against B_crit."
+    )
+    return [
+        _figure("noise-prediction", caption, noise_plots.prediction_figure(document, salt)),
+        _list("noise-prediction-notes", "The fit and the ratio", document["lines"]),
+    ]
+
+
 def _advise(document: Mapping[str, Any], salt: str) -> list[str]:
     """What to change, then each step's own plots, as its command's report draws them."""
     context = document.get("context", "")
@@ -184,4 +216,6 @@ _PARTS: dict[Kind, Callable[[Mapping[str, Any], str], list[str]]] = {
     "compare": _compare,
     "check-data": _check_data,
     "advise": _advise,
+    "noise-scale": _noise_scale,
+    "noise-prediction": _noise_prediction,
 }

@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 from batchfit.errors import ConfigurationError
 
-Kind = Literal["advise", "find", "explore", "plan", "analyze", "compare", "check-data"]
+Kind = Literal[
+    "advise", "find", "explore", "plan", "analyze", "compare", "check-data", "noise-scale", "noise-prediction"
+]
 NOT_RECORDED = "not recorded"
 
 # The keys each command's JSON always holds; a document is the first kind whose keys it has
@@ -24,6 +26,9 @@ _KEYS: dict[Kind, frozenset[str]] = {
     "analyze": frozenset({"rows", "trials_run", "separate_trials"}),
     "compare": frozenset({"rows", "memory_fraction", "budget_bytes", "unit"}),
     "check-data": frozenset({"settings", "loader_samples_per_second", "data_wait_share"}),
+    "noise-scale": frozenset({"noise_scale", "readings", "accumulation_steps", "fixed_weights"}),
+    # Not a command's: the results file of bench/noise_prediction.py, which records its own command.
+    "noise-prediction": frozenset({"rows", "checkpoints", "fit", "ratios"}),
 }
 
 
@@ -61,13 +66,14 @@ class SavedResult:
     def what_ran(self) -> WhatRan:
         document = self.document
         device = document.get("device") or _first_device(document)
+        versions = document.get("versions") or {}  # a bench's results file: its own keys
         return WhatRan(
-            command=f"batchfit {self.kind}",
+            command=document.get("command") or f"batchfit {self.kind}",
             workload=_text(document.get("workload")),
             device=_text(device),
-            torch_version=_text(document.get("torch_version")),
-            batchfit_version=_text(document.get("batchfit_version")),
-            created_at=_text(document.get("created_at")),
+            torch_version=_text(document.get("torch_version") or document.get("torch")),
+            batchfit_version=_text(document.get("batchfit_version") or versions.get("batchfit")),
+            created_at=_text(document.get("created_at") or document.get("written")),
         )
 
 
@@ -78,10 +84,11 @@ def recognise(document: Any, source: str = "the result") -> Kind:
             if keys <= document.keys():
                 return kind
     found = ", ".join(sorted(document)) if isinstance(document, Mapping) else type(document).__name__
+    commands = ", ".join(kind for kind in _KEYS if kind != "noise-prediction")
     raise ConfigurationError(
         f"{source} is not a saved batchfit result: its keys ({found or 'none'}) are not those of any "
-        f"command's JSON output ({', '.join(_KEYS)}). Save one with --format json --output FILE "
-        f"(analyze: --output FILE.json)."
+        f"command's JSON output ({commands}) or of bench/noise_prediction.py's results file. Save one "
+        f"with --format json --output FILE (analyze: --output FILE.json)."
     )
 
 
