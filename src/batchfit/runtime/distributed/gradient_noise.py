@@ -22,11 +22,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.noise_scale import GradientReading, NoiseScale, estimate
-from batchfit.runtime.steps.gradient_noise import reading_of, scale_of, trained_parameters
+from batchfit.policy.noise_scale import GradientReading
+from batchfit.runtime.steps.gradient_noise import ReadingLog, reading_of, scale_of, trained_parameters
 
 
-class DataParallelNoise:
+class DataParallelNoise(ReadingLog):
     """Reads one ``GradientReading`` per optimizer step from ``model``'s gradient all-reduce, through
     a DDP communication hook that averages each bucket as DDP's default does and, on the way, adds
     the bucket's squared norm before the all-reduce (this rank's gradient) and after it (the mean
@@ -68,8 +68,7 @@ class DataParallelNoise:
                 "on one device with AccumulationNoise."
             )
         self.local_batch_size, self.scaler = local_batch_size, scaler
-        self.readings: list[GradientReading] = []
-        self.skipped = 0
+        super().__init__()
         # This step's squared norms, summed over the buckets: [this rank's, the all-reduced].
         self.norms_sq = torch.zeros(2, dtype=torch.float64, device=device)
         model.register_comm_hook(self, _average_and_read)
@@ -83,16 +82,9 @@ class DataParallelNoise:
         local_sum, big = torch.cat([local, self.norms_sq[1:]]).tolist()
         self.norms_sq.zero_()
         small, global_batch_size = local_sum / self.world_size, self.local_batch_size * self.world_size
-        reading = reading_of(self.local_batch_size, global_batch_size, small, big, scale_of(self.scaler))
-        if reading is None:
-            self.skipped += 1
-        else:
-            self.readings.append(reading)
-        return reading
-
-    def estimate(self) -> NoiseScale:
-        """The noise scale over the readings so far (``policy.noise_scale.estimate``)."""
-        return estimate(self.readings)
+        return self.keep(
+            reading_of(self.local_batch_size, global_batch_size, small, big, scale_of(self.scaler))
+        )
 
 
 def _average_and_read(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads the annotations

@@ -66,7 +66,28 @@ def trained_parameters(parameters: Iterable[torch.nn.Parameter]) -> list[torch.n
     return trained
 
 
-class AccumulationNoise:
+class ReadingLog:
+    """The readings a reader has taken, one per optimizer step, and the steps it skipped because
+    their gradients were not finite (a GradScaler's overflow)."""
+
+    def __init__(self) -> None:
+        self.readings: list[GradientReading] = []
+        self.skipped = 0
+
+    def keep(self, reading: GradientReading | None) -> GradientReading | None:
+        """Log ``reading`` (None: a skipped step) and hand it back."""
+        if reading is None:
+            self.skipped += 1
+        else:
+            self.readings.append(reading)
+        return reading
+
+    def estimate(self) -> NoiseScale:
+        """The noise scale over the readings so far (``policy.noise_scale.estimate``)."""
+        return estimate(self.readings)
+
+
+class AccumulationNoise(ReadingLog):
     """Reads one ``GradientReading`` per optimizer step from gradient accumulation on one device:
     small is the mean over the step's micro-batches of each one's gradient's squared norm, big is
     the squared norm of their mean (the accumulated gradient).
@@ -96,8 +117,7 @@ class AccumulationNoise:
             raise ConfigurationError(f"micro_batch_size must be a positive integer, got {micro_batch_size}.")
         self.parameters = trained_parameters(parameters)
         self.micro_batch_size, self.scaler, self.loss_divided = micro_batch_size, scaler, loss_divided
-        self.readings: list[GradientReading] = []
-        self.skipped = 0  # steps whose gradients were not finite
+        super().__init__()
         self.micro_batches = 0  # this step's, so far
         # The accumulated gradient before the current micro-batch's backward (the one extra copy).
         self._previous: list[torch.Tensor | None] = [None] * len(self.parameters)
@@ -161,13 +181,4 @@ class AccumulationNoise:
         else:  # each added its micro-batch's gradient: the accumulation is count times the mean
             small, big = micro_sum / count, big / count**2
         micro_batch_size, scale = self.micro_batch_size, scale_of(self.scaler)
-        reading = reading_of(micro_batch_size, micro_batch_size * count, small, big, scale)
-        if reading is None:
-            self.skipped += 1
-        else:
-            self.readings.append(reading)
-        return reading
-
-    def estimate(self) -> NoiseScale:
-        """The noise scale over the readings so far (``policy.noise_scale.estimate``)."""
-        return estimate(self.readings)
+        return self.keep(reading_of(micro_batch_size, micro_batch_size * count, small, big, scale))
