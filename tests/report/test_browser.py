@@ -28,6 +28,7 @@ PAGES: dict[str, tuple[str, ...]] = {
     "compare": ("compare_result",),
     "check-data": ("check_data_result",),
     "advise": ("advise_result",),
+    "predict": ("predict_result",),
 }
 PAGES["all"] = tuple(name for names in PAGES.values() for name in names)
 

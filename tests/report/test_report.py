@@ -127,8 +127,8 @@ def test_a_document_that_is_no_result_is_refused_with_the_keys_a_report_needs() 
         recognise({"batch_size": 8}, "x.json")
     assert str(error.value) == (
         "x.json is not a saved batchfit result: its keys (batch_size) are not those of any command's JSON "
-        "output (advise, find, explore, plan, analyze, compare, check-data). Save one with --format json "
-        "--output FILE (analyze: --output FILE.json)."
+        "output (advise, find, explore, plan, analyze, compare, check-data, predict). Save one with "
+        "--format json --output FILE (analyze: --output FILE.json)."
     )
 
 
@@ -219,3 +219,50 @@ def test_an_exploration_without_a_noise_scale_has_no_goodput_plot(explore_result
     assert explore_result.document["goodput"] is None
     [section] = Page(render_report([explore_result])).sections
     assert section["svgs"] == 1 and "goodput-notes" not in section["lists"]
+
+
+def test_predict_page_plots_each_answer_by_capacity_with_the_recorded_trials(
+    predict_result: SavedResult,
+) -> None:
+    prediction = predict_result.document["prediction"]
+    assert recognise(predict_result.document) == "predict"
+    text = render_report([predict_result])
+    [section] = Page(text).sections
+    assert section["kind"] == "result predict" and section["svgs"] == 1
+    assert section["what_ran"]["device"] == prediction["device"]  # where the requests were recorded
+    texts = section["texts"]
+    answers = {
+        (row["target"], mode): row[mode]["batch_size"]
+        for row in prediction["rows"]
+        for mode in ("train", "eval")
+    }
+    assert {str(answer) for answer in answers.values()} <= set(texts)  # each answer labelled
+    assert answers[("16MiB", "train")] < answers[("48MiB", "train")] < answers[("64MiB", "train")]
+    # The recording capacity is a tick of its own, with the trials measured there.
+    assert "(recorded)" in texts and {"16 MiB", "24 MiB", "48 MiB", "64 MiB"} <= set(texts)
+    recorded = prediction["recorded_trials"]["train"]
+    assert [trial["outcome"] for trial in recorded] == ["ok", "ok", "oom"]
+    assert {
+        "train: recorded trial, fitted",
+        "train: recorded trial, failed",
+        "train: predicted, with its band",
+    } <= set(texts)
+    assert section["lists"]["predict-modelled"] == prediction["modelled"]
+    assert "predict-unmodelled" not in section["lists"]  # recorded behind the allocator: nothing guessed
+    assert "http://" not in text and "https://" not in text
+
+
+def test_a_prediction_from_the_cpu_alone_names_what_it_does_not_model_and_plots_no_recorded_trials(
+    predict_result: SavedResult,
+) -> None:
+    prediction = {
+        **predict_result.document["prediction"],
+        "cpu_alone": True,
+        "unmodelled": [{"part": "cuDNN's convolution workspaces", "share": 0.03, "measured": False}],
+    }
+    [section] = Page(render_report([SavedResult("predict", {"prediction": prediction}, "p.json")])).sections
+    assert section["lists"]["predict-unmodelled"] == [
+        "cuDNN's convolution workspaces: 3% of the budget either way (a guess)"
+    ]
+    assert "(recorded)" not in section["texts"]  # the CPU's capacity is no GPU's
+    assert not any("recorded trial" in text for text in section["texts"])

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from batchfit.errors import ConfigurationError
 
-Kind = Literal["advise", "find", "explore", "plan", "analyze", "compare", "check-data"]
+Kind = Literal["advise", "find", "explore", "plan", "analyze", "compare", "check-data", "predict"]
 NOT_RECORDED = "not recorded"
 
 # The keys each command's JSON always holds; a document is the first kind whose keys it has
@@ -24,6 +24,7 @@ _KEYS: dict[Kind, frozenset[str]] = {
     "analyze": frozenset({"rows", "trials_run", "separate_trials"}),
     "compare": frozenset({"rows", "memory_fraction", "budget_bytes", "unit"}),
     "check-data": frozenset({"settings", "loader_samples_per_second", "data_wait_share"}),
+    "predict": frozenset({"prediction"}),
 }
 
 
@@ -98,9 +99,10 @@ def read_result(path: str | Path) -> SavedResult:
 
 
 def _first_device(document: Mapping[str, Any]) -> Any:
-    """The device a result names inside: find's first search, or the first of advise's steps."""
+    """The device a result names inside: find's first search, the first of advise's steps, or
+    where predict recorded."""
     parts = [*document.get("results", ())]
-    parts += [document.get(step) for step in ("train", "eval", "comparison", "data")]
+    parts += [document.get(step) for step in ("train", "eval", "comparison", "data", "prediction")]
     return next((part["device"] for part in parts if isinstance(part, Mapping) and part.get("device")), None)
 
 
