@@ -215,10 +215,16 @@ def from_cpu_alone(case: PredictCase, caps: list[int]) -> Prediction:
 
 
 def bench_case(
-    case: PredictCase, device: torch.device, kind: str, top: int, memtracker: bool
+    case: PredictCase,
+    device: torch.device,
+    kind: str,
+    top: int,
+    memtracker: bool,
+    build: Callable[[torch.device], Workload] | None = None,
 ) -> dict[str, Any]:
-    """Record, predict at every target, then at each target MemTracker's answer and the truth."""
-    bench = Bench(Case(case.workload, case.recorded), device, kind=kind)
+    """Record, predict at every target, then at each target MemTracker's answer and the truth;
+    ``build``: how the case's workload is made (default: ``_workloads.build`` by its name)."""
+    bench = Bench(Case(case.workload, case.recorded), device, kind=kind, build=build)
     bench.warm_up()
     recorded_bytes = cap_bytes(bench, case.recorded, top)
     caps = [cap_bytes(bench, cap, top) for cap in case.targets]
