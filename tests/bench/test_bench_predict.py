@@ -63,6 +63,16 @@ def test_a_tiny_case_records_under_one_cap_and_is_judged_by_the_truth_under_anot
     assert 0 <= peaks[tracked] <= cap and not 0 <= peaks[tracked + 1] <= cap
     table = tables.predict_table([{"path": "run.json", "code": None, **_record(), "cases": [done]}])
     assert "| cnn | 2MiB | 4MiB |" in table
+    assert "from the CPU alone" not in table  # the columns of a path no row ran are left out
+    # A row from the CPU alone (the CUDA cases' ResNet-50 and GPT-2) gets its own three columns.
+    alone = {
+        **row,
+        "cpu_alone": {**ours, "band": [1, 2], "error_samples": -3, "error_percent": -6.0, "within": False},
+    }
+    both = tables.predict_table([{"path": "run.json", **_record(), "cases": [{**done, "targets": [alone]}]}])
+    header, _, line = both.splitlines()[:3]
+    assert header.count("|") == line.count("|") == 15 and "| from the CPU alone | error | within |" in header
+    assert f"| {ours['answer']} (1-2) | -3 (-6.0%) | no |" in line
 
 
 def _record() -> dict[str, object]:
