@@ -345,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if kind not in CASES:
         parser.error(f"predict's cases are on {' and '.join(CASES)}, not {kind}")
     total = torch.cuda.get_device_properties(device).total_memory if kind == "cuda" else 2**50
-    top = min(80 * 2**30, total - 2 * 2**30)  # a cap the GPU holds, with room for the context
-    cases = select(parser, kind, args, f"{top / 2**30:g}GiB")
+    top = min(80, total // 2**30 - 2) * 2**30  # a cap the GPU holds in whole GiB, with room for the context
+    cases = select(parser, kind, args, f"{top >> 30}GiB")
     session = _harness.Session(device, PACKAGES)
     print(session.machine())
     results = []
