@@ -101,7 +101,7 @@ CASES: dict[str, Callable[[str], list[PredictCase]]] = {
     "cuda": _gpu_cases,
 }
 QUICK: dict[str, Callable[[str], list[PredictCase]]] = {
-    CPU_CACHING: lambda _: [PredictCase("cnn", "ref:16", ("ref:24",))],
+    CPU_CACHING: lambda _: [PredictCase("cnn", "ref:16", ("54MiB",))],
     "cuda": lambda top: [PredictCase("cnn", "16GiB", ("24GiB", top))],
 }
 
