@@ -1,7 +1,7 @@
 """Workloads the benchmarks run: batchfit's built-in examples, and on a GPU real models built from
-their packages' code (no download): torchvision's ResNet-50 in fp32 and with AMP, and a GPT-2
-small from its Hugging Face config (and a tiny one, for the CPU with CUDA's allocator modelled). A
-model whose package is missing is skipped, with the reason.
+their packages' code (no download): torchvision's ResNet-50 in fp32 and with AMP and its ViT-B/16
+with AdamW, and a GPT-2 small from its Hugging Face config (and a tiny one, for the CPU with CUDA's
+allocator modelled). A model whose package is missing is skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -63,6 +63,21 @@ def resnet50(device: torch.device, amp: bool = False) -> batchfit.Workload:
     return workload
 
 
+def vit(device: torch.device) -> batchfit.Workload:
+    """torchvision's ViT-B/16 on 224x224 images with AdamW, as its recipe trains it (fp32 here)."""
+    import torchvision  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+    torch.manual_seed(0)
+    model = torchvision.models.vit_b_16(weights=None).to(device)
+    return batchfit.Workload(
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=3e-4),
+        make_batch=_images(1000),
+        loss_fn=nn.functional.cross_entropy,
+        name="vit-b16",
+    )
+
+
 def gpt2(device: torch.device, tiny: bool = False) -> batchfit.Workload:
     """A GPT-2 small (124M parameters) built from its Hugging Face config, on 1024-token sequences
     with AdamW and no key-value cache, as training runs it; the model computes its own loss from
@@ -103,6 +118,7 @@ def gpt2(device: torch.device, tiny: bool = False) -> batchfit.Workload:
 REAL: dict[str, Callable[[torch.device], batchfit.Workload]] = {
     "resnet50": resnet50,
     "resnet50-amp": lambda device: resnet50(device, amp=True),
+    "vit-b16": vit,
     "gpt2": gpt2,
     "gpt2-tiny": lambda device: gpt2(device, tiny=True),
 }
@@ -110,6 +126,7 @@ REAL: dict[str, Callable[[torch.device], batchfit.Workload]] = {
 PACKAGES = {
     "resnet50": "torchvision",
     "resnet50-amp": "torchvision",
+    "vit-b16": "torchvision",
     "gpt2": "transformers",
     "gpt2-tiny": "transformers",
 }

@@ -16,6 +16,11 @@
 #              them, with the opening's allocator requests replayed and without (--no-forecast)
 #   explore    bench/explore.py --device cuda
 #   compare    bench/compare.py --device cuda
+#   predict    bench/predict.py --device cuda: predict recorded under 16 GiB and 80 GiB caps, judged
+#              by the truth under the others (and from the CPU alone), beside MemTracker; then
+#              bench/allocator_history.py: CUDA's allocator history of each workload's trials at
+#              predict's record sizes (2, 4, 8), without stack frames (a file each, under a few MB).
+#              Long: one workload a call (predict:resnet50), as the truth scans every target
 #   advise     batchfit advise on built-in examples (the cnn unless named: advise:mlp,cnn,transformer)
 #              on cuda, each under 1GiB (the transformer 2GiB, as the README's main
 #              command): its JSON and its wall time, the time a user waits for the checklist
@@ -23,7 +28,7 @@
 # --plan prints the smoke's commands, each with its timeout, and runs nothing (no CUDA needed).
 # The results files record the commit: where the tree is not a git checkout (a copy on a GPU
 # machine), give it as BATCHFIT_COMMIT=<hash>, else they record the package's version.
-# find, expandable, curves, explore, compare and advise take workloads after a colon, to split a long stage:
+# find, expandable, curves, explore, compare, predict and advise take workloads after a colon, to split a long stage:
 # curves:resnet50,gpt2 (their files are then named after them: find-curves-cuda-resnet50-gpt2.json).
 # Python: $PYTHON, else .venv/bin/python, else python3. Wheels in .whl/ (what the machine lacks:
 # ../shared/tools/gpu-wheels.sh builds omegaconf's) are installed into /tmp/site first, and src/ is
@@ -33,7 +38,7 @@ cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-bench/results}
 if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
 export PYTHONUNBUFFERED=1
-stages="smoke gpu-tests tests find expandable curves explore compare advise"
+stages="smoke gpu-tests tests find expandable curves explore compare predict advise"
 plan=0
 if [ "${1:-}" = --plan ]; then plan=1; shift; fi
 if [ $# -eq 0 ]; then
@@ -144,6 +149,16 @@ for stage in "$@"; do
         tee "$out/explore$suffix.log" ;;
     compare) "$py" bench/compare.py --device cuda "${only[@]}" --json "$out/compare-cuda$suffix.json" 2>&1 |
         tee "$out/compare$suffix.log" ;;
+    predict) # the benchmark, then the allocator histories of the same workloads
+        histories=resnet50,resnet50-amp,vit-b16,gpt2,mlp,cnn,transformer
+        [[ $stage == *:* ]] && histories=${stage#*:}
+        { "$py" bench/predict.py --device cuda "${only[@]}" --json "$out/predict-cuda$suffix.json"
+            code=$?
+            for workload in ${histories//,/ }; do
+                "$py" bench/allocator_history.py --device cuda --workload "$workload" \
+                    --json "$out/allocator-history-cuda-$workload.json" || code=$?
+            done
+            exit "$code"; } 2>&1 | tee "$out/predict$suffix.log" ;;
     advise)
         examples=cnn
         [[ $stage == *:* ]] && examples=${stage#*:}

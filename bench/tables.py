@@ -370,6 +370,50 @@ def batch_schedule_table(files: list[dict[str, Any]]) -> str:
     return markdown(headers, lines, (0,)) + "\n\n" + provenance(data)
 
 
+def predict_table(files: list[dict[str, Any]]) -> str:
+    """``bench/predict.py``: each target cap's truth, the prediction recorded under another cap
+    (and from the CPU alone, where run) and MemTracker's answer, each with its error and verdict."""
+    rows = [(case, row) for data in files for case in data["cases"] for row in case["targets"]]
+    alone = any(row.get("cpu_alone") for _, row in rows)
+    headers = ["workload", "recorded under", "cap", f"truth ({TRUTH_STEPS} steps)", "largest",
+               "predicted (band)", "error", "within"]  # fmt: skip
+    headers += ["from the CPU alone", "error", "within"] if alone else []
+    headers += ["MemTracker", "error", "within"]
+    lines = []
+    for case, row in rows:
+        curve = Curve.from_dict(row["truth"])
+        reach = f"; fits to the scan's reach ({curve.reach})" if curve.reach else ""
+        recorded, cap = _mib(case["recorded"], case["recorded_bytes"]), _mib(row["cap"], row["cap_bytes"])
+        line = [case["workload"], recorded, cap, curve.describe() + reach, str(row["true_largest"])]
+        line += _judged(row["predicted"])
+        line += _judged(row.get("cpu_alone")) if alone else []
+        line += _judged(row["memtracker"])
+        lines.append(line)
+    return (
+        markdown(headers, lines, (0, 1, 2, 3, 5, 7, 8, 10, 11, 13))
+        + "\n\n"
+        + "\n".join(provenance(f) for f in files)
+    )
+
+
+def _mib(cap: str, nbytes: int) -> str:
+    return f"{cap} ({nbytes / 2**20:.0f} MiB)" if cap.startswith("ref:") else cap
+
+
+def _judged(judged: dict[str, Any] | None) -> list[str]:
+    """A method's answer (with its band), its error in samples and per cent, and the verdict."""
+    if judged is None:
+        return ["-", "-", "-"]
+    band = judged.get("band")
+    answer = "none" if judged["answer"] is None else str(judged["answer"])
+    if band:
+        answer += f" ({band[0]}-{band[1]})"
+    if judged["error_samples"] is None:
+        return [answer, "-", "-"]
+    error = f"{judged['error_samples']:+d} ({judged['error_percent']:+.1f}%)"
+    return [answer, error, "yes" if judged["within"] else "no"]
+
+
 def _times(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base > 0 else "-"
 
@@ -430,6 +474,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "forecast-trained": (forecast_trained_table, True, False),
     "batch-schedule": (batch_schedule_table, True, False),
     "noise-prediction": (noise_prediction_table, True, False),
+    "predict": (predict_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),

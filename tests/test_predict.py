@@ -5,18 +5,23 @@ additions and named gaps; and, on a GPU, the prediction against find under a cap
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 import batchfit
 from batchfit import ConfigurationError, Targets, Trials
+from batchfit.cli import main
+from batchfit.find import find_on
+from batchfit.options import Target
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.predict import predict_on, record
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
+from batchfit.starting_evidence import StartingEvidence
 
 MiB = 2**20
 
@@ -101,3 +106,55 @@ def test_on_cuda_the_prediction_at_a_capped_capacity_is_within_3_percent_of_find
     assert answer is not None and answer.batch_size is not None
     tolerance = 1 if found.batch_size < 34 else 0.03 * found.batch_size
     assert abs(answer.batch_size - found.batch_size) <= tolerance
+
+
+def test_find_started_from_a_saved_prediction_runs_fewer_trials_to_the_same_answer(tmp_path: Path) -> None:
+    workload = build_example("cnn")
+    prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB"), ["train"], context=False)  # type: ignore[list-item]
+    saved = tmp_path / "prediction.json"  # as `batchfit predict --format json` writes it
+    saved.write_text(json.dumps({"workload": "cnn", "prediction": prediction.to_dict()}))
+    scratch = find_on(Target(CachingCpuDevice(48 * MiB), 0.8), workload, "train")
+    start = StartingEvidence.read(saved, "train")
+    started = find_on(Target(CachingCpuDevice(48 * MiB), 0.8), workload, "train", start=start)
+    predicted = prediction.rows[0].train
+    assert predicted is not None and scratch.started_from is None
+    # The first trial goes where the prediction put it at this budget (0.8 x 48 MiB, as predicted).
+    assert started.started_from == predicted.batch_size == started.trials[0].batch_size
+    assert started.batch_size == scratch.batch_size
+    assert len(started.trials) < len(scratch.trials), (started.trials, scratch.trials)
+    assert (
+        f"The first trial was at batch_size={predicted.batch_size}, where the saved prediction put it."
+        in (started.summary())
+    )
+
+
+def test_a_saved_prediction_starts_a_search_only_behind_a_caching_allocator_and_in_a_mode_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workload = build_example("cnn")
+    prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB"), ["train"], context=False)  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.find_batch_size(workload, "eval", device="cpu", memory_limit="48MiB", start_from=prediction)
+    assert str(raised.value) == (
+        "start_from: the prediction given holds no eval records (its modes: train). Predict that mode too "
+        "(batchfit predict --modes train,eval), or search from scratch without start_from."
+    )
+    saved = tmp_path / "p.json"
+    saved.write_text(json.dumps({"prediction": prediction.to_dict()}))
+    argv = [
+        "find",
+        "--example",
+        "cnn",
+        "--device",
+        "cpu",
+        "--memory-limit",
+        "48MiB",
+        "--start-from",
+        str(saved),
+    ]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.startswith(
+        f"batchfit: error: start_from: {saved} replays CUDA's caching allocator, which cpu (capped at "
+        f"48.00 MiB) does not run: search on cuda (or leave start_from out; the CPU places its trials by "
+        f"its own fake-tensor trace).\n"
+    )

@@ -25,6 +25,7 @@ from batchfit.runtime.steps.stepping import StepSpec
 from batchfit.runtime.steps.trace import Forecast, forecast_search
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 from batchfit.search_result import SearchResult
+from batchfit.starting_evidence import StartFrom, StartingEvidence
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ def find_batch_size(
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
+    start_from: StartFrom | None = None,
 ) -> SearchResult:
     """Find the largest batch in ``sizes`` whose ``mode`` steps complete under a hard cap at
     ``memory_fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
@@ -55,9 +57,14 @@ def find_batch_size(
     (``SearchResult.replays``). For ``mode="eval"`` with ``trials.eval_with_training_state`` the
     eval step is measured with gradients and optimizer state resident, as when validation runs
     inside a training loop. ``on_progress`` hears each trial start and end (``batchfit.Event``).
+    ``start_from``: a saved prediction (``batchfit.predict``'s result, or the file ``batchfit
+    predict --format json`` wrote) whose allocator records, replayed at this search's budget,
+    place its first trial, and join its trials' own records (behind a caching allocator only).
     """
     target = Target.of(Where(device, memory_limit, memory_fraction))
-    return find_on(target, workload, mode_named(mode), sizes, trials, on_progress)
+    named = mode_named(mode)
+    start = None if start_from is None else StartingEvidence.read(start_from, named)
+    return find_on(target, workload, named, sizes, trials, on_progress, start=start)
 
 
 def find_on(
@@ -68,13 +75,17 @@ def find_on(
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
     cache: TrialCache | None = None,
+    *,
+    start: StartingEvidence | None = None,
 ) -> SearchResult:
     """``find_batch_size`` on a resolved target (explore, compare and analyze search on theirs); a
     ``cache`` shared by searches of one workload, mode and device (at other fractions) reuses
-    their measurements instead of running them again."""
+    their measurements instead of running them again; ``start``: a saved prediction's records."""
     team = ranks()  # under torch.distributed every rank searches together
     # A rank whose workload is wrong stops every rank, not only itself.
     team.run(lambda: _check_workload(workload, mode, target.device))
+    if start is not None:
+        start.check_device(target.device)
     if team.world_size > 1:
         note_unwrapped(workload.model, team.world_size)
     started = time.perf_counter()
@@ -84,12 +95,13 @@ def find_on(
         snapshot.set_gradients_aside()
         # With several ranks the answer must fit the smallest device: one budget for all.
         capacity = min(team.run(lambda: _capacity(workload, target.device)))
-        search = _Search(workload, mode, target, sizes, trials, capacity, team, cache, on_progress)
-        outcome, forecast, replays = search.run(snapshot)
+        search = _Search(workload, mode, target, sizes, trials, capacity, team, cache, on_progress, start)
+        seed = team.shared(search.seed)  # where a saved prediction places the first trial
+        outcome, forecast, replays = search.run(snapshot, seed)
     finally:
         snapshot.restore(gradients=True)
         target.device.release()
-    return search.result(outcome, forecast, replays, time.perf_counter() - started)
+    return search.result(outcome, forecast, replays, time.perf_counter() - started, seed)
 
 
 def _capacity(workload: Workload, device: Device) -> int:
@@ -112,6 +124,7 @@ class _Search:
     team: Lockstep | Alone
     cache: TrialCache | None
     on_progress: OnProgress | None
+    start: StartingEvidence | None = None  # a saved prediction's records: the first trial's place
 
     @property
     def budget(self) -> int:
@@ -137,7 +150,15 @@ class _Search:
             return None
         return self.trials.warm_batch_size or self.candidates.first
 
-    def run(self, snapshot: TrainingSnapshot) -> tuple[SearchOutcome, Forecast, int]:
+    def seed(self) -> int | None:
+        """Where a saved prediction's records place the first trial at this budget (None without
+        one)."""
+        if self.start is None:
+            return None
+        steps = self.confirming or self.trials.steps_per_trial
+        return self.start.seed(self.target.device, self.budget, steps, self.candidates)
+
+    def run(self, snapshot: TrainingSnapshot, seed: int | None = None) -> tuple[SearchOutcome, Forecast, int]:
         """The search's outcome, the fake-tensor forecast that placed it (CPU devices) or why none
         did, and the sizes the replay of recorded allocator requests was asked about (caching
         allocators)."""
@@ -146,6 +167,8 @@ class _Search:
         # cache's, when searches share one): replayed at other sizes, the opening's place the
         # confirming trials, and a fitting confirming trial's carry a batch near the boundary's.
         records = self.cache.records if self.cache is not None else {}
+        if self.start is not None:  # a saved prediction's records join the trials' own
+            records.update(self.start.shared_records(device))
         spec = StepSpec(
             self.workload,
             device,
@@ -170,7 +193,7 @@ class _Search:
             self.candidates,
             budget,
             prior=traced.trials if traced else (),
-            seed=traced.batch_size if traced else None,
+            seed=traced.batch_size if traced else seed,
             longer=longer,
             exact=device.exact,
             forecast=replay,
@@ -191,7 +214,12 @@ class _Search:
         )
 
     def result(
-        self, outcome: SearchOutcome, forecast: Forecast, replays: int, seconds: float
+        self,
+        outcome: SearchOutcome,
+        forecast: Forecast,
+        replays: int,
+        seconds: float,
+        started_from: int | None = None,
     ) -> SearchResult:
         """The answer and its evidence; ``DoesNotFitError`` where even the smallest failed."""
         if outcome.batch_size is None:
@@ -221,6 +249,7 @@ class _Search:
             compiled=self.workload.compiled,
             wrapper_bytes=self.workload.wrapper_bytes,
             forecast_skipped=forecast.skipped,
+            started_from=started_from,
         )
 
     def does_not_fit(self, trial: Trial) -> DoesNotFitError:

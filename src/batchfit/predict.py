@@ -131,6 +131,7 @@ def predict_on(
         unmodelled=unmodelled,
         modelled=_modelled(cpu_alone, workload),
         seconds=time.perf_counter() - started,
+        recorded_capacity_bytes=None if cpu_alone else _capacity(device, workload),
     )
 
 
@@ -152,8 +153,7 @@ def record(
     ran: list[Trial] = []
     try:
         snapshot.set_gradients_aside()
-        held = resident_tensors(workload.module, workload.optimizer, *workload.reached)
-        budget = int(memory_fraction * device.capacity_bytes(held, workload.wrapper_bytes))
+        budget = int(memory_fraction * _capacity(device, workload))
         warm = (
             (trials.warm_batch_size or smallest)
             if mode == "eval" and trials.eval_with_training_state
@@ -179,6 +179,12 @@ def record(
             f"use a device with more memory to record on."
         )
     return records, tuple(ran)
+
+
+def _capacity(device: Device, workload: Workload) -> int:
+    """What ``device`` holds for ``workload``'s trials, its resident tensors aside."""
+    held = resident_tensors(workload.module, workload.optimizer, *workload.reached)
+    return device.capacity_bytes(held, workload.wrapper_bytes)
 
 
 @contextmanager

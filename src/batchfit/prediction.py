@@ -105,6 +105,9 @@ class Prediction:
     unmodelled: tuple[Unmodelled, ...]
     modelled: tuple[str, ...]
     seconds: float
+    # What the recording device held for the trials (None from the CPU alone: not a GPU's), the
+    # capacity at which ``recorded_trials`` are measured points.
+    recorded_capacity_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         document = asdict(self)

@@ -39,6 +39,8 @@ class SearchResult:
     wrapper_bytes: int = 0  # held beside the model in every trial: a DistributedDataParallel's buckets
     # Why no fake-tensor forecast placed the trials on a CPU device ("" where one did, or on CUDA).
     forecast_skipped: str = ""
+    # Where a saved prediction's records placed the first trial (find --start-from), or None.
+    started_from: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +88,10 @@ class SearchResult:
             if self.forecast_skipped
             else ""
         )
+        if self.started_from is not None:
+            unforecast += (
+                f" The first trial was at batch_size={self.started_from}, where the saved prediction put it."
+            )
         return (
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "

@@ -22,7 +22,8 @@ def test_it_names_its_stages_when_given_none_or_a_wrong_one(tmp_path: Path) -> N
     none = session(tmp_path=tmp_path)
     assert (
         none.returncode == 2
-        and "stages: smoke gpu-tests tests find expandable curves explore compare advise" in none.stderr
+        and "stages: smoke gpu-tests tests find expandable curves explore compare predict advise"
+        in none.stderr
     )
     wrong = session("find", "curve", tmp_path=tmp_path)
     assert wrong.returncode == 2 and "unknown stage 'curve'" in wrong.stderr
@@ -32,11 +33,16 @@ def test_it_names_its_stages_when_given_none_or_a_wrong_one(tmp_path: Path) -> N
     assert smoke.returncode == 2 and "unknown stage 'smoke:cnn'" in smoke.stderr
     planned = session("--plan", "find", tmp_path=tmp_path)
     assert planned.returncode == 2 and "--plan covers the smoke alone, not 'find'" in planned.stderr
+    predicted = session("--plan", "predict:resnet50", tmp_path=tmp_path)  # a stage that splits by workload
+    assert (
+        predicted.returncode == 2
+        and "--plan covers the smoke alone, not 'predict:resnet50'" in predicted.stderr
+    )
     assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the stages would run")
-@pytest.mark.parametrize("stage", ["smoke", "find"])
+@pytest.mark.parametrize("stage", ["smoke", "find", "predict:cnn"])
 def test_without_cuda_it_says_so_and_runs_nothing(stage: str, tmp_path: Path) -> None:
     done = session(stage, tmp_path=tmp_path)
     assert done.returncode == 1 and "torch sees no CUDA device here" in done.stderr

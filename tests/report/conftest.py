@@ -24,7 +24,10 @@ from batchfit.explore import ExploreResult, explore, with_goodput
 from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.plan import plan
 from batchfit.policy.plan_options import Baseline
+from batchfit.predict import predict_on
+from batchfit.prediction import Targets
 from batchfit.report import SavedResult, read_result
+from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import build_example
 
 CREATED_AT = "2025-01-01T00:00:00+00:00"
@@ -240,3 +243,14 @@ NOISE_PREDICTION = Path(__file__).resolve().parents[2] / "bench/data/cpu-2026-11
 def noise_prediction_result() -> SavedResult:
     """The committed results file of the noise scale's prediction, as ``batchfit report`` reads it."""
     return read_result(NOISE_PREDICTION)
+
+
+@pytest.fixture(scope="session")
+def predict_result() -> SavedResult:
+    """What ``batchfit predict --format json`` writes, recorded on the CPU with CUDA's allocator
+    modelled under 24 MiB (the cnn: its batch 8 fails there) and predicted at 16, 48 and 64 MiB."""
+    prediction = predict_on(
+        CachingCpuDevice(24 * 2**20), build_example("cnn"), Targets("16MiB,48MiB,64MiB"), ["train", "eval"],
+        context=False,
+    )  # fmt: skip
+    return SavedResult("predict", stamped({"prediction": prediction.to_dict()}, "cnn"), "predict.json")

@@ -30,6 +30,7 @@ PAGES: dict[str, tuple[str, ...]] = {
     "advise": ("advise_result",),
     "noise-scale": ("noise_scale_result",),
     "noise-prediction": ("noise_prediction_result",),
+    "predict": ("predict_result",),
 }
 PAGES["all"] = tuple(name for names in PAGES.values() for name in names)
 

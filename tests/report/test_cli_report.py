@@ -161,3 +161,23 @@ def test_without_matplotlib_every_report_flag_fails_before_any_work(tmp_path: Pa
     )
     assert "batch_size=" not in ran.stderr and "samples/s" not in ran.stderr  # nothing ran
     assert list(tmp_path.iterdir()) == []
+
+
+def test_predict_writes_a_report_and_report_renders_its_saved_json(tmp_path: Path) -> None:
+    predicted = batchfit_run(
+        tmp_path,
+        *("predict", "--example", "cnn", "--device", "cpu", "--capacities", "2GiB", "--gpus", "T4"),
+        *("--modes", "train", "--format", "json", "--output", "p.json", "--report", "r2.html"),
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    assert "batchfit: wrote report r2.html" in predicted.stderr
+    reported = batchfit_run(tmp_path, "report", "p.json", "-o", "r.html")
+    assert reported.returncode == 0, reported.stderr
+    document = json.loads((tmp_path / "p.json").read_text())
+    assert recognise(document) == "predict"
+    for page in ("r.html", "r2.html"):
+        text = (tmp_path / page).read_text()
+        assert text.count("<svg") == 1 and '<section class="result predict">' in text
+        for row in document["prediction"]["rows"]:
+            assert f">{row['train']['batch_size']}<" in text or f">{row['train']['batch_size']}+<" in text
+        assert "cuDNN&#x27;s convolution workspaces" in text  # the CPU alone names what it cannot model

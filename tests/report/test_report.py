@@ -127,7 +127,7 @@ def test_a_document_that_is_no_result_is_refused_with_the_keys_a_report_needs() 
         recognise({"batch_size": 8}, "x.json")
     assert str(error.value) == (
         "x.json is not a saved batchfit result: its keys (batch_size) are not those of any command's JSON "
-        "output (advise, find, explore, plan, analyze, compare, check-data, noise-scale) or of "
+        "output (advise, find, explore, plan, analyze, compare, check-data, noise-scale, predict) or of "
         "bench/noise_prediction.py's results file. Save one with --format json --output FILE (analyze: "
         "--output FILE.json)."
     )
@@ -265,3 +265,50 @@ def test_the_noise_prediction_file_plots_the_measured_steps_against_the_fitted_c
     assert f"B_simple early = {found['b_simple_early']:.0f}" in texts
     assert f"B_crit / B_simple early = {found['b_crit'] / found['b_simple_early']:.2f}" in texts
     assert section["lists"]["noise-prediction-notes"] == document["lines"]
+
+
+def test_predict_page_plots_each_answer_by_capacity_with_the_recorded_trials(
+    predict_result: SavedResult,
+) -> None:
+    prediction = predict_result.document["prediction"]
+    assert recognise(predict_result.document) == "predict"
+    text = render_report([predict_result])
+    [section] = Page(text).sections
+    assert section["kind"] == "result predict" and section["svgs"] == 1
+    assert section["what_ran"]["device"] == prediction["device"]  # where the requests were recorded
+    texts = section["texts"]
+    answers = {
+        (row["target"], mode): row[mode]["batch_size"]
+        for row in prediction["rows"]
+        for mode in ("train", "eval")
+    }
+    assert {str(answer) for answer in answers.values()} <= set(texts)  # each answer labelled
+    assert answers[("16MiB", "train")] < answers[("48MiB", "train")] < answers[("64MiB", "train")]
+    # The recording capacity is a tick of its own, with the trials measured there.
+    assert "(recorded)" in texts and {"16 MiB", "24 MiB", "48 MiB", "64 MiB"} <= set(texts)
+    recorded = prediction["recorded_trials"]["train"]
+    assert [trial["outcome"] for trial in recorded] == ["ok", "ok", "oom"]
+    assert {
+        "train: recorded trial, fitted",
+        "train: recorded trial, failed",
+        "train: predicted, with its band",
+    } <= set(texts)
+    assert section["lists"]["predict-modelled"] == prediction["modelled"]
+    assert "predict-unmodelled" not in section["lists"]  # recorded behind the allocator: nothing guessed
+    assert "http://" not in text and "https://" not in text
+
+
+def test_a_prediction_from_the_cpu_alone_names_what_it_does_not_model_and_plots_no_recorded_trials(
+    predict_result: SavedResult,
+) -> None:
+    prediction = {
+        **predict_result.document["prediction"],
+        "cpu_alone": True,
+        "unmodelled": [{"part": "cuDNN's convolution workspaces", "share": 0.03, "measured": False}],
+    }
+    [section] = Page(render_report([SavedResult("predict", {"prediction": prediction}, "p.json")])).sections
+    assert section["lists"]["predict-unmodelled"] == [
+        "cuDNN's convolution workspaces: 3% of the budget either way (a guess)"
+    ]
+    assert "(recorded)" not in section["texts"]  # the CPU's capacity is no GPU's
+    assert not any("recorded trial" in text for text in section["texts"])

@@ -23,6 +23,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     flags.add_where(parser)
     flags.add_options(parser, BatchSizes, exclude=("global_batch_size", "world_size"))
     flags.add_options(parser, Trials)
+    parser.add_argument(
+        "--start-from",
+        default=None,
+        metavar="PREDICTION.json",
+        help="start from a saved prediction (batchfit predict --format json --output FILE): its "
+        "allocator records, replayed at this budget, place the first trial (on cuda)",
+    )
     flags.add_output(parser, FORMATS)
     return parser
 
@@ -47,6 +54,7 @@ def _run(args: argparse.Namespace, where: Where, modes: list[Mode], sizes: Batch
                 sizes=sizes.for_mode(mode),
                 trials=trials,
                 on_progress=display.hear,
+                start_from=args.start_from,
             )
             flags.say(result.summary())
             results.append(result)

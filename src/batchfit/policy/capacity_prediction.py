@@ -154,7 +154,7 @@ class CapacityPredictor:
         budget, low, high = memory.budgets(memory_fraction, reserve_bytes)
         widened = sum(int(part.share * budget) for part in unmodelled)
         low, high = max(0, low - widened), high + widened
-        answer = self._largest(self.replays[0][1], budget, candidates)
+        answer = self.largest(budget, candidates)
         ends = [
             self._largest(replay, limit, candidates) for _, replay in self.replays for limit in (low, high)
         ]
@@ -174,6 +174,10 @@ class CapacityPredictor:
             at_max_batch_size=answer == candidates.batch(candidates.count - 1),
             pairs=tuple(pair for pair, _ in self.replays),
         )
+
+    def largest(self, budget_bytes: int, candidates: Candidates) -> int | None:
+        """The largest candidate the primary pair's replay places under ``budget_bytes``."""
+        return self._largest(self.replays[0][1], budget_bytes, candidates)
 
     def _largest(self, replay: AllocationReplay, budget: int, candidates: Candidates) -> int | None:
         return largest_placed(

@@ -12,7 +12,7 @@ from typing import Any
 
 import batchfit
 from batchfit.policy.advice import Change
-from batchfit.report import canvas, change_plots, goodput_plots, noise_plots, plots
+from batchfit.report import canvas, change_plots, goodput_plots, noise_plots, plots, prediction_plots
 from batchfit.report.results import Kind, SavedResult
 
 _STYLE = """
@@ -175,6 +175,26 @@ def _noise_prediction(document: Mapping[str, Any], salt: str) -> list[str]:
     ]
 
 
+def _predict(document: Mapping[str, Any], salt: str) -> list[str]:
+    """The answers by capacity, then what the prediction models and what it does not."""
+    prediction = document["prediction"]
+    caption = (
+        "The largest batch predicted at each target's capacity, train and eval, each with its band "
+        "(the card's and the context's ranges, the unmodelled parts, the smaller pair's replay); "
+        "the trials recorded at the recording capacity, where that was a GPU's, as measured points."
+    )
+    unmodelled = [
+        f"{part['part']}: {part['share']:.0%} of the budget either way"
+        + ("" if part.get("measured") else " (a guess)")
+        for part in prediction["unmodelled"]
+    ]
+    return [
+        _figure("predict", caption, prediction_plots.prediction_figure(prediction, salt)),
+        _list("predict-modelled", "Modelled", prediction["modelled"]),
+        _list("predict-unmodelled", "Not modelled, each widening the band", unmodelled),
+    ]
+
+
 def _advise(document: Mapping[str, Any], salt: str) -> list[str]:
     """What to change, then each step's own plots, as its command's report draws them."""
     context = document.get("context", "")
@@ -218,4 +238,5 @@ _PARTS: dict[Kind, Callable[[Mapping[str, Any], str], list[str]]] = {
     "advise": _advise,
     "noise-scale": _noise_scale,
     "noise-prediction": _noise_prediction,
+    "predict": _predict,
 }

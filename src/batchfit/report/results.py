@@ -12,7 +12,16 @@ from typing import Any, Literal
 from batchfit.errors import ConfigurationError
 
 Kind = Literal[
-    "advise", "find", "explore", "plan", "analyze", "compare", "check-data", "noise-scale", "noise-prediction"
+    "advise",
+    "find",
+    "explore",
+    "plan",
+    "analyze",
+    "compare",
+    "check-data",
+    "noise-scale",
+    "noise-prediction",
+    "predict",
 ]
 NOT_RECORDED = "not recorded"
 
@@ -29,6 +38,7 @@ _KEYS: dict[Kind, frozenset[str]] = {
     "noise-scale": frozenset({"noise_scale", "readings", "accumulation_steps", "fixed_weights"}),
     # Not a command's: the results file of bench/noise_prediction.py, which records its own command.
     "noise-prediction": frozenset({"rows", "checkpoints", "fit", "ratios"}),
+    "predict": frozenset({"prediction"}),
 }
 
 
@@ -105,9 +115,10 @@ def read_result(path: str | Path) -> SavedResult:
 
 
 def _first_device(document: Mapping[str, Any]) -> Any:
-    """The device a result names inside: find's first search, or the first of advise's steps."""
+    """The device a result names inside: find's first search, the first of advise's steps, or
+    where predict recorded."""
     parts = [*document.get("results", ())]
-    parts += [document.get(step) for step in ("train", "eval", "comparison", "data")]
+    parts += [document.get(step) for step in ("train", "eval", "comparison", "data", "prediction")]
     return next((part["device"] for part in parts if isinstance(part, Mapping) and part.get("device")), None)
 
 

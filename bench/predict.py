@@ -1,0 +1,380 @@
+"""Benchmark ``batchfit.predict``: the largest training batch predicted under other caps from small
+trials recorded under one, against the truth measured under each, beside PyTorch's MemTracker.
+
+Each case records ``predict``'s trials (batch 2, 4 and 8, 2 steps each, training) under one cap and
+predicts the largest training batch under each target cap, at fraction 1 as ``bench/find.py``
+searches (the cap is the budget; no CUDA context: the caps are the allocator's). At each target
+cap the truth is ``_truth.scan`` around the prediction: 10-step probes from the case's one model as
+built, the cache emptied, up to the true boundary. The true largest batch is the largest size
+below the first that failed (what the prediction answers); the target is within 3% of it, or 1
+sample where 3% is less (the issue's "1 sample under 34"), and 5% from the CPU alone.
+
+MemTracker (``torch.distributed._tools.mem_tracker``) beside it: a 2-step training trial from the
+model as built, uncapped, run under it at a batch size, gives its peak (the ``Total`` of its
+``peak`` snapshot on the device); its answer is the largest candidate whose peak is at most the
+cap, found over the same candidates by galloping up from 1 and bisecting (``largest_placed``, as
+the prediction's replay is searched). It counts tensors' bytes (rounded to 512 on CUDA), not the
+caching allocator's segments, so it is judged on the same truth as the prediction.
+
+Devices: ``--device cpu-caching`` (the CPU with CUDA's caching allocator modelled: the cnn, the
+transformer and a tiny GPT-2, each recorded under what a 2-step trial at batch 10 reserved and
+predicted at 5, 20 and 32's, GPT-2 at 5, 16 and 24's), ``--device cuda`` (ResNet-50 fp32 and AMP,
+ViT-B/16 with AdamW, GPT-2 small at 1024 tokens, the built-ins: recorded under 16 GiB and predicted
+at 24, 40 and 80 GiB, and recorded under 80 GiB and predicted at 24 and 16 GiB, each cap at most the
+GPU's memory less 2 GiB; ResNet-50 and GPT-2 also from the CPU alone, ``predict --device cpu``'s
+path, judged on the same truths).
+
+Run: ``python bench/predict.py --device cpu-caching [--quick] [--workloads cnn,transformer]
+[--targets ref:8]`` (on a GPU, a few workloads and targets a device call: ``--device cuda
+--workloads resnet50-amp --targets 24GiB``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import _harness
+import _workloads
+import tables
+import torch
+from _capped import CPU_CACHING, STEPS_PER_TRIAL, Bench, Case, bench_device
+from _truth import Curve, scan, settings
+
+from batchfit import BatchSizes, Targets, Trials, Workload
+from batchfit.policy.capacity_prediction import largest_placed
+from batchfit.predict import CPU_RECORDING_BYTES, predict_on
+from batchfit.prediction import Prediction
+from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.runtime.devices.cuda import CudaDevice
+from batchfit.runtime.workloads.batches import to_device
+from batchfit.units import format_bytes, parse_bytes
+
+PACKAGES = ("torch", "batchfit", "torchvision", "transformers")
+#: The targets: within this share of the true largest batch (at least 1 sample), by where the
+#: trials were recorded.
+TOLERANCE = {"device": 0.03, "cpu-alone": 0.05}
+#: The candidates every method answers from: up to 4096 (ResNet-50 at 80 GiB trains past 512).
+MAX_BATCH_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class PredictCase:
+    """A workload recorded under ``recorded`` and predicted under each of ``targets`` (sizes, or
+    ``ref:B``: what a 2-step trial at ``B`` reserved, rounded up to a MiB); ``cpu_alone``: also
+    predicted from the CPU alone (``predict --device cpu``'s path), judged on the same truths."""
+
+    workload: str
+    recorded: str
+    targets: tuple[str, ...]
+    cpu_alone: bool = False
+
+
+def _gpu_cases(top: str) -> list[PredictCase]:
+    up, down = ("24GiB", "40GiB", top), ("24GiB", "16GiB")
+    return [
+        case
+        for name in ("resnet50", "resnet50-amp", "vit-b16", "gpt2", "mlp", "cnn", "transformer")
+        for case in (
+            PredictCase(name, "16GiB", up, cpu_alone=name in ("resnet50", "gpt2")),
+            PredictCase(name, top, down),
+        )
+    ]
+
+
+#: On the modelled allocator: recorded where batch 8 fits, predicted at one cap below and two above,
+#: answers near 8, 24 and 32 (the truth's scan at 64 takes minutes a case on 2 cores). A cap is what
+#: a reference batch reserved, or a size where that is another's (segments come in 2 MiB steps: the
+#: cnn's batch 24 reserves what its 16 does). The mlp is left out: its memory is nearly all fixed,
+#: so caps a MiB apart are hundreds of samples apart, and its scan near 512 takes 4 minutes.
+CASES: dict[str, Callable[[str], list[PredictCase]]] = {
+    CPU_CACHING: lambda _: [
+        PredictCase("cnn", "ref:16", ("ref:8", "54MiB", "ref:32")),
+        PredictCase("transformer", "ref:16", ("ref:8", "ref:24", "ref:32")),
+        PredictCase("gpt2-tiny", "ref:12", ("ref:6", "ref:16", "ref:24")),
+    ],
+    "cuda": _gpu_cases,
+}
+QUICK: dict[str, Callable[[str], list[PredictCase]]] = {
+    CPU_CACHING: lambda _: [PredictCase("cnn", "ref:16", ("54MiB",))],
+    "cuda": lambda top: [PredictCase("cnn", "16GiB", ("24GiB", top))],
+}
+
+
+@dataclass
+class Judged:
+    """One method's answer under one target cap, judged on the truth there."""
+
+    answer: int | None
+    band: tuple[int | None, int | None] | None  # the prediction's; None for MemTracker
+    error_samples: int | None
+    error_percent: float | None
+    allowed_samples: float | None
+    within: bool | None
+
+
+@dataclass
+class TargetRow:
+    cap: str
+    cap_bytes: int
+    truth: dict[str, Any]  # the curve (``Curve.to_dict``)
+    true_largest: int | None  # the largest size below the first that failed
+    predicted: Judged
+    cpu_alone: Judged | None
+    memtracker: Judged | None
+    memtracker_peaks: dict[int, int] = field(default_factory=dict)
+
+
+def true_largest(curve: Curve) -> int | None:
+    """The largest probed size that fitted below the first that failed (the largest fitting where
+    none failed): what a prediction answers, the largest size below the first that is not placed."""
+    first = min((b for b, fit in curve.fits.items() if not fit), default=None)
+    below = [b for b, fit in curve.fits.items() if fit and (first is None or b < first)]
+    return max(below, default=None)
+
+
+def judged(
+    answer: int | None, truth: int | None, share: float, band: tuple[int | None, int | None] | None = None
+) -> Judged:
+    if answer is None or truth is None:
+        return Judged(answer, band, None, None, None, None)
+    allowed = max(1.0, share * truth)
+    error = answer - truth
+    return Judged(answer, band, error, 100 * error / truth, allowed, abs(error) <= allowed)
+
+
+def memtracker_peak(bench: Bench, batch_size: int) -> int | None:
+    """MemTracker's peak over a 2-step training trial at ``batch_size`` from the model as built,
+    uncapped; None where the device ran out of memory (on CUDA: the GPU's own)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    workload, state = bench.workload()
+    host = workload.host_batch(batch_size)
+    tracker = MemTracker()
+    tracker.track_external(state.model, state.optimizer)
+    try:
+        with tracker:
+            for step in range(STEPS_PER_TRIAL):
+                workload.run_train_step(state.optimizer, to_device(host, bench.device))
+                if step == 0:  # MemTracker tracks one iteration of each module's stats at a time
+                    tracker.reset_mod_stats()
+        if bench.device.type == "cuda":
+            torch.cuda.synchronize(bench.device)
+    except torch.OutOfMemoryError:
+        state.reset()
+        return None
+    peaks = tracker.get_tracker_snapshot("peak")
+    device = next(key for key in peaks if torch.device(key).type == bench.device.type)
+    state.reset()
+    return int(peaks[device]["Total"])
+
+
+def memtracker_answer(bench: Bench, cap_bytes: int, peaks: dict[int, int]) -> int | None:
+    """The largest candidate whose MemTracker peak is at most ``cap_bytes`` (``peaks``: measured
+    so far, by batch size, filled in)."""
+
+    def fits(batch_size: int) -> bool:
+        if batch_size not in peaks:
+            peak = memtracker_peak(bench, batch_size)
+            peaks[batch_size] = -1 if peak is None else peak  # -1: out of memory
+        return 0 <= peaks[batch_size] <= cap_bytes
+
+    return largest_placed(fits, BatchSizes(max_batch_size=MAX_BATCH_SIZE).candidates("train"))
+
+
+def cap_bytes(bench: Bench, cap: str, top: int) -> int:
+    """``cap`` in bytes: a size, or ``ref:B`` (what a 2-step trial at ``B`` reserved, to a MiB)."""
+    if cap.startswith("ref:"):
+        return int(math.ceil(bench.reserved_at(int(cap.partition(":")[2])) / 2**20) * 2**20)
+    return min(parse_bytes(cap, name="cap"), top)
+
+
+def predicted(
+    device: CachingCpuDevice | CudaDevice, workload: Workload, caps: list[int], cpu_alone: bool = False
+) -> Prediction:
+    """``predict`` recorded on ``device``, at fraction 1 under each cap (no CUDA context)."""
+    return predict_on(
+        device,
+        workload,
+        Targets(tuple(str(cap) for cap in caps)),
+        ["train"],
+        memory_fraction=1.0,
+        sizes=BatchSizes(max_batch_size=MAX_BATCH_SIZE),
+        trials=Trials(steps_per_trial=STEPS_PER_TRIAL),
+        cpu_alone=cpu_alone,
+        context=False,
+    )
+
+
+def from_cpu_alone(case: PredictCase, caps: list[int]) -> Prediction:
+    """The same workload built on the CPU, recorded as ``predict --device cpu`` records it."""
+    workload = _workloads.build(case.workload, torch.device("cpu"))
+    return predicted(CachingCpuDevice(CPU_RECORDING_BYTES), workload, caps, cpu_alone=True)
+
+
+def bench_case(
+    case: PredictCase,
+    device: torch.device,
+    kind: str,
+    top: int,
+    memtracker: bool,
+    build: Callable[[torch.device], Workload] | None = None,
+) -> dict[str, Any]:
+    """Record, predict at every target, then at each target MemTracker's answer and the truth;
+    ``build``: how the case's workload is made (default: ``_workloads.build`` by its name)."""
+    bench = Bench(Case(case.workload, case.recorded), device, kind=kind, build=build)
+    bench.warm_up()
+    recorded_bytes = cap_bytes(bench, case.recorded, top)
+    caps = [cap_bytes(bench, cap, top) for cap in case.targets]
+    workload, _ = bench.workload()
+    recorder = bench.target(recorded_bytes)
+    if not isinstance(recorder, (CachingCpuDevice, CudaDevice)):
+        raise TypeError(f"predict records behind a caching allocator, not on {recorder.name}")
+    with _harness.Stopwatch() as watch:
+        prediction = predicted(recorder, workload, caps)
+    alone = from_cpu_alone(case, caps) if case.cpu_alone else None
+    print(
+        f"  recorded under {format_bytes(recorded_bytes)}: "
+        f"{', '.join(trial.line(str(trial.batch_size)) for trial in prediction.recorded_trials['train'])} "
+        f"({watch.seconds:.1f} s with the replays)",
+        flush=True,
+    )
+    peaks: dict[int, int] = {}
+    rows = []
+    for cap, size, row in zip(case.targets, caps, prediction.rows, strict=True):
+        ours = row.train
+        if ours is None:
+            raise RuntimeError(f"{case.workload}: no training prediction under {cap}")
+        tracked = memtracker_answer(bench, size, peaks) if memtracker else None
+        theirs = alone.rows[caps.index(size)].train if alone is not None else None
+        bench.cap_bytes = size
+        others = [a for a in (tracked, theirs.batch_size if theirs else None) if a is not None]
+        curve = scan(bench.probe, ours.batch_size or 1, others)
+        largest = true_largest(curve)
+        target_row = TargetRow(
+            cap,
+            size,
+            curve.to_dict(),
+            largest,
+            judged(ours.batch_size, largest, TOLERANCE["device"], ours.band),
+            None
+            if theirs is None
+            else judged(theirs.batch_size, largest, TOLERANCE["cpu-alone"], theirs.band),
+            None if not memtracker else judged(tracked, largest, TOLERANCE["device"]),
+            dict(sorted(peaks.items())),
+        )
+        print(f"  under {cap} ({format_bytes(size)}): {describe(target_row)}", flush=True)
+        rows.append(asdict(target_row))
+    return {
+        "workload": case.workload,
+        "recorded": case.recorded,
+        "recorded_bytes": recorded_bytes,
+        "recorded_trials": [asdict(trial) for trial in prediction.recorded_trials["train"]],
+        "pairs": [
+            list(pair) for pair in (prediction.rows[0].train.pairs if prediction.rows[0].train else ())
+        ],
+        "predict_seconds": prediction.seconds,
+        "cpu_alone_unmodelled": [asdict(part) for part in alone.unmodelled] if alone else None,
+        "targets": rows,
+    }
+
+
+def describe(row: TargetRow) -> str:
+    """A target's line: the truth, the prediction and its band, MemTracker's, each error."""
+    curve = Curve.from_dict(row.truth)
+
+    def said(name: str, judged: Judged | None) -> str:
+        if judged is None:
+            return ""
+        error = (
+            ""
+            if judged.error_samples is None
+            else f" ({judged.error_samples:+d}, {judged.error_percent:+.1f}%)"
+        )
+        band = f" band {judged.band[0]}-{judged.band[1]}" if judged.band else ""
+        return f"; {name} {judged.answer}{band}{error}{' within' if judged.within else ''}"
+
+    return (
+        f"truth {row.true_largest} ({curve.describe()})"
+        + said("predicted", row.predicted)
+        + said("from the CPU alone", row.cpu_alone)
+        + said("MemTracker", row.memtracker)
+    )
+
+
+def select(
+    parser: argparse.ArgumentParser, kind: str, args: argparse.Namespace, top: str
+) -> list[PredictCase]:
+    """The cases on this kind of device (``--quick``'s few, or all), kept to ``--workloads``, and
+    each case's targets to ``--targets`` (cases left with none are dropped): on a GPU the truth's
+    scans at 40 and 80 GiB take many minutes each, so a device call runs a few."""
+    cases = (QUICK if args.quick else CASES)[kind](top)
+    if args.workloads is not None:
+        wanted = args.workloads.split(",")
+        unknown = sorted(set(wanted) - {case.workload for case in CASES[kind](top)})
+        if unknown:
+            parser.error(f"unknown workload(s) {', '.join(unknown)} on {kind}")
+        cases = [case for case in cases if case.workload in wanted]
+    if args.targets is not None:
+        kept = set(args.targets.split(","))
+        cases = [replace(case, targets=tuple(t for t in case.targets if t in kept)) for case in cases]
+        cases = [case for case in cases if case.targets]
+        if not cases:
+            parser.error(f"no case has a target among {args.targets} on {kind}")
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _harness.parser(
+        __doc__, quick="one case, one target", json_default="bench/results/predict-DEVICE.json"
+    )
+    parser.add_argument("--workloads", default=None, help="comma-separated workloads (default: all)")
+    parser.add_argument("--no-memtracker", action="store_true", help="the prediction and the truth alone")
+    parser.add_argument(
+        "--targets",
+        default=None,
+        help="comma-separated target caps as the cases name them (e.g. 24GiB,16GiB)",
+    )
+    args = parser.parse_args(argv)
+    device, kind = bench_device(args.device)
+    if kind not in CASES:
+        parser.error(f"predict's cases are on {' and '.join(CASES)}, not {kind}")
+    total = torch.cuda.get_device_properties(device).total_memory if kind == "cuda" else 2**50
+    top = min(80, total // 2**30 - 2) * 2**30  # a cap the GPU holds in whole GiB, with room for the context
+    cases = select(parser, kind, args, f"{top >> 30}GiB")
+    session = _harness.Session(device, PACKAGES)
+    print(session.machine())
+    results = []
+    began = time.perf_counter()
+    for case in cases:
+        why = _workloads.missing(case.workload)
+        if why is not None:
+            print(f"{case.workload}: skipped: {why}")
+            continue
+        print(f"{case.workload}, recorded under {case.recorded}:", flush=True)
+        results.append(bench_case(case, device, kind, top, not args.no_memtracker))
+    print(f"{len(results)} cases in {time.perf_counter() - began:.0f} s")
+    print(session.finish())
+    payload = {
+        "steps_per_trial": STEPS_PER_TRIAL,
+        "max_batch_size": MAX_BATCH_SIZE,
+        "tolerance": TOLERANCE,
+        "truth": settings(),
+        "memtracker": "the largest candidate whose MemTracker peak (2 training steps, uncapped) <= the cap",
+        "cases": results,
+    }
+    print()
+    print(tables.predict_table([{**session.to_dict(), **payload}]))
+    if not args.no_json:
+        _harness.write_results(args.json or _harness.RESULTS / f"predict-{kind}.json", session, payload)
+    judged_rows = [row["predicted"] for case in results for row in case["targets"]]
+    return 0 if all(row["within"] for row in judged_rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""predict's benchmark (bench/predict.py): the true largest batch read from the truth's curve, each
+answer judged against the issue's targets, and one tiny case run through it on the CPU with CUDA's
+caching allocator modelled, its MemTracker answer checked against MemTracker's own peaks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_workloads import build
+
+from batchfit import Workload
+
+# bench/ is a directory of scripts, not a package: its directory goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import predict as predict_bench
+import tables
+from _capped import CPU_CACHING
+from _truth import Curve
+
+
+def test_the_true_largest_batch_is_the_last_that_fits_before_the_first_failure() -> None:
+    # Not monotone: 40 fits past the failures at 36-39, as a caching allocator's curve may.
+    curve = Curve({**{size: size <= 35 for size in range(30, 40)}, 40: True})
+    assert predict_bench.true_largest(curve) == 35
+    assert predict_bench.true_largest(Curve({size: True for size in range(8, 12)})) == 11  # no failure
+    assert predict_bench.true_largest(Curve({8: False})) is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "truth", "share", "within"),
+    [(33, 32, 0.03, True), (34, 32, 0.03, False), (103, 100, 0.03, True), (104, 100, 0.03, False),
+     (95, 100, 0.05, True), (94, 100, 0.05, False), (None, 10, 0.03, None)],
+)  # fmt: skip
+def test_an_answer_is_within_3_percent_or_1_sample_of_the_truth(
+    answer: int | None, truth: int, share: float, within: bool | None
+) -> None:
+    judged = predict_bench.judged(answer, truth, share)
+    assert judged.within is within
+    if answer is not None:
+        assert judged.error_samples == answer - truth
+        assert judged.error_percent == pytest.approx(100 * (answer - truth) / truth)
+
+
+def tiny(device: torch.device) -> Workload:
+    return build("cnn")
+
+
+def test_a_tiny_case_records_under_one_cap_and_is_judged_by_the_truth_under_another() -> None:
+    case = predict_bench.PredictCase("cnn", "2MiB", ("4MiB",))
+    done = predict_bench.bench_case(case, torch.device("cpu"), CPU_CACHING, 2**50, True, build=tiny)
+    [row] = done["targets"]
+    assert [trial["batch_size"] for trial in done["recorded_trials"]] == [2, 4, 8]
+    curve = Curve.from_dict(row["truth"])
+    largest = row["true_largest"]
+    assert largest == predict_bench.true_largest(curve) and curve.first_failure_above(largest) == largest + 1
+    ours = row["predicted"]
+    assert ours["error_samples"] == ours["answer"] - largest and ours["within"] is not None
+    # MemTracker's answer: its peak at the answer fits the cap, and at the next size it does not.
+    peaks, tracked, cap = row["memtracker_peaks"], row["memtracker"]["answer"], row["cap_bytes"]
+    assert 0 <= peaks[tracked] <= cap and not 0 <= peaks[tracked + 1] <= cap
+    table = tables.predict_table([{"path": "run.json", "code": None, **_record(), "cases": [done]}])
+    assert "| cnn | 2MiB | 4MiB |" in table
+    assert "from the CPU alone" not in table  # the columns of a path no row ran are left out
+    # A row from the CPU alone (the CUDA cases' ResNet-50 and GPT-2) gets its own three columns.
+    alone = {
+        **row,
+        "cpu_alone": {**ours, "band": [1, 2], "error_samples": -3, "error_percent": -6.0, "within": False},
+    }
+    both = tables.predict_table([{"path": "run.json", **_record(), "cases": [{**done, "targets": [alone]}]}])
+    header, _, line = both.splitlines()[:3]
+    assert header.count("|") == line.count("|") == 15 and "| from the CPU alone | error | within |" in header
+    assert f"| {ours['answer']} (1-2) | -3 (-6.0%) | no |" in line
+
+
+def _record() -> dict[str, object]:
+    return {"code": {"commit": "0" * 40, "source": "git"}, "command": "python bench/predict.py",
+            "written": "2026-11-26 00:00 UTC", "torch": torch.__version__, "device": "cpu",
+            "device_name": "a CPU", "versions": {}}  # fmt: skip
