@@ -201,13 +201,12 @@ def predicted(
     return predict_on(
         device,
         workload,
-        Targets(tuple(str(cap) for cap in caps)),
+        Targets(tuple(str(cap) for cap in caps), context=False),
         ["train"],
         memory_fraction=1.0,
         sizes=BatchSizes(max_batch_size=MAX_BATCH_SIZE),
         trials=Trials(steps_per_trial=STEPS_PER_TRIAL),
         cpu_alone=cpu_alone,
-        context=False,
     )
 
 

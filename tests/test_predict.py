@@ -49,9 +49,8 @@ def test_recorded_on_one_capacity_predicted_at_another_is_the_truth(mode: str, c
     prediction = predict_on(
         CachingCpuDevice(24 * MiB),
         workload,
-        Targets(f"{capacity}MiB"),
-        [mode],
-        context=False,  # type: ignore[list-item]
+        Targets(f"{capacity}MiB", context=False),
+        [mode],  # type: ignore[list-item]
     )
     answer = getattr(prediction.rows[0], mode).batch_size
     window = range(max(1, answer - 4), answer + 9)
@@ -66,7 +65,9 @@ def test_recorded_on_one_capacity_predicted_at_another_is_the_truth(mode: str, c
 def test_the_cpu_alone_models_cuda_s_additions_and_names_what_it_cannot() -> None:
     workload = build_example("cnn")
     before = [parameter.detach().clone() for parameter in workload.module.parameters()]
-    prediction = batchfit.predict(workload, gpus="T4,H100-80GB", capacities=["2GiB"], device="cpu")
+    prediction = batchfit.predict(
+        workload, batchfit.Targets(gpus="T4,H100-80GB", capacities="2GiB"), device="cpu"
+    )
     assert prediction.cpu_alone and [row.target for row in prediction.rows] == ["2GiB", "T4", "H100-80GB"]
     assert [part.part for part in prediction.unmodelled] == [
         "cuDNN's convolution workspaces (the algorithm CUDA picks)"
@@ -100,7 +101,7 @@ def test_on_cuda_the_prediction_at_a_capped_capacity_is_within_3_percent_of_find
 
     workload = build_example("cnn", device="cuda")
     cap = 384 * MiB
-    prediction = predict_on(CudaDevice(0, None), workload, Targets(f"{cap}"), ["train"], context=False)
+    prediction = predict_on(CudaDevice(0, None), workload, Targets(f"{cap}", context=False), ["train"])
     found = batchfit.find_batch_size(workload, "train", device="cuda", memory_limit=cap)
     answer = prediction.rows[0].train
     assert answer is not None and answer.batch_size is not None
@@ -110,7 +111,7 @@ def test_on_cuda_the_prediction_at_a_capped_capacity_is_within_3_percent_of_find
 
 def test_find_started_from_a_saved_prediction_runs_fewer_trials_to_the_same_answer(tmp_path: Path) -> None:
     workload = build_example("cnn")
-    prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB"), ["train"], context=False)  # type: ignore[list-item]
+    prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB", context=False), ["train"])  # type: ignore[list-item]
     saved = tmp_path / "prediction.json"  # as `batchfit predict --format json` writes it
     saved.write_text(json.dumps({"workload": "cnn", "prediction": prediction.to_dict()}))
     scratch = find_on(Target(CachingCpuDevice(48 * MiB), 0.8), workload, "train")
@@ -132,7 +133,7 @@ def test_a_saved_prediction_starts_a_search_only_behind_a_caching_allocator_and_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     workload = build_example("cnn")
-    prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB"), ["train"], context=False)  # type: ignore[list-item]
+    prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB", context=False), ["train"])  # type: ignore[list-item]
     with pytest.raises(ConfigurationError) as raised:
         batchfit.find_batch_size(workload, "eval", device="cpu", memory_limit="48MiB", start_from=prediction)
     assert str(raised.value) == (

@@ -43,19 +43,18 @@ CPU_RECORDING_BYTES = 1 << 40
 
 def predict(
     workload: Workload,
+    targets: Targets,
     *,
-    capacities: Sequence[str | int] | str = (),
-    gpus: Sequence[str] | str = (),
-    reserve: str | int = 0,
     modes: Sequence[str] = ("train", "eval"),
     device: str | torch.device | None = None,
     memory_fraction: float = 0.8,
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
 ) -> Prediction:
-    """Predict the largest ``modes`` batch on GPUs of other sizes: ``capacities`` (totals, such as
-    ``"24GiB"``) and ``gpus`` (cards by name, ``batchfit.policy.cards.CARDS``), each less its CUDA
-    context and ``reserve``, at ``memory_fraction`` of the rest, as ``find`` would search there.
+    """Predict the largest ``modes`` batch on GPUs of other sizes: the ``targets``' capacities
+    (totals, such as ``Targets(capacities="24GiB,80GiB")``) and cards (``Targets(gpus="T4")``, from
+    ``batchfit.policy.cards.CARDS``), each less its CUDA context and the reserve, at
+    ``memory_fraction`` of the rest, as ``find`` would search there.
 
     On a GPU (``device="cuda"``) small trials (``RECORD_SIZES``) record their requests to the
     caching allocator, replayed on its model at each target. On the CPU (``device="cpu"``) the same
@@ -63,11 +62,6 @@ def predict(
     can be (cuBLAS's workspace, a foreach optimizer step) and named and banded where it cannot.
     The model, optimizer and RNG are left as they were.
     """
-    targets = Targets(
-        capacities if isinstance(capacities, str) else tuple(str(each) for each in capacities),
-        gpus if isinstance(gpus, str) else tuple(gpus),
-        reserve,
-    )
     where = Where(device, None, memory_fraction)
     named = tuple(mode_named(mode) for mode in modes)
     target = resolve_device(where.torch_device, None)
@@ -89,14 +83,11 @@ def predict_on(
     trials: Trials = Trials(),
     *,
     cpu_alone: bool = False,
-    context: bool = True,
 ) -> Prediction:
     """``predict`` recording on ``device`` (CUDA, or the CPU with CUDA's allocator modelled);
-    ``cpu_alone``: the CPU stands in for CUDA (its additions and unmodelled parts apply);
-    ``context=False``: the targets hold nothing beside the allocator (the CPU stand-in's own
-    capacities, for tests and benches)."""
+    ``cpu_alone``: the CPU stands in for CUDA (its additions and unmodelled parts apply)."""
     started = time.perf_counter()
-    memories = targets.memories(context)
+    memories = targets.memories()
     unmodelled = _unmodelled(workload) if cpu_alone else ()
     steps = trials.confirm_steps or device.confirm_steps or trials.steps_per_trial
     rows: dict[str, dict[Mode, CapacityPrediction]] = {memory.name: {} for memory, _ in memories}

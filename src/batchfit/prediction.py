@@ -34,6 +34,11 @@ class Targets:
         None, f"comma-separated cards to predict for: {', '.join(CARDS)}"
     )
     reserve: str | int = option(0, "memory to keep back on each target besides the CUDA context, e.g. 1GiB")
+    context: bool = option(
+        True,
+        "take an estimated CUDA context off each capacity (--no-context: a capacity is what the "
+        "allocator may use, as on the CPU stand-in)",
+    )
     reserve_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -51,12 +56,12 @@ class Targets:
         reserve = 0 if self.reserve in (0, "0") else parse_bytes(self.reserve, name="reserve")
         object.__setattr__(self, "reserve_bytes", reserve)
 
-    def memories(self, context: bool = True) -> list[tuple[Memory, bool]]:
+    def memories(self) -> list[tuple[Memory, bool]]:
         """Each target's memory and whether it is Hopper or later (cuBLAS's workspace is larger);
         a capacity's architecture is not known and is taken as Hopper, the larger workspace.
-        ``context=False``: nothing beside the allocator (the CPU stand-in's own capacities)."""
+        Without ``context``, a capacity holds nothing beside the allocator."""
         found = [
-            (Memory.of_capacity(str(capacity), parse_bytes(capacity, name="capacities"), context), True)
+            (Memory.of_capacity(str(capacity), parse_bytes(capacity, name="capacities"), self.context), True)
             for capacity in self.capacities or ()
         ]
         for gpu in self.gpus or ():
@@ -65,7 +70,12 @@ class Targets:
         return found
 
     def keywords(self) -> dict[str, Any]:
-        return {"capacities": self.capacities, "gpus": self.gpus, "reserve": self.reserve}
+        return {
+            "capacities": self.capacities,
+            "gpus": self.gpus,
+            "reserve": self.reserve,
+            "context": self.context,
+        }
 
 
 @dataclass(frozen=True)

@@ -249,8 +249,6 @@ def noise_prediction_result() -> SavedResult:
 def predict_result() -> SavedResult:
     """What ``batchfit predict --format json`` writes, recorded on the CPU with CUDA's allocator
     modelled under 24 MiB (the cnn: its batch 8 fails there) and predicted at 16, 48 and 64 MiB."""
-    prediction = predict_on(
-        CachingCpuDevice(24 * 2**20), build_example("cnn"), Targets("16MiB,48MiB,64MiB"), ["train", "eval"],
-        context=False,
-    )  # fmt: skip
+    targets = Targets("16MiB,48MiB,64MiB", context=False)
+    prediction = predict_on(CachingCpuDevice(24 * 2**20), build_example("cnn"), targets, ["train", "eval"])
     return SavedResult("predict", stamped({"prediction": prediction.to_dict()}, "cnn"), "predict.json")

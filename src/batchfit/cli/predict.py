@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     workload = flags.workload(args, where)
     result = batchfit.predict(
         workload,
-        **targets.keywords(),
+        targets,
         modes=modes,
         device=where.device,
         memory_fraction=where.memory_fraction,
