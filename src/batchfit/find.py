@@ -8,13 +8,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from batchfit.errors import ConfigurationError, DoesNotFitError
+from batchfit.errors import DoesNotFitError
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
-from batchfit.progress import Event, OnProgress, tell
+from batchfit.progress import OnProgress
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.distributed.data_parallel import note_unwrapped
@@ -23,9 +23,11 @@ from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec
 from batchfit.runtime.steps.trace import Forecast, forecast_search
-from batchfit.runtime.workloads.workload import Workload, check_model_on
+from batchfit.runtime.workloads.searchable import check_searchable
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 from batchfit.starting_evidence import StartFrom, StartingEvidence
+from batchfit.trial_oracle import TrialOracle
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ def find_on(
     their measurements instead of running them again; ``start``: a saved prediction's records."""
     team = ranks()  # under torch.distributed every rank searches together
     # A rank whose workload is wrong stops every rank, not only itself.
-    team.run(lambda: _check_workload(workload, mode, target.device))
+    team.run(lambda: check_searchable(workload, mode, target.device))
     if start is not None:
         start.check_device(target.device)
     if team.world_size > 1:
@@ -180,11 +182,25 @@ class _Search:
             record=confirming is not None,
             scalers=snapshot_scalers(snapshot),
         )
-        opening = _Oracle(TrialRunner(spec, snapshot, records), self, self.cache)
+        opening = TrialOracle(
+            TrialRunner(spec, snapshot, records),
+            self.team,
+            self.mode,
+            self.budget,
+            self.on_progress,
+            self.cache,
+        )
         longer, replay = None, None
         if confirming is not None:  # its record pairs with the opening's: only those steps are taken
             longer_spec = replace(spec, steps=confirming, record_steps=self.trials.steps_per_trial)
-            longer = _Oracle(TrialRunner(longer_spec, snapshot, records), self, None)
+            longer = TrialOracle(
+                TrialRunner(longer_spec, snapshot, records),
+                self.team,
+                self.mode,
+                self.budget,
+                self.on_progress,
+                None,
+            )
             replay = self.team.forecast(ReplayForecast(records, budget, confirming, device.soft_workspaces))
         forecast = self.team.shared(self.forecast)
         traced = forecast.outcome
@@ -199,6 +215,9 @@ class _Search:
             forecast=replay,
         )
         return outcome, forecast, 0 if replay is None else replay.replays_run
+
+    def oracle(self, runner: TrialRunner, cache: TrialCache | None) -> TrialOracle:
+        return TrialOracle(runner, self.team, self.mode, self.budget, self.on_progress, cache)
 
     def forecast(self) -> Forecast:
         """The search run on fake-tensor traces, where the device can trace the workload."""
@@ -276,52 +295,4 @@ class _Search:
             trial=trial,
             budget_bytes=self.budget,
             capacity_bytes=self.capacity,
-        )
-
-
-class _Oracle:
-    """The search's ``run(batch) -> Trial``: the cached trial where the cache decides, else a real
-    one on every rank (cached for the next search); each told as it starts and ends."""
-
-    def __init__(self, runner: TrialRunner, search: _Search, cache: TrialCache | None) -> None:
-        self.runner, self.search, self.cache = runner, search, cache
-
-    def __call__(self, batch_size: int) -> Trial:
-        mode, budget, on_progress = self.search.mode, self.search.budget, self.search.on_progress
-        trial = self.cache.lookup_real(batch_size, budget) if self.cache is not None else None
-        if trial is None:
-            tell(on_progress, Event("find", "started", mode, batch_size=batch_size))
-            # Every rank runs it on its own device; all act on the merged trial.
-            trial = self.search.team.trial(lambda: self.runner.run(batch_size))
-            if self.cache is not None:
-                self.cache.real[batch_size] = (trial, budget)
-                self.cache.runs += 1
-            logger.debug(
-                "%s trial batch_size=%d: %s, peak %s (budget %s)%s",
-                mode,
-                batch_size,
-                trial.outcome,
-                format_bytes(trial.peak_bytes),
-                format_bytes(budget),
-                f", {trial.step_seconds * 1000:.1f} ms/step" if trial.step_seconds else "",
-            )
-        tell(on_progress, Event("find", "trial", mode, batch_size=batch_size, trial=trial))
-        return trial
-
-
-def _check_workload(workload: Workload, mode: Mode, device: Device) -> None:
-    """The mode is one, it can run on this workload, and the model is on the search's device."""
-    if mode not in ("train", "eval"):
-        raise ConfigurationError(f"mode={mode!r} is not a mode: use 'train' or 'eval'.")
-    if mode == "train" and workload.optimizer is None and workload.train_step is None:
-        raise ConfigurationError(
-            "mode='train' needs Workload.optimizer (an Optimizer or a factory of one) "
-            "or a train_step(model, optimizer, batch) function."
-        )
-    check_model_on(workload.module, device.torch_device)
-    if workload.compiled and not device.measures_compiled:
-        raise ConfigurationError(
-            f"{device.name} cannot measure a torch.compile'd step ({', '.join(workload.compiled)}): "
-            f"its modelled allocator sees what a dispatch mode sees, and Dynamo runs the step eagerly "
-            f"under one. Use --device cpu (which reads the allocator's own events) or a GPU."
         )

@@ -10,7 +10,6 @@ from contextlib import contextmanager
 import torch
 
 from batchfit.errors import ConfigurationError
-from batchfit.find import _check_workload
 from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.capacity_prediction import CapacityPrediction, CapacityPredictor, Unmodelled
@@ -25,6 +24,7 @@ from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
+from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
 
 #: The batch sizes recorded: the pair ``find`` opens with and one more, whose own answer shows the
@@ -94,7 +94,7 @@ def predict_on(
     recorded: dict[Mode, tuple[Trial, ...]] = {}
     evidence: dict[Mode, dict[int, AllocationRecord]] = {}
     for mode in modes:
-        _check_workload(workload, mode, device)
+        check_searchable(workload, mode, device)
         candidates = sizes.candidates(mode)
         with _cuda_defaults(workload, cpu_alone):
             records, ran = record(workload, mode, device, memory_fraction, trials, candidates.first)
