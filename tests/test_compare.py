@@ -67,10 +67,11 @@ def test_each_technique_s_largest_batch_is_the_truth_under_the_cap(comparison: A
         ("amp+checkpointing", ("amp", "checkpointing")),
         ("amp-fp16", ("amp-fp16",)),
     ):
+        # The answer and the size below it train TRUTH_STEPS steps under the cap; the next does not.
         answer = rows[name].batch_size
-        window = range(answer - 2, answer + 3)
+        window = range(answer - 1, answer + 2)
         fitting = [batch for batch in window if fits(parts, comparison.budget_bytes, batch)]
-        assert fitting == list(range(answer - 2, answer + 1)), (name, answer, fitting)
+        assert fitting == [answer - 1, answer], (name, answer, fitting)
     # What each buys on this BatchNorm CNN, measured: mixed precision and checkpointing both raise
     # the largest batch, and together most.
     baseline = rows["baseline"].batch_size
