@@ -1,28 +1,37 @@
-"""Benchmark ``batchfit.predict``: the largest training batch predicted under other caps from small
-trials recorded under one, against the truth measured under each, beside PyTorch's MemTracker.
+"""Benchmark ``batchfit.predict``: the largest train and eval batch predicted under other caps from
+small trials recorded under one, against the truth measured under each, beside PyTorch's MemTracker.
 
-Each case records ``predict``'s trials (batch 2, 4 and 8, 2 steps each, training) under one cap and
-predicts the largest training batch under each target cap, at fraction 1 as ``bench/find.py``
-searches (the cap is the budget; no CUDA context: the caps are the allocator's). At each target
-cap the truth is ``_truth.scan`` around the prediction: 10-step probes from the case's one model as
-built, the cache emptied, up to the true boundary. The true largest batch is the largest size
-below the first that failed (what the prediction answers); the target is within 3% of it, or 1
-sample where 3% is less (the issue's "1 sample under 34"), and 5% from the CPU alone.
+Each case records ``predict``'s trials (batch 2, 4 and 8, 2 steps each, in each mode) under one cap
+and predicts the largest batch under each target cap, at fraction 1 as ``bench/find.py`` searches
+(the cap is the budget; no CUDA context: the caps are the allocator's). At each target cap the
+truth is ``_truth.scan`` around the prediction: 10-step probes from the case's one model as built,
+the cache emptied, up to the true boundary; an eval probe first makes the training state resident
+with a training step at batch 1 under the same cap, as find's eval trials do. The true largest
+batch is the largest size below the first that failed (what the prediction answers); the target is
+within 3% of it, or 1 sample where 3% is less (the issue's "1 sample under 34"), and 5% from the
+CPU alone. Each prediction's band is judged too: whether the truth lies in it.
 
-MemTracker (``torch.distributed._tools.mem_tracker``) beside it: a 2-step training trial from the
-model as built, uncapped, run under it at a batch size, gives its peak (the ``Total`` of its
-``peak`` snapshot on the device); its answer is the largest candidate whose peak is at most the
-cap, found over the same candidates by galloping up from 1 and bisecting (``largest_placed``, as
-the prediction's replay is searched). It counts tensors' bytes (rounded to 512 on CUDA), not the
-caching allocator's segments, so it is judged on the same truth as the prediction.
+Cases recorded ``cpu-alone`` (on the modelled allocator) are predicted from the CPU alone only, the
+band widened by the shares of what the CPU does not model (cuDNN's workspaces, the attention
+kernel); their truth's probes hold what that path adds for CUDA (cuBLAS's 32 MiB workspace in a
+segment of its own from the start, the optimizer's foreach step), which the CPU can run.
+
+MemTracker (``torch.distributed._tools.mem_tracker``) beside it: a 2-step trial of the mode from the
+model as built (eval after the training step at 1), uncapped, run under it at a batch size, gives
+its peak (the ``Total`` of its ``peak`` snapshot on the device); its answer is the largest candidate
+whose peak is at most the cap, found over the same candidates by galloping up from 1 and bisecting
+(``largest_placed``, as the prediction's replay is searched). It counts tensors' bytes (rounded to
+512 on CUDA), not the caching allocator's segments, so it is judged on the same truth as the
+prediction.
 
 Devices: ``--device cpu-caching`` (the CPU with CUDA's caching allocator modelled: the cnn, the
-transformer and a tiny GPT-2, each recorded under what a 2-step trial at batch 10 reserved and
-predicted at 5, 20 and 32's, GPT-2 at 5, 16 and 24's), ``--device cuda`` (ResNet-50 fp32 and AMP,
-ViT-B/16 with AdamW, GPT-2 small at 1024 tokens, the built-ins: recorded under 16 GiB and predicted
-at 24, 40 and 80 GiB, and recorded under 80 GiB and predicted at 24 and 16 GiB, each cap at most the
-GPU's memory less 2 GiB; ResNet-50 and GPT-2 also from the CPU alone, ``predict --device cpu``'s
-path, judged on the same truths).
+transformer and a tiny GPT-2, each recorded under what a 2-step trial at batch 16 reserved (GPT-2:
+12) and predicted at 8, 24 and 32's (the cnn's 24 at 54 MiB; GPT-2 at 6, 16 and 24's), eval at the
+middle cap; the cnn and the transformer from the CPU alone at 32's, training), ``--device cuda``
+(training only: ResNet-50 fp32 and AMP, ViT-B/16 with AdamW, GPT-2 small at 1024 tokens, the
+built-ins: recorded under 16 GiB and predicted at 24, 40 and 80 GiB, and recorded under 80 GiB and
+predicted at 24 and 16 GiB, each cap at most the GPU's memory less 2 GiB; ResNet-50 and GPT-2 also
+from the CPU alone, ``predict --device cpu``'s path, judged on the same truths).
 
 Run: ``python bench/predict.py --device cpu-caching [--quick] [--workloads cnn,transformer]
 [--targets ref:8]`` (on a GPU, a few workloads and targets a device call: ``--device cuda
@@ -35,7 +44,8 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -46,8 +56,11 @@ import torch
 from _capped import CPU_CACHING, STEPS_PER_TRIAL, Bench, Case, bench_device
 from _truth import Curve, scan, settings
 
+import batchfit
 from batchfit import BatchSizes, Targets, Trials, Workload
-from batchfit.policy.capacity_prediction import largest_placed
+from batchfit.policy.capacity_prediction import CapacityPrediction, largest_placed
+from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
+from batchfit.policy.trial import Mode
 from batchfit.predict import CPU_RECORDING_BYTES, predict_on
 from batchfit.prediction import Prediction
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -63,16 +76,24 @@ TOLERANCE = {"device": 0.03, "cpu-alone": 0.05}
 MAX_BATCH_SIZE = 4096
 
 
+#: ``recorded`` for a case predicted from the CPU alone only, on the modelled allocator: its
+#: truth holds what that path adds for CUDA (cuBLAS's workspace, a foreach optimizer step).
+CPU_ALONE = "cpu-alone"
+
+
 @dataclass(frozen=True)
 class PredictCase:
     """A workload recorded under ``recorded`` and predicted under each of ``targets`` (sizes, or
-    ``ref:B``: what a 2-step trial at ``B`` reserved, rounded up to a MiB); ``cpu_alone``: also
-    predicted from the CPU alone (``predict --device cpu``'s path), judged on the same truths."""
+    ``ref:B``: what a 2-step trial at ``B`` reserved, rounded up to a MiB), in each of ``modes``;
+    ``cpu_alone``: also predicted from the CPU alone (``predict --device cpu``'s path), judged on
+    the same truths. ``recorded=CPU_ALONE``: predicted from the CPU alone only, its band widened by
+    the parts the CPU does not model, judged on a truth that holds what that path adds for CUDA."""
 
     workload: str
     recorded: str
     targets: tuple[str, ...]
     cpu_alone: bool = False
+    modes: tuple[Mode, ...] = ("train", "eval")
 
 
 def _gpu_cases(top: str) -> list[PredictCase]:
@@ -81,28 +102,38 @@ def _gpu_cases(top: str) -> list[PredictCase]:
         case
         for name in ("resnet50", "resnet50-amp", "vit-b16", "gpt2", "mlp", "cnn", "transformer")
         for case in (
-            PredictCase(name, "16GiB", up, cpu_alone=name in ("resnet50", "gpt2")),
-            PredictCase(name, top, down),
+            PredictCase(name, "16GiB", up, cpu_alone=name in ("resnet50", "gpt2"), modes=("train",)),
+            PredictCase(name, top, down, modes=("train",)),
         )
     ]
 
 
 #: On the modelled allocator: recorded where batch 8 fits, predicted at one cap below and two above,
-#: answers near 8, 24 and 32 (the truth's scan at 64 takes minutes a case on 2 cores). A cap is what
+#: answers near 8, 24 and 32 (the truth's scan at 64 takes minutes a case on 2 cores); eval at the
+#: middle cap alone, and the cnn and the transformer from the CPU alone at the top one, training:
+#: every row's scan is a minute or more on 2 shared cores, and the run keeps to about 8 minutes. A cap is what
 #: a reference batch reserved, or a size where that is another's (segments come in 2 MiB steps: the
 #: cnn's batch 24 reserves what its 16 does). The mlp is left out: its memory is nearly all fixed,
 #: so caps a MiB apart are hundreds of samples apart, and its scan near 512 takes 4 minutes.
 CASES: dict[str, Callable[[str], list[PredictCase]]] = {
     CPU_CACHING: lambda _: [
-        PredictCase("cnn", "ref:16", ("ref:8", "54MiB", "ref:32")),
-        PredictCase("transformer", "ref:16", ("ref:8", "ref:24", "ref:32")),
-        PredictCase("gpt2-tiny", "ref:12", ("ref:6", "ref:16", "ref:24")),
+        PredictCase("cnn", "ref:16", ("ref:8", "54MiB", "ref:32"), modes=("train",)),
+        PredictCase("transformer", "ref:16", ("ref:8", "ref:24", "ref:32"), modes=("train",)),
+        PredictCase("gpt2-tiny", "ref:12", ("ref:6", "ref:16", "ref:24"), modes=("train",)),
+        PredictCase("cnn", "ref:16", ("54MiB",), modes=("eval",)),
+        PredictCase("transformer", "ref:16", ("ref:24",), modes=("eval",)),
+        PredictCase("gpt2-tiny", "ref:12", ("ref:16",), modes=("eval",)),
+        PredictCase("cnn", CPU_ALONE, ("ref:32",), modes=("train",)),
+        PredictCase("transformer", CPU_ALONE, ("ref:32",), modes=("train",)),
     ],
     "cuda": _gpu_cases,
 }
 QUICK: dict[str, Callable[[str], list[PredictCase]]] = {
-    CPU_CACHING: lambda _: [PredictCase("cnn", "ref:16", ("54MiB",))],
-    "cuda": lambda top: [PredictCase("cnn", "16GiB", ("24GiB", top))],
+    CPU_CACHING: lambda _: [
+        PredictCase("cnn", "ref:16", ("54MiB",)),
+        PredictCase("cnn", CPU_ALONE, ("54MiB",)),
+    ],
+    "cuda": lambda top: [PredictCase("cnn", "16GiB", ("24GiB", top), modes=("train",))],
 }
 
 
@@ -116,10 +147,12 @@ class Judged:
     error_percent: float | None
     allowed_samples: float | None
     within: bool | None
+    truth_in_band: bool | None = None  # None: no band (MemTracker), or no truth or no lower end
 
 
 @dataclass
 class TargetRow:
+    mode: str
     cap: str
     cap_bytes: int
     truth: dict[str, Any]  # the curve (``Curve.to_dict``)
@@ -141,16 +174,20 @@ def true_largest(curve: Curve) -> int | None:
 def judged(
     answer: int | None, truth: int | None, share: float, band: tuple[int | None, int | None] | None = None
 ) -> Judged:
+    inside = None
+    if band is not None and truth is not None and band[0] is not None:
+        inside = band[0] <= truth and (band[1] is None or truth <= band[1])
     if answer is None or truth is None:
-        return Judged(answer, band, None, None, None, None)
+        return Judged(answer, band, None, None, None, None, inside)
     allowed = max(1.0, share * truth)
     error = answer - truth
-    return Judged(answer, band, error, 100 * error / truth, allowed, abs(error) <= allowed)
+    return Judged(answer, band, error, 100 * error / truth, allowed, abs(error) <= allowed, inside)
 
 
-def memtracker_peak(bench: Bench, batch_size: int) -> int | None:
-    """MemTracker's peak over a 2-step training trial at ``batch_size`` from the model as built,
-    uncapped; None where the device ran out of memory (on CUDA: the GPU's own)."""
+def memtracker_peak(bench: Bench, batch_size: int, mode: Mode = "train", warm: int = 1) -> int | None:
+    """MemTracker's peak over a 2-step trial of ``mode`` at ``batch_size`` from the model as built,
+    uncapped (eval: after a training step at ``warm``, as find's eval trials run); None where the
+    device ran out of memory (on CUDA: the GPU's own)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     workload, state = bench.workload()
@@ -159,8 +196,12 @@ def memtracker_peak(bench: Bench, batch_size: int) -> int | None:
     tracker.track_external(state.model, state.optimizer)
     try:
         with tracker:
+            if mode == "eval":
+                workload.run_train_step(state.optimizer, to_device(workload.host_batch(warm), bench.device))
+                state.model.eval()
+                tracker.reset_mod_stats()
             for step in range(STEPS_PER_TRIAL):
-                workload.run_train_step(state.optimizer, to_device(host, bench.device))
+                run_step(workload, state.optimizer, mode, to_device(host, bench.device))
                 if step == 0:  # MemTracker tracks one iteration of each module's stats at a time
                     tracker.reset_mod_stats()
         if bench.device.type == "cuda":
@@ -174,17 +215,77 @@ def memtracker_peak(bench: Bench, batch_size: int) -> int | None:
     return int(peaks[device]["Total"])
 
 
-def memtracker_answer(bench: Bench, cap_bytes: int, peaks: dict[int, int]) -> int | None:
+def memtracker_answer(
+    bench: Bench, cap_bytes: int, peaks: dict[int, int], mode: Mode = "train", warm: int = 1
+) -> int | None:
     """The largest candidate whose MemTracker peak is at most ``cap_bytes`` (``peaks``: measured
     so far, by batch size, filled in)."""
 
     def fits(batch_size: int) -> bool:
         if batch_size not in peaks:
-            peak = memtracker_peak(bench, batch_size)
+            peak = memtracker_peak(bench, batch_size, mode, warm)
             peaks[batch_size] = -1 if peak is None else peak  # -1: out of memory
         return 0 <= peaks[batch_size] <= cap_bytes
 
-    return largest_placed(fits, BatchSizes(max_batch_size=MAX_BATCH_SIZE).candidates("train"))
+    return largest_placed(fits, BatchSizes(max_batch_size=MAX_BATCH_SIZE).candidates(mode))
+
+
+def run_step(workload: Workload, optimizer: torch.optim.Optimizer, mode: Mode, batch: Any) -> None:
+    if mode == "train":
+        workload.run_train_step(optimizer, batch)
+    else:
+        workload.run_eval_step(batch)
+
+
+def truth_probe(bench: Bench, mode: Mode, warm: int, as_cuda: bool = False) -> Callable[[int, int], bool]:
+    """The truth's probe in ``mode``: ``steps`` steps under the cap from the model as built, the
+    cache emptied; eval first makes the training state resident with a training step at ``warm``
+    under the same cap, as find's eval trials do. ``as_cuda``: with what the CPU-alone path adds
+    for CUDA, cuBLAS's workspace (Hopper's, as a capacity in bytes takes) in a segment of its own
+    from the start and the optimizer's foreach step."""
+
+    def probe(batch_size: int, steps: int) -> bool:
+        workload, state = bench.workload()
+        host = workload.host_batch(batch_size)  # outside the cap, like batchfit's data
+        warm_host = workload.host_batch(warm) if mode == "eval" else None
+        try:
+            with _foreach(state.optimizer, as_cuda), bench.capped(state):
+                kept = None
+                if as_cuda:  # allocated first: a segment of its own, as the replay adds it
+                    kept = torch.empty(
+                        CUBLAS_WORKSPACE_BYTES["hopper"], dtype=torch.uint8, device=bench.device
+                    )
+                if warm_host is not None:
+                    workload.run_train_step(state.optimizer, to_device(warm_host, bench.device))
+                    state.model.eval()
+                for _ in range(steps):
+                    run_step(workload, state.optimizer, mode, to_device(host, bench.device))
+                if bench.device.type == "cuda":
+                    torch.cuda.synchronize(bench.device)
+                del kept
+        except Exception as error:
+            if not batchfit.is_out_of_memory(error):
+                raise
+            del error
+            return False
+        finally:
+            state.reset()
+        return True
+
+    return probe
+
+
+@contextmanager
+def _foreach(optimizer: torch.optim.Optimizer, on: bool) -> Iterator[None]:
+    """The optimizer's groups step foreach (where unset and not fused), as on CUDA by default."""
+    changed = [g for g in optimizer.param_groups if on and g.get("foreach") is None and not g.get("fused")]
+    for group in changed:
+        group["foreach"] = True
+    try:
+        yield
+    finally:
+        for group in changed:
+            group["foreach"] = None
 
 
 def cap_bytes(bench: Bench, cap: str, top: int) -> int:
@@ -195,14 +296,18 @@ def cap_bytes(bench: Bench, cap: str, top: int) -> int:
 
 
 def predicted(
-    device: CachingCpuDevice | CudaDevice, workload: Workload, caps: list[int], cpu_alone: bool = False
+    device: CachingCpuDevice | CudaDevice,
+    workload: Workload,
+    caps: list[int],
+    modes: tuple[Mode, ...] = ("train",),
+    cpu_alone: bool = False,
 ) -> Prediction:
     """``predict`` recorded on ``device``, at fraction 1 under each cap (no CUDA context)."""
     return predict_on(
         device,
         workload,
         Targets(tuple(str(cap) for cap in caps), context=False),
-        ["train"],
+        modes,
         memory_fraction=1.0,
         sizes=BatchSizes(max_batch_size=MAX_BATCH_SIZE),
         trials=Trials(steps_per_trial=STEPS_PER_TRIAL),
@@ -213,7 +318,7 @@ def predicted(
 def from_cpu_alone(case: PredictCase, caps: list[int]) -> Prediction:
     """The same workload built on the CPU, recorded as ``predict --device cpu`` records it."""
     workload = _workloads.build(case.workload, torch.device("cpu"))
-    return predicted(CachingCpuDevice(CPU_RECORDING_BYTES), workload, caps, cpu_alone=True)
+    return predicted(CachingCpuDevice(CPU_RECORDING_BYTES), workload, caps, case.modes, cpu_alone=True)
 
 
 def bench_case(
@@ -224,63 +329,78 @@ def bench_case(
     memtracker: bool,
     build: Callable[[torch.device], Workload] | None = None,
 ) -> dict[str, Any]:
-    """Record, predict at every target, then at each target MemTracker's answer and the truth;
-    ``build``: how the case's workload is made (default: ``_workloads.build`` by its name)."""
+    """Record, predict at every target in every mode, then at each MemTracker's answer and the
+    truth; ``build``: how the case's workload is made (default: ``_workloads.build`` by its name)."""
+    alone_only = case.recorded == CPU_ALONE
     bench = Bench(Case(case.workload, case.recorded), device, kind=kind, build=build)
     bench.warm_up()
-    recorded_bytes = cap_bytes(bench, case.recorded, top)
+    recorded_bytes = None if alone_only else cap_bytes(bench, case.recorded, top)
     caps = [cap_bytes(bench, cap, top) for cap in case.targets]
     workload, _ = bench.workload()
-    recorder = bench.target(recorded_bytes)
+    recorder = CachingCpuDevice(CPU_RECORDING_BYTES) if alone_only else bench.target(recorded_bytes or 0)
     if not isinstance(recorder, (CachingCpuDevice, CudaDevice)):
         raise TypeError(f"predict records behind a caching allocator, not on {recorder.name}")
     with _harness.Stopwatch() as watch:
-        prediction = predicted(recorder, workload, caps)
+        prediction = predicted(recorder, workload, caps, case.modes, cpu_alone=alone_only)
     alone = from_cpu_alone(case, caps) if case.cpu_alone else None
-    print(
-        f"  recorded under {format_bytes(recorded_bytes)}: "
-        f"{', '.join(trial.line(str(trial.batch_size)) for trial in prediction.recorded_trials['train'])} "
-        f"({watch.seconds:.1f} s with the replays)",
-        flush=True,
-    )
-    peaks: dict[int, int] = {}
+    where = "from the CPU alone" if alone_only else f"under {format_bytes(recorded_bytes or 0)}"
     rows = []
-    for cap, size, row in zip(case.targets, caps, prediction.rows, strict=True):
-        ours = row.train
-        if ours is None:
-            raise RuntimeError(f"{case.workload}: no training prediction under {cap}")
-        tracked = memtracker_answer(bench, size, peaks) if memtracker else None
-        theirs = alone.rows[caps.index(size)].train if alone is not None else None
-        bench.cap_bytes = size
-        others = [a for a in (tracked, theirs.batch_size if theirs else None) if a is not None]
-        curve = scan(bench.probe, ours.batch_size or 1, others)
-        largest = true_largest(curve)
-        target_row = TargetRow(
-            cap,
-            size,
-            curve.to_dict(),
-            largest,
-            judged(ours.batch_size, largest, TOLERANCE["device"], ours.band),
-            None
-            if theirs is None
-            else judged(theirs.batch_size, largest, TOLERANCE["cpu-alone"], theirs.band),
-            None if not memtracker else judged(tracked, largest, TOLERANCE["device"]),
-            dict(sorted(peaks.items())),
+    for mode in case.modes:
+        trials = prediction.recorded_trials[mode]
+        print(
+            f"  {mode} recorded {where}: "
+            f"{', '.join(trial.line(str(trial.batch_size)) for trial in trials)} "
+            f"({watch.seconds:.1f} s with the replays, every mode)",
+            flush=True,
         )
-        print(f"  under {cap} ({format_bytes(size)}): {describe(target_row)}", flush=True)
-        rows.append(asdict(target_row))
+        warm = BatchSizes(max_batch_size=MAX_BATCH_SIZE).candidates(mode).first
+        probe = truth_probe(bench, mode, warm, as_cuda=alone_only)
+        share = TOLERANCE["cpu-alone" if alone_only else "device"]
+        peaks: dict[int, int] = {}
+        for cap, size, row in zip(case.targets, caps, prediction.rows, strict=True):
+            ours = getattr(row, mode)
+            if ours is None:
+                raise RuntimeError(f"{case.workload}: no {mode} prediction under {cap}")
+            tracked = (
+                memtracker_answer(bench, size, peaks, mode, warm) if memtracker and not alone_only else None
+            )
+            theirs = getattr(alone.rows[caps.index(size)], mode) if alone is not None else None
+            bench.cap_bytes = size
+            others = [a for a in (tracked, theirs.batch_size if theirs else None) if a is not None]
+            curve = scan(probe, ours.batch_size or 1, others)
+            largest = true_largest(curve)
+            target_row = TargetRow(
+                mode,
+                cap,
+                size,
+                curve.to_dict(),
+                largest,
+                judged(ours.batch_size, largest, share, ours.band),
+                None
+                if theirs is None
+                else judged(theirs.batch_size, largest, TOLERANCE["cpu-alone"], theirs.band),
+                judged(tracked, largest, share) if memtracker and not alone_only else None,
+                dict(sorted(peaks.items())),
+            )
+            print(f"  {mode} under {cap} ({format_bytes(size)}): {describe(target_row)}", flush=True)
+            rows.append(asdict(target_row))
     return {
         "workload": case.workload,
         "recorded": case.recorded,
         "recorded_bytes": recorded_bytes,
-        "recorded_trials": [asdict(trial) for trial in prediction.recorded_trials["train"]],
-        "pairs": [
-            list(pair) for pair in (prediction.rows[0].train.pairs if prediction.rows[0].train else ())
-        ],
+        "recorded_trials": {
+            mode: [asdict(trial) for trial in trials] for mode, trials in prediction.recorded_trials.items()
+        },
+        "pairs": {mode: _pairs(getattr(prediction.rows[0], mode)) for mode in case.modes},
         "predict_seconds": prediction.seconds,
+        "unmodelled": [asdict(part) for part in prediction.unmodelled],
         "cpu_alone_unmodelled": [asdict(part) for part in alone.unmodelled] if alone else None,
         "targets": rows,
     }
+
+
+def _pairs(said: CapacityPrediction | None) -> list[list[int]]:
+    return [list(pair) for pair in said.pairs] if said is not None else []
 
 
 def describe(row: TargetRow) -> str:
@@ -296,7 +416,8 @@ def describe(row: TargetRow) -> str:
             else f" ({judged.error_samples:+d}, {judged.error_percent:+.1f}%)"
         )
         band = f" band {judged.band[0]}-{judged.band[1]}" if judged.band else ""
-        return f"; {name} {judged.answer}{band}{error}{' within' if judged.within else ''}"
+        inside = {True: ", truth in band", False: ", truth outside band", None: ""}[judged.truth_in_band]
+        return f"; {name} {judged.answer}{band}{error}{' within' if judged.within else ''}{inside}"
 
     return (
         f"truth {row.true_largest} ({curve.describe()})"
@@ -364,7 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         "max_batch_size": MAX_BATCH_SIZE,
         "tolerance": TOLERANCE,
         "truth": settings(),
-        "memtracker": "the largest candidate whose MemTracker peak (2 training steps, uncapped) <= the cap",
+        "memtracker": "the largest candidate whose MemTracker peak (2 steps of the mode, uncapped; eval "
+        "after a training step at 1) <= the cap",
+        "cpu_alone_truth": "cases recorded 'cpu-alone': the truth's probes hold cuBLAS's workspace (32 MiB) "
+        "in a segment of their own from the start and step the optimizer foreach, as that path adds for CUDA",
         "cases": results,
     }
     print()

@@ -372,46 +372,51 @@ def batch_schedule_table(files: list[dict[str, Any]]) -> str:
 
 def predict_table(files: list[dict[str, Any]]) -> str:
     """``bench/predict.py``: each target cap's truth, the prediction recorded under another cap
-    (and from the CPU alone, where run) and MemTracker's answer, each with its error and verdict."""
+    (and from the CPU alone, where run) and MemTracker's answer, each with its error and verdict,
+    and whether the truth lies in the prediction's band; a row per mode (files before eval: train)."""
     rows = [(case, row) for data in files for case in data["cases"] for row in case["targets"]]
     alone = any(row.get("cpu_alone") for _, row in rows)
-    headers = ["workload", "recorded under", "cap", f"truth ({TRUTH_STEPS} steps)", "largest",
-               "predicted (band)", "error", "within"]  # fmt: skip
-    headers += ["from the CPU alone", "error", "within"] if alone else []
+    banded = ["error", "within", "truth in band"]
+    headers = ["workload", "mode", "recorded under", "cap", f"truth ({TRUTH_STEPS} steps)", "largest",
+               "predicted (band)", *banded]  # fmt: skip
+    headers += ["from the CPU alone", *banded] if alone else []
     headers += ["MemTracker", "error", "within"]
     lines = []
     for case, row in rows:
         curve = Curve.from_dict(row["truth"])
         reach = f"; fits to the scan's reach ({curve.reach})" if curve.reach else ""
         recorded, cap = _mib(case["recorded"], case["recorded_bytes"]), _mib(row["cap"], row["cap_bytes"])
-        line = [case["workload"], recorded, cap, curve.describe() + reach, str(row["true_largest"])]
-        line += _judged(row["predicted"])
-        line += _judged(row.get("cpu_alone")) if alone else []
+        line = [case["workload"], row.get("mode", "train"), recorded, cap, curve.describe() + reach]
+        line += [str(row["true_largest"]), *_judged(row["predicted"], banded=True)]
+        line += _judged(row.get("cpu_alone"), banded=True) if alone else []
         line += _judged(row["memtracker"])
         lines.append(line)
-    return (
-        markdown(headers, lines, (0, 1, 2, 3, 5, 7, 8, 10, 11, 13))
-        + "\n\n"
-        + "\n".join(provenance(f) for f in files)
-    )
+    text = [i for i, header in enumerate(headers) if header not in ("largest", "error")]
+    return markdown(headers, lines, text) + "\n\n" + "\n".join(provenance(f) for f in files)
 
 
-def _mib(cap: str, nbytes: int) -> str:
-    return f"{cap} ({nbytes / 2**20:.0f} MiB)" if cap.startswith("ref:") else cap
+def _mib(cap: str, nbytes: int | None) -> str:
+    return f"{cap} ({(nbytes or 0) / 2**20:.0f} MiB)" if cap.startswith("ref:") else cap
 
 
-def _judged(judged: dict[str, Any] | None) -> list[str]:
-    """A method's answer (with its band), its error in samples and per cent, and the verdict."""
+def _judged(judged: dict[str, Any] | None, banded: bool = False) -> list[str]:
+    """A method's answer (with its band), its error in samples and per cent, the verdict, and
+    (``banded``) whether the truth lies in its band."""
+    inside = [] if not banded else ["-" if judged is None else _yes(judged.get("truth_in_band"))]
     if judged is None:
-        return ["-", "-", "-"]
+        return ["-", "-", "-", *inside]
     band = judged.get("band")
     answer = "none" if judged["answer"] is None else str(judged["answer"])
     if band:
-        answer += f" ({band[0]}-{band[1]})"
+        answer += f" ({'none' if band[0] is None else band[0]}-{'none' if band[1] is None else band[1]})"
     if judged["error_samples"] is None:
-        return [answer, "-", "-"]
+        return [answer, "-", "-", *inside]
     error = f"{judged['error_samples']:+d} ({judged['error_percent']:+.1f}%)"
-    return [answer, error, "yes" if judged["within"] else "no"]
+    return [answer, error, "yes" if judged["within"] else "no", *inside]
+
+
+def _yes(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "no"
 
 
 def _times(value: float, base: float) -> str:

@@ -1,6 +1,7 @@
 """predict's benchmark (bench/predict.py): the true largest batch read from the truth's curve, each
-answer judged against the issue's targets, and one tiny case run through it on the CPU with CUDA's
-caching allocator modelled, its MemTracker answer checked against MemTracker's own peaks."""
+answer judged against the issue's targets and its band, and tiny cases run through it on the CPU
+with CUDA's caching allocator modelled, train and eval: one recorded under a cap, its MemTracker
+answer checked against MemTracker's own peaks, and one from the CPU alone, its band widened."""
 
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ def test_an_answer_is_within_3_percent_or_1_sample_of_the_truth(
         assert judged.error_percent == pytest.approx(100 * (answer - truth) / truth)
 
 
+@pytest.mark.parametrize(
+    ("band", "inside"),
+    [((30, 34), True), ((32, 32), True), ((33, 40), False), ((20, 31), False), ((None, 40), None),
+     ((30, None), True), (None, None)],
+)  # fmt: skip
+def test_the_truth_is_in_the_band_between_its_ends_inclusive(
+    band: tuple[int | None, int | None] | None, inside: bool | None
+) -> None:
+    # None below: the band has no lower end (nothing placed at the budget's lowest), so no verdict.
+    assert predict_bench.judged(32, 32, 0.03, band).truth_in_band is inside
+    assert predict_bench.judged(None, 32, 0.03, band).truth_in_band is inside  # an answer not needed
+
+
 def tiny(device: torch.device) -> Workload:
     return build("cnn")
 
@@ -51,28 +65,53 @@ def tiny(device: torch.device) -> Workload:
 def test_a_tiny_case_records_under_one_cap_and_is_judged_by_the_truth_under_another() -> None:
     case = predict_bench.PredictCase("cnn", "2MiB", ("4MiB",))
     done = predict_bench.bench_case(case, torch.device("cpu"), CPU_CACHING, 2**50, True, build=tiny)
-    [row] = done["targets"]
-    assert [trial["batch_size"] for trial in done["recorded_trials"]] == [2, 4, 8]
-    curve = Curve.from_dict(row["truth"])
-    largest = row["true_largest"]
-    assert largest == predict_bench.true_largest(curve) and curve.first_failure_above(largest) == largest + 1
-    ours = row["predicted"]
-    assert ours["error_samples"] == ours["answer"] - largest and ours["within"] is not None
-    # MemTracker's answer: its peak at the answer fits the cap, and at the next size it does not.
-    peaks, tracked, cap = row["memtracker_peaks"], row["memtracker"]["answer"], row["cap_bytes"]
-    assert 0 <= peaks[tracked] <= cap and not 0 <= peaks[tracked + 1] <= cap
+    assert [row["mode"] for row in done["targets"]] == ["train", "eval"]
+    for mode, row in zip(("train", "eval"), done["targets"], strict=True):
+        assert [trial["batch_size"] for trial in done["recorded_trials"][mode]] == [2, 4, 8]
+        curve = Curve.from_dict(row["truth"])
+        largest = row["true_largest"]
+        assert largest == predict_bench.true_largest(curve)
+        assert curve.first_failure_above(largest) == largest + 1
+        ours = row["predicted"]
+        assert ours["error_samples"] == ours["answer"] - largest and ours["within"] is not None
+        assert ours["truth_in_band"] is (ours["band"][0] <= largest <= ours["band"][1])
+        # MemTracker's answer: its peak at the answer fits the cap, and at the next size it does not.
+        peaks, tracked, cap = row["memtracker_peaks"], row["memtracker"]["answer"], row["cap_bytes"]
+        assert 0 <= peaks[tracked] <= cap and not 0 <= peaks[tracked + 1] <= cap
+    train, evaluation = done["targets"]
+    # An eval step keeps no activations for backward: more of it fits, by the truth and by MemTracker.
+    assert evaluation["true_largest"] > train["true_largest"]
+    assert evaluation["memtracker"]["answer"] > train["memtracker"]["answer"]
     table = tables.predict_table([{"path": "run.json", "code": None, **_record(), "cases": [done]}])
-    assert "| cnn | 2MiB | 4MiB |" in table
+    assert "| cnn | train | 2MiB | 4MiB |" in table and "| cnn | eval | 2MiB | 4MiB |" in table
     assert "from the CPU alone" not in table  # the columns of a path no row ran are left out
-    # A row from the CPU alone (the CUDA cases' ResNet-50 and GPT-2) gets its own three columns.
+    # A row from the CPU alone (the CUDA cases' ResNet-50 and GPT-2) gets its own four columns.
+    ours = train["predicted"]
     alone = {
-        **row,
-        "cpu_alone": {**ours, "band": [1, 2], "error_samples": -3, "error_percent": -6.0, "within": False},
-    }
+        **train,
+        "cpu_alone": {**ours, "band": [1, 2], "error_samples": -3, "error_percent": -6.0, "within": False,
+                      "truth_in_band": False},
+    }  # fmt: skip
     both = tables.predict_table([{"path": "run.json", **_record(), "cases": [{**done, "targets": [alone]}]}])
     header, _, line = both.splitlines()[:3]
-    assert header.count("|") == line.count("|") == 15 and "| from the CPU alone | error | within |" in header
-    assert f"| {ours['answer']} (1-2) | -3 (-6.0%) | no |" in line
+    assert header.count("|") == line.count("|") == 18
+    assert "| from the CPU alone | error | within | truth in band |" in header
+    assert f"| {ours['answer']} (1-2) | -3 (-6.0%) | no | no |" in line
+
+
+def test_a_case_from_the_cpu_alone_widens_its_band_and_its_truth_holds_cuda_s_additions() -> None:
+    # 32 MiB of cuBLAS's workspace, held from the start by the truth's probes too, and 4 MiB besides.
+    case = predict_bench.PredictCase("cnn", predict_bench.CPU_ALONE, ("36MiB",), modes=("train",))
+    done = predict_bench.bench_case(case, torch.device("cpu"), CPU_CACHING, 2**50, True, build=tiny)
+    [row] = done["targets"]
+    assert [part["share"] for part in done["unmodelled"]] == [0.03]  # cuDNN's: the tiny cnn convolves
+    ours, largest = row["predicted"], row["true_largest"]
+    low, high = ours["band"]
+    assert low <= ours["answer"] <= high and high > low  # 3% of 36 MiB moves it by samples
+    assert ours["truth_in_band"] is (low <= largest <= high)
+    assert row["memtracker"] is None  # MemTracker judges the recorded cases only
+    table = tables.predict_table([{"path": "run.json", **_record(), "cases": [done]}])
+    assert "| cnn | train | cpu-alone | 36MiB |" in table
 
 
 def _record() -> dict[str, object]:
