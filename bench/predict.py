@@ -44,8 +44,7 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -54,26 +53,22 @@ import _workloads
 import tables
 import torch
 from _capped import CPU_CACHING, STEPS_PER_TRIAL, Bench, Case, bench_device
+from _probes import MAX_BATCH_SIZE, memtracker_answer, truth_probe
 from _truth import Curve, scan, settings
 
-import batchfit
 from batchfit import BatchSizes, Targets, Trials, Workload
-from batchfit.policy.capacity_prediction import CapacityPrediction, largest_placed
-from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
+from batchfit.policy.capacity_prediction import CapacityPrediction
 from batchfit.policy.trial import Mode
 from batchfit.predict import CPU_RECORDING_BYTES, predict_on
 from batchfit.prediction import Prediction
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.cuda import CudaDevice
-from batchfit.runtime.workloads.batches import to_device
 from batchfit.units import format_bytes, parse_bytes
 
 PACKAGES = ("torch", "batchfit", "torchvision", "transformers")
 #: The targets: within this share of the true largest batch (at least 1 sample), by where the
 #: trials were recorded.
 TOLERANCE = {"device": 0.03, "cpu-alone": 0.05}
-#: The candidates every method answers from: up to 4096 (ResNet-50 at 80 GiB trains past 512).
-MAX_BATCH_SIZE = 4096
 
 
 #: ``recorded`` for a case predicted from the CPU alone only, on the modelled allocator: its
@@ -182,110 +177,6 @@ def judged(
     allowed = max(1.0, share * truth)
     error = answer - truth
     return Judged(answer, band, error, 100 * error / truth, allowed, abs(error) <= allowed, inside)
-
-
-def memtracker_peak(bench: Bench, batch_size: int, mode: Mode = "train", warm: int = 1) -> int | None:
-    """MemTracker's peak over a 2-step trial of ``mode`` at ``batch_size`` from the model as built,
-    uncapped (eval: after a training step at ``warm``, as find's eval trials run); None where the
-    device ran out of memory (on CUDA: the GPU's own)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    workload, state = bench.workload()
-    host = workload.host_batch(batch_size)
-    tracker = MemTracker()
-    tracker.track_external(state.model, state.optimizer)
-    try:
-        with tracker:
-            if mode == "eval":
-                workload.run_train_step(state.optimizer, to_device(workload.host_batch(warm), bench.device))
-                state.model.eval()
-                tracker.reset_mod_stats()
-            for step in range(STEPS_PER_TRIAL):
-                run_step(workload, state.optimizer, mode, to_device(host, bench.device))
-                if step == 0:  # MemTracker tracks one iteration of each module's stats at a time
-                    tracker.reset_mod_stats()
-        if bench.device.type == "cuda":
-            torch.cuda.synchronize(bench.device)
-    except torch.OutOfMemoryError:
-        state.reset()
-        return None
-    peaks = tracker.get_tracker_snapshot("peak")
-    device = next(key for key in peaks if torch.device(key).type == bench.device.type)
-    state.reset()
-    return int(peaks[device]["Total"])
-
-
-def memtracker_answer(
-    bench: Bench, cap_bytes: int, peaks: dict[int, int], mode: Mode = "train", warm: int = 1
-) -> int | None:
-    """The largest candidate whose MemTracker peak is at most ``cap_bytes`` (``peaks``: measured
-    so far, by batch size, filled in)."""
-
-    def fits(batch_size: int) -> bool:
-        if batch_size not in peaks:
-            peak = memtracker_peak(bench, batch_size, mode, warm)
-            peaks[batch_size] = -1 if peak is None else peak  # -1: out of memory
-        return 0 <= peaks[batch_size] <= cap_bytes
-
-    return largest_placed(fits, BatchSizes(max_batch_size=MAX_BATCH_SIZE).candidates(mode))
-
-
-def run_step(workload: Workload, optimizer: torch.optim.Optimizer, mode: Mode, batch: Any) -> None:
-    if mode == "train":
-        workload.run_train_step(optimizer, batch)
-    else:
-        workload.run_eval_step(batch)
-
-
-def truth_probe(bench: Bench, mode: Mode, warm: int, as_cuda: bool = False) -> Callable[[int, int], bool]:
-    """The truth's probe in ``mode``: ``steps`` steps under the cap from the model as built, the
-    cache emptied; eval first makes the training state resident with a training step at ``warm``
-    under the same cap, as find's eval trials do. ``as_cuda``: with what the CPU-alone path adds
-    for CUDA, cuBLAS's workspace (Hopper's, as a capacity in bytes takes) in a segment of its own
-    from the start and the optimizer's foreach step."""
-
-    def probe(batch_size: int, steps: int) -> bool:
-        workload, state = bench.workload()
-        host = workload.host_batch(batch_size)  # outside the cap, like batchfit's data
-        warm_host = workload.host_batch(warm) if mode == "eval" else None
-        try:
-            with _foreach(state.optimizer, as_cuda), bench.capped(state):
-                kept = None
-                if as_cuda:  # allocated first: a segment of its own, as the replay adds it
-                    kept = torch.empty(
-                        CUBLAS_WORKSPACE_BYTES["hopper"], dtype=torch.uint8, device=bench.device
-                    )
-                if warm_host is not None:
-                    workload.run_train_step(state.optimizer, to_device(warm_host, bench.device))
-                    state.model.eval()
-                for _ in range(steps):
-                    run_step(workload, state.optimizer, mode, to_device(host, bench.device))
-                if bench.device.type == "cuda":
-                    torch.cuda.synchronize(bench.device)
-                del kept
-        except Exception as error:
-            if not batchfit.is_out_of_memory(error):
-                raise
-            del error
-            return False
-        finally:
-            state.reset()
-        return True
-
-    return probe
-
-
-@contextmanager
-def _foreach(optimizer: torch.optim.Optimizer, on: bool) -> Iterator[None]:
-    """The optimizer's groups step foreach (where unset and not fused), as on CUDA by default."""
-    changed = [g for g in optimizer.param_groups if on and g.get("foreach") is None and not g.get("fused")]
-    for group in changed:
-        group["foreach"] = True
-    try:
-        yield
-    finally:
-        for group in changed:
-            group["foreach"] = None
 
 
 def cap_bytes(bench: Bench, cap: str, top: int) -> int:
