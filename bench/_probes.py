@@ -4,8 +4,7 @@ answer (the largest batch whose tracked peak stays within the cap), both on a be
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from batchfit import BatchSizes, Workload
 from batchfit.policy.capacity_prediction import largest_placed
 from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
 from batchfit.policy.trial import Mode
+from batchfit.predict import cuda_defaults
 from batchfit.runtime.workloads.batches import to_device
 
 #: The candidates every method answers from: up to 4096 (ResNet-50 at 80 GiB trains past 512).
@@ -87,7 +87,7 @@ def truth_probe(bench: Bench, mode: Mode, warm: int, as_cuda: bool = False) -> C
         host = workload.host_batch(batch_size)  # outside the cap, like batchfit's data
         warm_host = workload.host_batch(warm) if mode == "eval" else None
         try:
-            with _foreach(state.optimizer, as_cuda), bench.capped(state):
+            with cuda_defaults(state.optimizer, as_cuda), bench.capped(state):
                 kept = None
                 if as_cuda:  # allocated first: a segment of its own, as the replay adds it
                     kept = torch.empty(
@@ -111,16 +111,3 @@ def truth_probe(bench: Bench, mode: Mode, warm: int, as_cuda: bool = False) -> C
         return True
 
     return probe
-
-
-@contextmanager
-def _foreach(optimizer: torch.optim.Optimizer, on: bool) -> Iterator[None]:
-    """The optimizer's groups step foreach (where unset and not fused), as on CUDA by default."""
-    changed = [g for g in optimizer.param_groups if on and g.get("foreach") is None and not g.get("fused")]
-    for group in changed:
-        group["foreach"] = True
-    try:
-        yield
-    finally:
-        for group in changed:
-            group["foreach"] = None

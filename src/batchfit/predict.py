@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -96,7 +97,7 @@ def predict_on(
     for mode in modes:
         check_searchable(workload, mode, device)
         candidates = sizes.candidates(mode)
-        with _cuda_defaults(workload, cpu_alone):
+        with cuda_defaults(workload.optimizer, cpu_alone):
             records, ran = record(workload, mode, device, memory_fraction, trials, candidates.first)
         recorded[mode], evidence[mode] = ran, records
         predictors: dict[tuple[int, ...], CapacityPredictor] = {}
@@ -179,17 +180,12 @@ def _capacity(device: Device, workload: Workload) -> int:
 
 
 @contextmanager
-def _cuda_defaults(workload: Workload, cpu_alone: bool) -> Iterator[None]:
-    """On the CPU standing in for CUDA, the optimizer steps as it defaults to on CUDA (foreach,
+def cuda_defaults(optimizer: Any, on: bool = True) -> Iterator[None]:
+    """On the CPU standing in for CUDA, ``optimizer`` steps as it defaults to on CUDA (foreach,
     where its ``foreach`` is unset and it is not fused): the step's temporaries are CUDA's."""
-    optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
     changed = []
-    if cpu_alone and optimizer is not None and "foreach" in optimizer.defaults:
-        changed = [
-            group
-            for group in optimizer.param_groups
-            if group.get("foreach") is None and not group.get("fused")
-        ]
+    if on and isinstance(optimizer, torch.optim.Optimizer) and "foreach" in optimizer.defaults:
+        changed = [g for g in optimizer.param_groups if g.get("foreach") is None and not g.get("fused")]
     for group in changed:
         group["foreach"] = True
     try:
