@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 import transformers
 from hf_models import gpt2, language_modelling, token_examples
 from transformers import TrainingArguments
@@ -54,6 +55,10 @@ def main(out: Path) -> None:
         "weights": [float(parameter.detach().double().sum()) for parameter in trainer.model.parameters()],
     }
     (out / f"{rank}.json").write_text(json.dumps(report))
+    # The Trainer leaves its gloo group up: both ranks leave it together, so neither exits while the
+    # other's gloo threads still talk to it.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
