@@ -179,7 +179,8 @@ def _ratio(row: dict[str, Any], name: str, field: str) -> str:
     return f"{value / base:.1f}x" if base else "-"
 
 
-def _truth_cell(row: dict[str, Any]) -> str:
+def _truth_cell(row: dict[str, Any], width: float | None = None) -> str:
+    """The truth of a row; ``width`` 0 (a file's ``truth.window``): a boundary check, not a scan."""
     truth = row["truth"]
     if "fits" not in truth:
         found = "nothing fits" if truth["true_max"] is None else truth["true_max"]
@@ -187,7 +188,8 @@ def _truth_cell(row: dict[str, Any]) -> str:
         return f"{found} (bisected from batchfit's answer, {probes})"
     curve = Curve.from_dict(truth)
     reach = f"; fits to the scan's reach ({curve.reach})" if curve.reach else ""
-    return curve.describe() + reach
+    boundary = " (the boundary alone, no scan)" if width == 0 else ""
+    return curve.describe() + reach + boundary
 
 
 def find_table(files: list[dict[str, Any]]) -> str:
@@ -203,7 +205,7 @@ def find_table(files: list[dict[str, Any]]) -> str:
             line = [
                 _name(row),
                 _cap(row),
-                _truth_cell(row),
+                _truth_cell(row, data.get("truth", {}).get("window")),
                 _verdict_cell(row, "batchfit"),
                 f"{len(ours['sizes'])} ({' '.join(map(str, ours['sizes']))})",
                 f"{ours['seconds']:.2f}",
@@ -462,6 +464,31 @@ def transcript_block(files: list[dict[str, Any]], short: bool = False) -> str:
     return f"```\n$ {shown}\n{output}\n```\n\n{provenance(data)}"
 
 
+def allocator_history_table(files: list[dict[str, Any]]) -> str:
+    """``bench/allocator_history.py``: each recorded trial's trace (entries, the segments CUDA
+    allocated and freed), its peak allocated and what its segments held at the end."""
+    lines = []
+    for data in files:
+        for trial in data["trials"]:
+            actions = [entry.split(" ", 1)[0] for entry in trial["entries"]]
+            reserved = sum(segment["total_size"] for segment in trial["segments_at_end"])
+            lines.append(
+                [
+                    data["workload"],
+                    str(trial["batch_size"]),
+                    f"{len(actions)}{' (oldest dropped)' if trial['dropped'] else ''}",
+                    str(actions.count("segment_alloc")),
+                    str(actions.count("segment_free")),
+                    f"{trial['peak_allocated_bytes'] / 2**20:.1f}",
+                    f"{reserved / 2**20:.1f}",
+                ]
+            )
+    headers = ["workload", "batch", "trace entries", "segments allocated", "segments freed"]
+    headers += ["peak allocated (MiB)", "reserved at the end (MiB)"]
+    said = "\n".join(f"- {provenance(data)}" for data in files)
+    return f"{markdown(headers, lines, (0,))}\n\n{said}"
+
+
 def source_block(paths: list[str]) -> str:
     """A source file of the repository, as a Python block."""
     (path,) = paths
@@ -480,6 +507,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "batch-schedule": (batch_schedule_table, True, False),
     "noise-prediction": (noise_prediction_table, True, False),
     "predict": (predict_table, True, False),
+    "allocator-history": (allocator_history_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),
