@@ -146,12 +146,12 @@ def spans(sizes: Iterable[int]) -> str:
     return ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in runs)
 
 
-def settings() -> dict[str, Any]:
-    """The truth's settings, for a results file."""
+def settings(width: float = WINDOW) -> dict[str, Any]:
+    """The truth's settings, for a results file (``width``: the scan's, as ``scan`` took it)."""
     return {
         "steps": TRUTH_STEPS,
         "check_steps": CHECK_STEPS,
-        "window": WINDOW,
+        "window": width,
         "seed": SEED,
         "reach": REACH,
         "order": "after every method: one seeded shuffle of the window's sizes, each answer and the "
@@ -159,9 +159,9 @@ def settings() -> dict[str, Any]:
     }
 
 
-def window(answer: int) -> tuple[int, int]:
-    """The sizes within ``WINDOW`` of ``answer`` (and at least the one above it)."""
-    return max(1, math.floor(answer * (1 - WINDOW))), max(answer + 1, math.ceil(answer * (1 + WINDOW)))
+def window(answer: int, width: float = WINDOW) -> tuple[int, int]:
+    """The sizes within ``width`` of ``answer`` (and at least the one above it)."""
+    return max(1, math.floor(answer * (1 - width))), max(answer + 1, math.ceil(answer * (1 + width)))
 
 
 def scan(
@@ -171,10 +171,13 @@ def scan(
     *,
     seed: int = SEED,
     reach: int | None = None,
+    width: float = WINDOW,
 ) -> Curve:
     """The curve around ``answer`` (the principal method's), judging ``others`` (the other methods'
     answers) too: see the module's docstring. ``reach``: the largest size probed (default
-    ``REACH`` x the largest answer)."""
+    ``REACH`` x the largest answer). ``width``: the window's half-width; 0 probes the answers and
+    the sizes above them alone (then one size a step on up or down), a boundary check that sees
+    no failure below an answer, for a run that cannot afford the scan."""
     curve = Curve()
     shuffle = random.Random(seed).shuffle
     answers = sorted({answer, *others})
@@ -190,13 +193,13 @@ def scan(
             (curve.fits if steps == TRUTH_STEPS else curve.trains)[batch_size] = fit
             curve.order.append((batch_size, steps))
 
-    low, high = window(answer)
+    low, high = window(answer, width)
     run([*range(low, high + 1), *(b for a in answers for b in (a, a + 1))], answers)
     while curve.first_failure_above(answer) is None and high < top:  # on up, to the boundary
-        high, previous = min(top, max(high + 1, math.ceil(high * (1 + WINDOW)))), high
+        high, previous = min(top, max(high + 1, math.ceil(high * (1 + width)))), high
         run(range(previous + 1, high + 1))
     while low > 1 and not any(fit for b, fit in curve.fits.items() if b <= answer):  # down
-        low, previous = max(1, min(low - 1, math.floor(low * (1 - WINDOW)))), low
+        low, previous = max(1, min(low - 1, math.floor(low * (1 - width)))), low
         run(range(low, previous))
     if curve.first_failure_above(answer) is None:
         curve.reach = top

@@ -30,7 +30,7 @@ import tables
 import torch
 from _capped import CPU_CACHING, MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult, bench_device
 from _peers import COMPETITORS, available_competitors, quiet_competitors
-from _truth import CHECK_STEPS, TRUTH_STEPS, Curve, Verdict, judge, scan, settings, spans
+from _truth import CHECK_STEPS, TRUTH_STEPS, WINDOW, Curve, Verdict, judge, scan, settings, spans
 
 from batchfit import Workload
 from batchfit.units import format_bytes, parse_bytes
@@ -109,10 +109,10 @@ def leftovers(live: dict[str, int], floor: int = 1 << 20) -> str:
     )
 
 
-def take_truth(bench: Bench, answer: int, others: list[int]) -> Curve:
+def take_truth(bench: Bench, answer: int, others: list[int], width: float = WINDOW) -> Curve:
     """The scan of ``_truth``: every probe from the case's model put back as built (weights, no
     gradients, no optimizer state, GradScalers unstepped, the cache emptied), under the cap."""
-    return scan(bench.probe, answer, others)
+    return scan(bench.probe, answer, others, width=width)
 
 
 def run_batchfit(bench: Bench) -> MethodResult:
@@ -156,9 +156,9 @@ def measure(runner: Callable[[Bench], MethodResult], bench: Bench, repeat: int) 
     return first
 
 
-def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int) -> Row:
-    """Every method's search, then the truth: the scan around batchfit's answer, judging every
-    answer, with their CHECK_STEPS-step checks in the same shuffle."""
+def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, width: float = WINDOW) -> Row:
+    """Every method's search, then the truth: the scan around batchfit's answer (``width`` of it
+    either side), judging every answer, with their CHECK_STEPS-step checks in the same shuffle."""
     live: dict[str, int] = {}
 
     def note_live(after: str) -> None:
@@ -175,7 +175,7 @@ def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int) -> Row:
         results[name] = measure(runner, bench, repeat) if competitors.get(name) else None
         note_live(name)
     others = [r.answer for r in results.values() if r is not None and r.answer is not None]
-    truth = take_truth(bench, ours.answer, others)
+    truth = take_truth(bench, ours.answer, others, width)
     note_live("truth")
     for result in [ours, *results.values()]:
         if result is not None and result.answer is not None:
@@ -288,11 +288,20 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat", type=int, default=1, help="run each search N times and report the median time"
     )
     parser.add_argument("--no-competitors", action="store_true", help="batchfit and the truth alone")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=WINDOW,
+        help=f"the truth's scan, a share of the answer either side (default {WINDOW}; 0: the answers "
+        "and the sizes above them alone, a boundary check for a run that cannot afford the scan)",
+    )
     args = parser.parse_args(argv)
     device, kind = bench_device(args.device)
     cases = select_cases(parser, kind, args.quick, args.workloads)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if not 0 <= args.window < 1:
+        parser.error(f"--window must be at least 0 and below 1, not {args.window}")
 
     session = _harness.Session(device, PACKAGES)
     print(session.machine())
@@ -306,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         bench = prepared(case, device, kind)
         print(f"{case.name} at {case.cap} ({format_bytes(bench.cap_bytes)}):", flush=True)
-        rows.append(bench_one(bench, competitors, args.repeat))
+        rows.append(bench_one(bench, competitors, args.repeat, args.window))
 
     print()
     print_summary(rows, kind)
@@ -315,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps_per_trial": STEPS_PER_TRIAL,
         "max_batch_size": MAX_BATCH_SIZE,
         "repeat": args.repeat,
-        "truth": settings(),
+        "truth": settings(args.window),
         "bounds": BOUNDS,
         "rows": [row_dict(row) for row in rows],
     }

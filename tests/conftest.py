@@ -1,6 +1,10 @@
-"""The suite's hooks (gpu tests skipped without CUDA) and the fixtures of the shared workloads."""
+"""The suite's hooks (gpu tests skipped without CUDA, a deadline for a run under a time budget) and
+the fixtures of the shared workloads."""
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 import torch
@@ -19,6 +23,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+#: Seconds from the start of the run after which a test that has not begun is skipped: a run under a
+#: budget (the GPU smoke's) then ends on its own, with its summary and durations, not killed.
+DEADLINE = "BATCHFIT_TEST_DEADLINE"
+_BEGAN = time.monotonic()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    value = os.environ.get(DEADLINE)
+    if value is not None and not (value.replace(".", "", 1).isdigit() and float(value) > 0):
+        raise pytest.UsageError(f"{DEADLINE}={value!r}: give the run's seconds, a positive number")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    value = os.environ.get(DEADLINE)
+    if value is not None and time.monotonic() - _BEGAN > float(value):
+        pytest.skip(f"{DEADLINE}={value}: the run's {value} s were spent before this test began")
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ the smoke's plan, which must fit the device time a session is lent."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,16 +65,50 @@ def test_the_smoke_runs_the_gpu_tests_the_main_command_and_find_with_the_truth_i
     assert list(parts) == ["gpu-tests", "adapters", "main-command", "find-builtins", "find-resnet50-amp"]
     # Each part under its timeout, and with a minute for the checks before them, 8 minutes in all.
     assert sum(seconds for seconds, _ in parts.values()) + 30 <= 480
-    assert (
-        parts["gpu-tests"][1]
-        == "python -m pytest -p no:cacheprovider -q -rP -m gpu --ignore=tests/integrations"
-    )
+    gpu_tests = "python -m pytest -p no:cacheprovider -q -rP --durations=0 -m gpu tests/test_predict.py"
+    assert parts["gpu-tests"][1].startswith(f"env BATCHFIT_TEST_DEADLINE=180 {gpu_tests}")
+    # The deadline leaves a test begun before it 40 s to finish (the DDP one took 31 s on the H200).
+    assert parts["gpu-tests"][0] - 180 >= 40
     assert parts["adapters"][1] == "python -m pytest -p no:cacheprovider -q -rP -m gpu tests/integrations"
     readme = "python -m batchfit find --example transformer --memory-limit 2GiB --modes train,eval"
     assert parts["main-command"][1].endswith(f"-- {readme} --device cuda:0")
     finds = [parts["find-builtins"][1], parts["find-resnet50-amp"][1]]
     assert all(command.startswith("python bench/find.py --device cuda --no-competitors") for command in finds)
-    assert "--workloads mlp,cnn,transformer" in finds[0] and "--workloads resnet50-amp" in finds[1]
+    assert "--workloads cnn,transformer" in finds[0] and "--window 0 --workloads resnet50-amp" in finds[1]
     # Every results file goes under $OUT, which the device tool brings back.
     written = [command.split("--json ")[1].split()[0] for _, command in parts.values() if "--json" in command]
     assert len(written) == 3 and all(path.startswith(f"{tmp_path}/") for path in written)
+
+
+def test_the_smoke_s_gpu_tests_name_every_file_that_has_one_outside_the_adapters(tmp_path: Path) -> None:
+    planned = session("--plan", "smoke", tmp_path=tmp_path).stdout
+    named = set(planned.split("gpu-tests ", 1)[1].split("\n", 1)[0].split(" -m gpu ", 1)[1].split())
+    tests = SCRIPT.parents[1] / "tests"
+    marked = {
+        str(path.relative_to(SCRIPT.parents[1]))
+        for path in tests.rglob("test_*.py")
+        if re.search(r"pytest\.mark\.gpu\b", path.read_text()) and "integrations" not in path.parts
+    }
+    assert named == marked
+
+
+def test_a_run_under_a_deadline_skips_the_tests_not_begun_by_it_and_says_so(tmp_path: Path) -> None:
+    (tmp_path / "test_slow.py").write_text(
+        "import time\n\ndef test_a():\n    time.sleep(1.5)\n\ndef test_b():\n    pass\n"
+    )
+    (tmp_path / "conftest.py").write_text((SCRIPT.parents[1] / "tests" / "conftest.py").read_text())
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SCRIPT.parents[1] / "tests")}
+
+    def run(deadline: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rs", str(tmp_path)]
+        return subprocess.run(
+            command, capture_output=True, text=True, env={**env, "BATCHFIT_TEST_DEADLINE": deadline}
+        )
+
+    late = run("1")
+    assert late.returncode == 0 and "1 passed, 1 skipped" in late.stdout
+    assert "test_slow.py::test_a PASSED" in late.stdout and "test_slow.py::test_b SKIPPED" in late.stdout
+    assert "BATCHFIT_TEST_DEADLINE=1: the run's 1 s were spent before this test began" in late.stdout
+    assert "2 passed" in run("60").stdout
+    wrong = run("soon")
+    assert wrong.returncode == 4 and "BATCHFIT_TEST_DEADLINE='soon': give the run's seconds" in wrong.stderr

@@ -50,6 +50,19 @@ def test_on_a_monotone_curve_only_the_boundary_is_exact(boundary: int, offset: i
     assert curve.trains == {answer: answer <= boundary}  # the answer's own 20-step check
 
 
+@pytest.mark.parametrize("answer", [236, 241, 246])
+def test_a_scan_of_width_0_checks_the_boundary_alone_and_walks_to_it(answer: int) -> None:
+    # The GPU smoke's ResNet-50 AMP row (--window 0): the answer and the size above it, then one
+    # size a step up or down to where fitting changes; a failure below the answer goes unseen.
+    probe, probes = oracle({*range(1, 230), *range(232, 242)})
+    curve = scan(probe, answer, width=0)
+    assert curve.largest_fitting == 241 and curve.first_failure_above(min(answer, 241)) == 242
+    assert set(curve.fits) == set(range(min(answer, 241), max(answer, 241) + 2))
+    assert len(probes) == len(curve.fits) + 1  # and the answer's own 20-step check
+    assert judge(curve, answer).exact == (answer == 241)
+    assert 230 not in curve.fits  # what a scan of 12% would have seen (230-231 fail)
+
+
 def test_the_scan_goes_past_any_fixed_ceiling_to_the_boundary() -> None:
     # The mlp on the H100 (2026-11-25): batchfit answered its bound, 512; Lightning 671, which
     # trained 20 steps; the bisected truth stopped at 512 and could not say that 671 fitted.
