@@ -489,6 +489,85 @@ def allocator_history_table(files: list[dict[str, Any]]) -> str:
     return f"{markdown(headers, lines, (0,))}\n\n{said}"
 
 
+def _mib_error(value: int, truth: int) -> str:
+    return f"{(value - truth) / 2**20:+.1f} ({(value - truth) / truth:+.1%})"
+
+
+def predict_histories_table(files: list[dict[str, Any]]) -> str:
+    """``bench/predict_histories.py``: CUDA's recorded trials on the model of its allocator, the
+    replay of batch 2 and 4 at 8, and the CPU alone at 2, 4 and 8, each beside CUDA's figures."""
+    (data,) = files
+    model = []
+    for row in data["model"]:
+        alike = f"{row['placed_alike']}/{row['requests']}"
+        model.append(
+            [
+                row["workload"],
+                str(row["batch_size"]),
+                f"{len(row['cuda_segments'])} / {len(row['model_segments'])}",
+                f"{row['cuda_reserved_bytes'] / 2**20:.1f}",
+                f"{row['model_reserved_bytes'] / 2**20:.1f}",
+                _mib_error(row["model_reserved_bytes"], row["cuda_reserved_bytes"]),
+                f"{row['cuda_peak_allocated_bytes'] / 2**20:.1f}",
+                f"{row['model_peak_allocated_bytes'] / 2**20:.1f}",
+                alike,
+            ]
+        )
+    headers = ["workload", "batch", "segments taken (CUDA / model)", "reserved, CUDA (MiB)", "model (MiB)"]
+    headers += ["error (MiB)", "peak allocated, CUDA (MiB)", "model (MiB)", "requests placed alike"]
+    tables = [markdown(headers, model, (0, 2))]
+    replay = []
+    for row in data["replay"]:
+        if not row["aligned"]:
+            replay.append([row["workload"], *["-"] * 6, "not aligned: " + str(row["events"])])
+            continue
+        four = next(r for r in data["model"] if r["workload"] == row["workload"] and r["batch_size"] == 4)
+        per_sample = (row["cuda_peak_allocated_bytes"] - four["cuda_peak_allocated_bytes"]) / 4
+        error = row["replay_peak_allocated_bytes"] - row["cuda_peak_allocated_bytes"]
+        samples = f"{error / per_sample:+.2f}" if per_sample > 2**20 else "-"
+        replay.append(
+            [
+                row["workload"],
+                f"{row['cuda_peak_allocated_bytes'] / 2**20:.1f}",
+                _mib_error(row["replay_peak_allocated_bytes"], row["cuda_peak_allocated_bytes"]),
+                f"{row['cuda_reserved_bytes'] / 2**20:.1f}",
+                _mib_error(row["replay_peak_reserved_bytes"], row["cuda_reserved_bytes"]),
+                f"{per_sample / 2**20:.1f}",
+                samples,
+                str(row["largest_under_cuda_reserved_at_8"]),
+            ]
+        )
+    headers = [
+        "workload",
+        "peak allocated at 8, CUDA (MiB)",
+        "replay's error (MiB)",
+        "reserved at 8, CUDA (MiB)",
+    ]
+    headers += ["replay's error (MiB)", "CUDA's MiB a sample (4 to 8)", "allocated error in samples"]
+    headers += ["largest placed under CUDA's reserved at 8"]
+    tables.append(markdown(headers, replay, (0, 7)))
+    alone = []
+    for row in data["cpu_alone"]:
+        for point in row["points"]:
+            alone.append(
+                [
+                    row["workload"],
+                    str(point["batch_size"]),
+                    f"{point['cuda_peak_allocated_bytes'] / 2**20:.1f}",
+                    _mib_error(point["cpu_peak_allocated_bytes"], point["cuda_peak_allocated_bytes"]),
+                    f"{point['cuda_reserved_bytes'] / 2**20:.1f}",
+                    _mib_error(point["cpu_peak_reserved_bytes"], point["cuda_reserved_bytes"]),
+                ]
+            )
+    headers = ["workload", "batch", "peak allocated, CUDA (MiB)", "CPU alone's error (MiB)"]
+    headers += ["reserved, CUDA (MiB)", "CPU alone's error (MiB)"]
+    tables.append(markdown(headers, alone, (0,)))
+    skipped = "\n".join(
+        f"- not from the CPU alone: {name}: {why}" for name, why in data["cpu_alone_skipped"].items()
+    )
+    return "\n\n".join([*tables, skipped, provenance(data)])
+
+
 def source_block(paths: list[str]) -> str:
     """A source file of the repository, as a Python block."""
     (path,) = paths
@@ -508,6 +587,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "noise-prediction": (noise_prediction_table, True, False),
     "predict": (predict_table, True, False),
     "allocator-history": (allocator_history_table, True, False),
+    "predict-histories": (predict_histories_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),
