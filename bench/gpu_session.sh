@@ -64,7 +64,7 @@ done
 # probes, is left to the find stage); ResNet-50 AMP's scan (about 60 probes of 1.5 s) outran 100 s,
 # so the smoke checks its boundary alone (--window 0: the answer's 10 and 20 steps, the size above).
 SMOKE_SECONDS=480
-GPU_TEST_FILES="tests/test_predict.py tests/runtime/distributed/test_lockstep.py tests/test_gpu.py tests/test_check_data.py"
+GPU_TEST_FILES="tests/test_predict.py tests/runtime/distributed/test_lockstep.py tests/test_gpu.py tests/test_check_data.py tests/runtime/steps/test_finite.py"
 smoke_parts=(
     "gpu-tests|220|env BATCHFIT_TEST_DEADLINE=180 $py -m pytest -p no:cacheprovider -q -rP --durations=0 -m gpu $GPU_TEST_FILES"
     "adapters|70|$py -m pytest -p no:cacheprovider -q -rP -m gpu tests/integrations"

@@ -942,28 +942,3 @@ def test_on_cuda_a_loss_that_turns_nan_stops_the_search_at_its_step() -> None:
         "the train step's loss is nan at batch_size=8, step 2 of 2; batchfit does not answer from steps "
         f"that do not train. {WHAT_TO_CHECK}"
     )
-
-
-@pytest.mark.gpu
-def test_on_cuda_a_grad_scaler_s_skipped_steps_are_not_an_error() -> None:
-    workload = build_example("mlp", "cuda")
-    # Each step that succeeds grows the scale 2**20-fold: the next overflows in float16 and is
-    # skipped (its gradients inf), which brings the scale back, so every trial ends on a skip.
-    scaler = torch.amp.GradScaler("cuda", growth_factor=2.0**20, backoff_factor=2.0**-20, growth_interval=1)
-    skipped: list[bool] = []
-
-    def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
-        scale = scaler.get_scale()
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        skipped.append(scaler.get_scale() < scale)
-        return loss
-
-    workload.train_step = train_step
-    sizes = BatchSizes(min_batch_size=8, max_batch_size=8)
-    assert find_batch_size(workload, device="cuda", memory_limit="1GiB", sizes=sizes).batch_size == 8
-    assert any(skipped) and not all(skipped)
