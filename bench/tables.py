@@ -375,7 +375,8 @@ def batch_schedule_table(files: list[dict[str, Any]]) -> str:
 def predict_table(files: list[dict[str, Any]]) -> str:
     """``bench/predict.py``: each target cap's truth, the prediction recorded under another cap
     (and from the CPU alone, where run) and MemTracker's answer, each with its error and verdict,
-    and whether the truth lies in the prediction's band; a row per mode (files before eval: train)."""
+    and whether the truth lies in the prediction's band; a row per mode (files before eval: train).
+    A case recorded from the CPU alone says how: by a fake-tensor trace or by real trials."""
     rows = [(case, row) for data in files for case in data["cases"] for row in case["targets"]]
     alone = any(row.get("cpu_alone") for _, row in rows)
     banded = ["error", "within", "truth in band"]
@@ -388,7 +389,10 @@ def predict_table(files: list[dict[str, Any]]) -> str:
         curve = Curve.from_dict(row["truth"])
         reach = f"; fits to the scan's reach ({curve.reach})" if curve.reach else ""
         recorded, cap = _mib(case["recorded"], case["recorded_bytes"]), _mib(row["cap"], row["cap_bytes"])
-        line = [case["workload"], row.get("mode", "train"), recorded, cap, curve.describe() + reach]
+        mode = row.get("mode", "train")
+        by = case.get("recorded_by", {}).get(mode) if case["recorded_bytes"] is None else None
+        recorded += f" ({by})" if by else ""  # the CPU alone: by a trace, or by trials (files before: -)
+        line = [case["workload"], mode, recorded, cap, curve.describe() + reach]
         line += [str(row["true_largest"]), *_judged(row["predicted"], banded=True)]
         line += _judged(row.get("cpu_alone"), banded=True) if alone else []
         line += _judged(row["memtracker"])

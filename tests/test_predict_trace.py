@@ -126,7 +126,8 @@ def test_a_model_too_large_to_allocate_is_predicted_from_the_meta_device_in_seco
     assert parameter_bytes > 9 * GiB
     grown_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, the process's peak
     started = time.perf_counter()
-    prediction = batchfit.predict(workload, Targets(gpus="H100-80GB,A100-40GB"), modes=["train"], device="cpu")
+    targets = Targets(gpus="H100-80GB,A100-40GB")
+    prediction = batchfit.predict(workload, targets, modes=["train"], device="cpu")
     seconds = time.perf_counter() - started
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - grown_before
     assert seconds < 20 and grown < 2**20  # under a GiB more at the process's peak: nothing allocated
@@ -148,8 +149,9 @@ def test_a_meta_model_whose_step_cannot_be_traced_is_refused_with_why() -> None:
     workload, _ = _meta_lm(train_step)
     with pytest.raises(ConfigurationError) as raised:
         batchfit.predict(workload, Targets(gpus="H100-80GB"), modes=["train"], device="cpu")
-    assert str(raised.value).startswith("the train step cannot run on fake tensors (it reads a tensor's value")
-    assert str(raised.value).endswith(
+    said = str(raised.value)
+    assert said.startswith("the train step cannot run on fake tensors (it reads a tensor's value")
+    assert said.endswith(
         "and the model's position is on the meta device, where no real trial runs: build the model on "
         "the CPU, or make its step traceable (no .item() or data-dependent shapes)."
     )
