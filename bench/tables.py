@@ -493,6 +493,25 @@ def allocator_history_table(files: list[dict[str, Any]]) -> str:
     return f"{markdown(headers, lines, (0,))}\n\n{said}"
 
 
+def predict_trace_table(files: list[dict[str, Any]]) -> str:
+    """``bench/predict_trace.py``: each workload's and mode's recording by a fake-tensor trace and by
+    real trials on the CPU: their seconds, whether their requests are equal, and the answers of both."""
+    lines = []
+    for data in files:
+        for row in data["rows"]:
+            traced, trials = row["traced_answers"], row["trial_answers"]
+            said = ", ".join(f"{target}: {answer}" for target, answer in traced.items())
+            same = "-" if trials is None else ("yes" if trials == traced else "no")
+            real = "-" if row["trial_seconds"] is None else f"{row['trial_seconds']:.1f}"
+            equal = {True: "yes", False: "no", None: "-"}[row["equal"]]
+            requests = "/".join(str(count) for count in row["requests"].values())
+            lines.append([row["workload"], row["mode"], requests, f"{row['trace_seconds']:.1f}", real, equal,
+                          said, same])  # fmt: skip
+    headers = ["workload", "mode", "requests (2/4/8)", "trace s", "trials s", "requests equal",
+               "answers (traced)", "trials' answers equal"]  # fmt: skip
+    return markdown(headers, lines, (0, 1, 5, 6, 7)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
 def source_block(paths: list[str]) -> str:
     """A source file of the repository, as a Python block."""
     (path,) = paths
@@ -512,6 +531,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "noise-prediction": (noise_prediction_table, True, False),
     "predict": (predict_table, True, False),
     "allocator-history": (allocator_history_table, True, False),
+    "predict-trace": (predict_trace_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),

@@ -155,3 +155,34 @@ def test_a_meta_model_whose_step_cannot_be_traced_is_refused_with_why() -> None:
         "and the model's position is on the meta device, where no real trial runs: build the model on "
         "the CPU, or make its step traceable (no .item() or data-dependent shapes)."
     )
+
+
+@pytest.mark.slow  # GPT-2's real trials: about 20 s on 2 cores
+def test_gpt2_builds_its_causal_mask_on_fake_tensors_so_the_trace_answers_lower() -> None:
+    # transformers' is_tracing() is true of a fake tensor, and then its masking_utils do not skip
+    # the causal mask (SDPA's is_causal=True) but build it: the trace asks for more in every step
+    # (the mask and its temporaries), so its answers are at most the real trials' (the bound it holds).
+    pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import _workloads
+
+    from batchfit.policy.capacity_prediction import CapacityPredictor
+
+    workload = _workloads.build("gpt2-tiny", torch.device("cpu"))
+    with cuda_defaults(workload.optimizer):
+        real, _ = record(workload, "train", CachingCpuDevice(CPU_RECORDING_BYTES), 0.8, Trials(), 1)
+        traced, _ = record_traced(workload, "train", 0.8, Trials(), 1)
+    assert traced != real
+
+    def asked(steps: tuple[tuple[tuple[int, int], ...], ...]) -> list[int]:
+        return [sum(size for kind, size in step if kind == 0) for step in steps]
+
+    for size in (2, 4, 8):
+        assert all(t >= r for t, r in zip(asked(traced[size].steps), asked(real[size].steps), strict=True))
+    candidates = batchfit.BatchSizes().candidates("train")
+    for budget in (GiB // 2, 2 * GiB):
+        ours, theirs = CapacityPredictor(traced, 10), CapacityPredictor(real, 10)
+        assert ours.largest(budget, candidates) <= theirs.largest(budget, candidates)  # type: ignore[operator]
