@@ -11,7 +11,8 @@ batch is the largest size below the first that failed (what the prediction answe
 within 3% of it, or 1 sample where 3% is less (the issue's "1 sample under 34"), and 5% from the
 CPU alone. Each prediction's band is judged too: whether the truth lies in it.
 
-Cases recorded ``cpu-alone`` (on the modelled allocator) are predicted from the CPU alone only, the
+Cases recorded ``cpu-alone`` (on the modelled allocator) are predicted from the CPU alone only (its
+trials traced on fake tensors, as ``predict --device cpu`` records them where the step can be), the
 band widened by the shares of what the CPU does not model (cuDNN's workspaces, the attention
 kernel); their truth's probes hold what that path adds for CUDA (cuBLAS's 32 MiB workspace in a
 segment of its own from the start, the optimizer's foreach step), which the CPU can run.
@@ -283,9 +284,12 @@ def bench_case(
             mode: [asdict(trial) for trial in trials] for mode, trials in prediction.recorded_trials.items()
         },
         "pairs": {mode: _pairs(getattr(prediction.rows[0], mode)) for mode in case.modes},
+        "recorded_by": prediction.recorded_by,
+        "untraced": prediction.untraced,
         "predict_seconds": prediction.seconds,
         "unmodelled": [asdict(part) for part in prediction.unmodelled],
         "cpu_alone_unmodelled": [asdict(part) for part in alone.unmodelled] if alone else None,
+        "cpu_alone_recorded_by": alone.recorded_by if alone else None,
         "targets": rows,
     }
 

@@ -375,7 +375,8 @@ def batch_schedule_table(files: list[dict[str, Any]]) -> str:
 def predict_table(files: list[dict[str, Any]]) -> str:
     """``bench/predict.py``: each target cap's truth, the prediction recorded under another cap
     (and from the CPU alone, where run) and MemTracker's answer, each with its error and verdict,
-    and whether the truth lies in the prediction's band; a row per mode (files before eval: train)."""
+    and whether the truth lies in the prediction's band; a row per mode (files before eval: train).
+    A case recorded from the CPU alone says how: by a fake-tensor trace or by real trials."""
     rows = [(case, row) for data in files for case in data["cases"] for row in case["targets"]]
     alone = any(row.get("cpu_alone") for _, row in rows)
     banded = ["error", "within", "truth in band"]
@@ -388,7 +389,10 @@ def predict_table(files: list[dict[str, Any]]) -> str:
         curve = Curve.from_dict(row["truth"])
         reach = f"; fits to the scan's reach ({curve.reach})" if curve.reach else ""
         recorded, cap = _mib(case["recorded"], case["recorded_bytes"]), _mib(row["cap"], row["cap_bytes"])
-        line = [case["workload"], row.get("mode", "train"), recorded, cap, curve.describe() + reach]
+        mode = row.get("mode", "train")
+        by = case.get("recorded_by", {}).get(mode) if case["recorded_bytes"] is None else None
+        recorded += f" ({by})" if by else ""  # the CPU alone: by a trace, or by trials (files before: -)
+        line = [case["workload"], mode, recorded, cap, curve.describe() + reach]
         line += [str(row["true_largest"]), *_judged(row["predicted"], banded=True)]
         line += _judged(row.get("cpu_alone"), banded=True) if alone else []
         line += _judged(row["memtracker"])
@@ -568,6 +572,25 @@ def predict_histories_table(files: list[dict[str, Any]]) -> str:
     return "\n\n".join([*tables, skipped, provenance(data)])
 
 
+def predict_trace_table(files: list[dict[str, Any]]) -> str:
+    """``bench/predict_trace.py``: each workload's and mode's recording by a fake-tensor trace and by
+    real trials on the CPU: their seconds, whether their requests are equal, and the answers of both."""
+    lines = []
+    for data in files:
+        for row in data["rows"]:
+            traced, trials = row["traced_answers"], row["trial_answers"]
+            said = ", ".join(f"{target}: {answer}" for target, answer in traced.items())
+            same = "-" if trials is None else ("yes" if trials == traced else "no")
+            real = "-" if row["trial_seconds"] is None else f"{row['trial_seconds']:.1f}"
+            equal = {True: "yes", False: "no", None: "-"}[row["equal"]]
+            requests = "/".join(str(count) for count in row["requests"].values())
+            lines.append([row["workload"], row["mode"], requests, f"{row['trace_seconds']:.1f}", real, equal,
+                          said, same])  # fmt: skip
+    headers = ["workload", "mode", "requests (2/4/8)", "trace s", "trials s", "requests equal",
+               "answers (traced)", "trials' answers equal"]  # fmt: skip
+    return markdown(headers, lines, (0, 1, 5, 6, 7)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
 def source_block(paths: list[str]) -> str:
     """A source file of the repository, as a Python block."""
     (path,) = paths
@@ -588,6 +611,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "predict": (predict_table, True, False),
     "allocator-history": (allocator_history_table, True, False),
     "predict-histories": (predict_histories_table, True, False),
+    "predict-trace": (predict_trace_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),

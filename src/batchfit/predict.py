@@ -6,9 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from batchfit.errors import ConfigurationError
 from batchfit.options import BatchSizes, Trials, Where, mode_named
@@ -16,7 +18,7 @@ from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.capacity_prediction import CapacityPrediction, CapacityPredictor, Unmodelled
 from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
 from batchfit.policy.trial import Mode, Trial
-from batchfit.prediction import Prediction, PredictionRow, Targets
+from batchfit.prediction import TRACE, TRIALS, Prediction, PredictionRow, Targets
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.cuda import CudaDevice
 from batchfit.runtime.devices.device import Device
@@ -25,6 +27,7 @@ from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
+from batchfit.runtime.steps.trace import TraceUnavailable, fake_copy, tracing, untraceable
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
 
@@ -59,9 +62,10 @@ def predict(
 
     On a GPU (``device="cuda"``) small trials (``RECORD_SIZES``) record their requests to the
     caching allocator, replayed on its model at each target. On the CPU (``device="cpu"``) the same
-    trials run on the CPU with CUDA's allocator modelled, with what differs on CUDA added where it
-    can be (cuBLAS's workspace, a foreach optimizer step) and named and banded where it cannot.
-    The model, optimizer and RNG are left as they were.
+    trials are traced on fake tensors (nothing allocated: a model built on the meta device too), or
+    run on the CPU where the step cannot be traced, with CUDA's allocator modelled, what differs on
+    CUDA added where it can be (cuBLAS's workspace, a foreach optimizer step) and named and banded
+    where it cannot. The model, optimizer and RNG are left as they were.
     """
     where = Where(device, None, memory_fraction)
     named = tuple(mode_named(mode) for mode in modes)
@@ -94,11 +98,18 @@ def predict_on(
     rows: dict[str, dict[Mode, CapacityPrediction]] = {memory.name: {} for memory, _ in memories}
     recorded: dict[Mode, tuple[Trial, ...]] = {}
     evidence: dict[Mode, dict[int, AllocationRecord]] = {}
+    untraced: dict[Mode, str] = {}
     for mode in modes:
-        check_searchable(workload, mode, device)
+        check_searchable(workload, mode, device, meta=cpu_alone)
         candidates = sizes.candidates(mode)
         with cuda_defaults(workload.optimizer, cpu_alone):
-            records, ran = record(workload, mode, device, memory_fraction, trials, candidates.first)
+            if cpu_alone:
+                records, ran, why = record_cpu_alone(
+                    workload, mode, device, memory_fraction, trials, candidates.first
+                )
+                untraced.update({mode: why} if why else {})
+            else:
+                records, ran = record(workload, mode, device, memory_fraction, trials, candidates.first)
         recorded[mode], evidence[mode] = ran, records
         predictors: dict[tuple[int, ...], CapacityPredictor] = {}
         for memory, hopper in memories:
@@ -120,6 +131,8 @@ def predict_on(
         ),
         recorded_trials=recorded,
         records=evidence,
+        recorded_by={mode: TRIALS if mode in untraced or not cpu_alone else TRACE for mode in modes},
+        untraced=untraced,
         unmodelled=unmodelled,
         modelled=_modelled(cpu_alone, workload),
         seconds=time.perf_counter() - started,
@@ -171,6 +184,49 @@ def record(
             f"use a device with more memory to record on."
         )
     return records, tuple(ran)
+
+
+def record_cpu_alone(
+    workload: Workload,
+    mode: Mode,
+    device: Device,
+    memory_fraction: float,
+    trials: Trials,
+    smallest: int = 1,
+) -> tuple[dict[int, AllocationRecord], tuple[Trial, ...], str]:
+    """The CPU alone's records: of a fake-tensor trace of the trials (``record_traced``) where the
+    step can be traced, else of the real trials on ``device``; and why not traced ("" where it was)."""
+    try:
+        return (*record_traced(workload, mode, memory_fraction, trials, smallest), "")
+    except TraceUnavailable as error:
+        why = str(error)
+    held = [*workload.module.named_parameters(), *workload.module.named_buffers()]
+    meta = [name for name, tensor in held if tensor.is_meta]
+    if meta:
+        raise ConfigurationError(
+            f"the {mode} step cannot run on fake tensors ({why}), and the model's {meta[0]} is on the "
+            f"meta device, where no real trial runs: build the model on the CPU, or make its step "
+            f"traceable (no .item() or data-dependent shapes)."
+        )
+    records, ran = record(workload, mode, device, memory_fraction, trials, smallest)
+    return records, ran, why
+
+
+def record_traced(
+    workload: Workload, mode: Mode, memory_fraction: float, trials: Trials, smallest: int = 1
+) -> tuple[dict[int, AllocationRecord], tuple[Trial, ...]]:
+    """``record``'s trials run on a fake copy of the model and optimizer (``FakeTensorMode``), CUDA's
+    allocator modelled on the fake tensors' storages: the requests the real trials on the CPU
+    make, with nothing allocated (a model on the meta device too). The trials carry no step times.
+    ``TraceUnavailable`` where the step cannot be traced (it reads a tensor's value, say)."""
+    skipped = untraceable(workload)
+    if skipped:
+        raise TraceUnavailable(skipped)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with tracing(fake_mode, grad_scalers(workload.train_step, workload.eval_step)):
+        device = CachingCpuDevice(CPU_RECORDING_BYTES, fake=True)
+        records, ran = record(fake_copy(workload, fake_mode), mode, device, memory_fraction, trials, smallest)
+    return records, tuple(replace(trial, step_seconds=None) for trial in ran)
 
 
 def _capacity(device: Device, workload: Workload) -> int:

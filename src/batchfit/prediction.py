@@ -14,6 +14,10 @@ from batchfit.policy.cards import CARDS, card_named
 from batchfit.policy.trial import Mode, Trial
 from batchfit.units import format_bytes, parse_bytes
 
+#: How a mode's requests were recorded (``Prediction.recorded_by``): a fake-tensor trace of the
+#: trials (from the CPU alone, nothing allocated), or the trials run.
+TRACE, TRIALS = "trace", "trials"
+
 
 def _listed(value: Any) -> tuple[str, ...]:
     """A comma-separated string, or a sequence, as a tuple of its non-empty items."""
@@ -118,6 +122,11 @@ class Prediction:
     # What the recording device held for the trials (None from the CPU alone: not a GPU's), the
     # capacity at which ``recorded_trials`` are measured points.
     recorded_capacity_bytes: int | None = None
+    # How each mode's requests were recorded: TRACE ("trace": from the CPU alone, the trials run on
+    # fake tensors, nothing allocated) or TRIALS ("trials": run on the device).
+    recorded_by: dict[Mode, str] = field(default_factory=dict)
+    # Why a mode from the CPU alone was not traced, its real trials recorded instead ("" for none).
+    untraced: dict[Mode, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         document = asdict(self)
@@ -142,6 +151,8 @@ class Prediction:
         widths = [max(len(line[index]) for line in lines) for index in range(len(header))]
         text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
                 for line in lines]  # fmt: skip
+        how = {TRACE: "a fake-tensor trace", TRIALS: "real trials"}
+        text.append("recorded by: " + ", ".join(f"{mode} {how[by]}" for mode, by in self.recorded_by.items()))
         return "\n".join(text) + "\n"
 
     def summary(self) -> str:
@@ -153,8 +164,8 @@ class Prediction:
         )
         sizes = sorted({size for records in self.records.values() for size in records})
         said = [
-            f"Recorded on {where} at batch sizes {', '.join(map(str, sizes))}; replayed for {self.steps} "
-            f"steps at {self.memory_fraction:g} of each target's memory less its CUDA context"
+            f"Recorded on {where} at batch sizes {', '.join(map(str, sizes))}{self._how()}; replayed for "
+            f"{self.steps} steps at {self.memory_fraction:g} of each target's memory less its CUDA context"
             + (f" and {format_bytes(self.reserve_bytes)} kept back." if self.reserve_bytes else ".")
         ]
         if self.unmodelled:
@@ -164,6 +175,18 @@ class Prediction:
             said.append(f"Not modelled, each widening the band: {parts}.")
         said.append("The band holds the context's and the card's ranges and the replay of the smaller pair.")
         return " ".join(said)
+
+    def _how(self) -> str:
+        """How the modes were recorded from the CPU alone, in brackets ("" on a GPU)."""
+        if not self.cpu_alone:
+            return ""
+        traced = [mode for mode, by in self.recorded_by.items() if by == TRACE]
+        parts = [f"{' and '.join(traced)} by a fake-tensor trace of the trials, nothing allocated"]
+        parts = parts if traced else []
+        parts += [
+            f"{mode} by real trials, as no trace could be ({why})" for mode, why in self.untraced.items()
+        ]
+        return f" ({'; '.join(parts)})"
 
 
 def _answer(prediction: CapacityPrediction | None) -> str:

@@ -111,7 +111,8 @@ def test_a_case_from_the_cpu_alone_widens_its_band_and_its_truth_holds_cuda_s_ad
     assert ours["truth_in_band"] is (low <= largest <= high)
     assert row["memtracker"] is None  # MemTracker judges the recorded cases only
     table = tables.predict_table([{"path": "run.json", **_record(), "cases": [done]}])
-    assert "| cnn | train | cpu-alone | 36MiB |" in table
+    assert done["recorded_by"] == {"train": "trace"}  # predict --device cpu's way: a fake-tensor trace
+    assert "| cnn | train | cpu-alone (trace) | 36MiB |" in table
 
 
 def _record() -> dict[str, object]:

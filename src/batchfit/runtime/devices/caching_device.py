@@ -75,6 +75,7 @@ class CachingDevice:
     # The modelled allocator sees the storages a dispatch mode sees, and Dynamo runs a step eagerly
     # under one; CUDA's own allocator serves compiled code as any other.
     measures_compiled = False
+    fake = False  # real tensors: a run, not a trace
     name: str
     torch_device: torch.device
 
@@ -160,16 +161,20 @@ class CachingCpuDevice(CachingDevice):
     ``expandable_segments``, as ``expandable_segments:True`` sets it): every tensor the step
     allocates is placed by the modelled allocator, so segments, fragmentation, reserved memory and
     retries behave as the allocator's rules make them (not a GPU's own kernels: cuDNN's and
-    cuBLAS's workspaces are not in the CPU's allocations)."""
+    cuBLAS's workspaces are not in the CPU's allocations). ``fake``: the allocator places the
+    storages of fake tensors (a trace of the step under ``FakeTensorMode``), not real ones."""
 
     torch_device = torch.device("cpu")
     min_window_steps = 1  # nothing runs ahead of the host: a step is a step
 
-    def __init__(self, limit_bytes: int, expandable_segments: bool = False) -> None:
-        super().__init__(ModelledAllocator(expandable_segments))
-        self.limit_bytes = limit_bytes
+    def __init__(self, limit_bytes: int, expandable_segments: bool = False, *, fake: bool = False) -> None:
+        super().__init__(ModelledAllocator(expandable_segments, fake))
+        self.limit_bytes, self.fake = limit_bytes, fake
         kind = " with expandable segments" if expandable_segments else ""
-        self.name = f"cpu (capped at {format_bytes(limit_bytes)}, CUDA's caching allocator{kind} modelled)"
+        traced = ", traced on fake tensors" if fake else ""
+        self.name = (
+            f"cpu (capped at {format_bytes(limit_bytes)}, CUDA's caching allocator{kind} modelled{traced})"
+        )
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         return self.limit_bytes

@@ -49,6 +49,9 @@ class Device(Protocol):
     #: The fewest steps in one of explore's timing windows: where a window starts from an idle,
     #: synchronised device, its first step pays a ramp that back-to-back training steps hide.
     min_window_steps: int
+    #: The device measures fake tensors (a trace of the step, which allocates nothing and whose
+    #: values cannot be read), not real ones.
+    fake: bool
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         """Bytes the workload may use in all, counting the ``resident`` tensors it already holds

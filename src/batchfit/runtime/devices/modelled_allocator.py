@@ -23,10 +23,12 @@ from batchfit.units import format_bytes
 class ModelledAllocator:
     """CUDA's caching allocator, modelled on the CPU: every storage created in a capped block takes a
     block of ``policy.caching_allocator``, and gives it back when the storage is freed (whenever
-    that is: parameters keep theirs from trial to trial, as on a GPU)."""
+    that is: parameters keep theirs from trial to trial, as on a GPU). ``fake``: the storages of
+    fake tensors are placed instead of real ones (a trace of the step, which allocates nothing)."""
 
-    def __init__(self, expandable_segments: bool = False) -> None:
+    def __init__(self, expandable_segments: bool = False, fake: bool = False) -> None:
         self.model = CachingAllocator(expandable=expandable_segments)
+        self.fake = fake
         self._blocks: dict[int, _Held] = {}  # storage key -> its block
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._recording: Recording | None = None
@@ -164,7 +166,7 @@ class _AllocatingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        storages = output_storages(out, "cpu")
+        storages = output_storages(out, "cpu", self.allocator.fake)
         failure = self.allocator.hold(storages.values())
         if failure is not None:
             del out, storages  # freed now, as the failed allocation would never have been made

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,7 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeCopyMode,
     FakeTensorMode,
+    unset_fake_temporarily,
 )
 
 from batchfit.policy.search import Candidates, SearchOutcome, search
@@ -59,57 +62,86 @@ class FakeTracer:
 
     def __call__(self, batch_size: int) -> Trial:
         host_batch = self.workload.host_batch(batch_size)
-        scalers = [ScalerState.capture(scaler) for scaler in self.scalers]
-        scalars = _scalars(self.workload) if self.session is None else []  # read outside the fake mode
-        try:
-            # What the step warns of on fake tensors (a scheduler whose real optimizer did not
-            # step) is not the user's to read: the real trials warn of what is.
-            with self.fake_mode, torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                fake, optimizer = self.session or self._start(scalars)
-                if self.mode == "train":  # a real trial's steps start after zero_grad
-                    for parameter in fake.model.parameters():
-                        parameter.grad = None
-                    if self.warm_batch is None and optimizer is not None:  # a first step: no state yet
-                        optimizer.state.clear()
-                spec = StepSpec(fake, CpuDevice(fake=True), self.mode, steps=1)
-                measurement, _ = run_steps(spec, optimizer, host_batch)
-        except Exception as error:  # anything a fake tensor cannot do: fall back to real trials
-            logger.info("fake-tensor trace unavailable (%s: %s)", type(error).__name__, error)
-            raise TraceUnavailable(_cannot_trace(error)) from error
-        finally:
-            for scaler in scalers:
-                scaler.restore()
+        with tracing(self.fake_mode, self.scalers):
+            fake, optimizer = self.session or self._start()
+            if self.mode == "train":  # a real trial's steps start after zero_grad
+                for parameter in fake.model.parameters():
+                    parameter.grad = None
+                if self.warm_batch is None and optimizer is not None:  # a first step: no state yet
+                    optimizer.state.clear()
+            spec = StepSpec(fake, CpuDevice(fake=True), self.mode, steps=1)
+            measurement, _ = run_steps(spec, optimizer, host_batch)
         return judge(batch_size, measurement, None, self.budget_bytes)
 
-    def _start(
-        self, scalars: list[tuple[torch.Tensor, Any]]
-    ) -> tuple[Workload, torch.optim.Optimizer | None]:
-        """The fake copy of the model and optimizer, their ``scalars`` (tensors, with their values)
-        copied as fakes made from their values (inside the fake mode), which keep them."""
-        workload = self.workload
-        real_optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-        memo: dict[int, Any] = {
-            id(tensor): torch.tensor(value, dtype=tensor.dtype) for tensor, value in scalars
-        }
-        with FakeCopyMode(self.fake_mode):
-            model, optimizer = copy.deepcopy((workload.module, real_optimizer), memo)
-            if optimizer is not None:
-                # An optimizer pickles its defaults, state and groups alone; what a subclass keeps
-                # beside them (L-BFGS: its parameters as ``_params``) is copied onto the fakes too.
-                # Not ``step``: an LR scheduler's wrapper of it, which steps the real optimizer.
-                for name, value in vars(real_optimizer).items():
-                    if name not in vars(optimizer) and name != "step":
-                        setattr(optimizer, name, copy.deepcopy(value, memo))
-        fake = workload.replaced(model=model, optimizer=optimizer or workload.optimizer)
+    def _start(self) -> tuple[Workload, torch.optim.Optimizer | None]:
+        """The fake copy of the model and optimizer, warmed up by a train step where asked."""
+        fake = fake_copy(self.workload, self.fake_mode)
         optimizer = fake.build_optimizer()
         if self.warm_batch is not None and (optimizer is not None or fake.train_step is not None):
-            model.train()
+            fake.module.train()
             fake.run_train_step(
-                optimizer, to_device(workload.host_batch(self.warm_batch), torch.device("cpu"))
+                optimizer, to_device(self.workload.host_batch(self.warm_batch), torch.device("cpu"))
             )
         self.session = fake, optimizer
         return self.session
+
+
+@contextmanager
+def tracing(fake_mode: FakeTensorMode, scalers: Iterable[torch.amp.GradScaler] = ()) -> Iterator[None]:
+    """A block that runs the step on fake tensors: inside ``fake_mode``, the RNG forked (a fake
+    dropout draws nothing real, but the block leaves the generator as it found it), the ``scalers``
+    (the user's own GradScalers, which a traced step leaves fake tensors in) put back after it;
+    anything a fake tensor cannot do raises ``TraceUnavailable``, saying why."""
+    saved = [ScalerState.capture(scaler) for scaler in scalers]
+    try:
+        # What the step warns of on fake tensors (a scheduler whose real optimizer did not step)
+        # is not the user's to read: the real trials warn of what is.
+        with fake_mode, torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    except Exception as error:  # anything a fake tensor cannot do: fall back to real trials
+        logger.info("fake-tensor trace unavailable (%s: %s)", type(error).__name__, error)
+        raise TraceUnavailable(_cannot_trace(error)) from error
+    finally:
+        for scaler in saved:
+            scaler.restore()
+
+
+def fake_copy(workload: Workload, fake_mode: FakeTensorMode) -> Workload:
+    """``workload`` with a fake copy (in ``fake_mode``) of its model and optimizer, the originals
+    untouched: their 0-dim tensors (``_scalars``) become fakes that keep their values, and a tensor
+    on the meta device (a model built there, too large to allocate) a fake CPU tensor of its shape."""
+    real_optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
+    with unset_fake_temporarily():  # the values are read from the real tensors
+        scalars = _scalars(workload)
+    with fake_mode:
+        memo: dict[int, Any] = {
+            id(tensor): torch.tensor(value, dtype=tensor.dtype) for tensor, value in scalars
+        }
+        memo.update(_off_meta(workload.module))
+    with FakeCopyMode(fake_mode):
+        model, optimizer = copy.deepcopy((workload.module, real_optimizer), memo)
+        if optimizer is not None:
+            # An optimizer pickles its defaults, state and groups alone; what a subclass keeps
+            # beside them (L-BFGS: its parameters as ``_params``) is copied onto the fakes too.
+            # Not ``step``: an LR scheduler's wrapper of it, which steps the real optimizer.
+            for name, value in vars(real_optimizer).items():
+                if name not in vars(optimizer) and name != "step":
+                    setattr(optimizer, name, copy.deepcopy(value, memo))
+    return workload.replaced(model=model, optimizer=optimizer or workload.optimizer)
+
+
+def _off_meta(module: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """A fake CPU twin (inside the fake mode) of each of ``module``'s parameters and buffers on the
+    meta device, by the original's id: what ``copy.deepcopy`` puts in the copy's place."""
+    twins: dict[int, torch.Tensor] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if tensor.device.type == "meta" and id(tensor) not in twins:
+            twin = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+            if isinstance(tensor, torch.nn.Parameter):
+                twin = torch.nn.Parameter(twin, requires_grad=tensor.requires_grad)
+            twins[id(tensor)] = twin
+    return twins
 
 
 def _cannot_trace(error: Exception) -> str:
@@ -136,6 +168,23 @@ def _scalars(workload: Workload) -> list[tuple[torch.Tensor, Any]]:
         for tensor in held
         if type(tensor) is torch.Tensor and tensor.dim() == 0 and tensor.device.type == "cpu"
     ]
+
+
+def untraceable(workload: Workload) -> str:
+    """Why a trace of ``workload``'s step would not size the real step, in a clause ("" where none)."""
+    if workload.compiled:
+        return (
+            f"the step runs torch.compile'd code ({', '.join(workload.compiled)}), which Dynamo "
+            f"runs eagerly under fake tensors: a trace would size its eager twin"
+        )
+    if workload.reached:  # the fakes are the model's and optimizer's: a step's other state would
+        # take fake tensors (a discriminator's optimizer its state) and go uncounted
+        reached = ", ".join(type(each).__name__ for each in workload.reached)
+        return (
+            f"the step updates state beside the model and optimizer ({reached}), which a fake "
+            f"copy of the model and optimizer would not count"
+        )
+    return ""
 
 
 @dataclass(frozen=True)
@@ -166,18 +215,9 @@ def forecast_search(
     """
     if not isinstance(device, CpuDevice):
         return Forecast()  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
-    if workload.compiled:
-        return Forecast(
-            skipped=f"the step runs torch.compile'd code ({', '.join(workload.compiled)}), which Dynamo "
-            f"runs eagerly under fake tensors: a trace would size its eager twin"
-        )
-    if workload.reached:  # the fakes are the model's and optimizer's: a step's other state would
-        # take fake tensors (a discriminator's optimizer its state) and go uncounted
-        reached = ", ".join(type(each).__name__ for each in workload.reached)
-        return Forecast(
-            skipped=f"the step updates state beside the model and optimizer ({reached}), which a fake "
-            f"copy of the model and optimizer would not count"
-        )
+    skipped = untraceable(workload)
+    if skipped:
+        return Forecast(skipped=skipped)
     # Train: the real trial's last step runs with optimizer state, so the trace warms up first
     # (unless a trial is a single, first step). Eval: as the real trial does.
     warm = candidates.first if mode == "train" and steps > 1 else warm_batch

@@ -228,10 +228,10 @@ def _told(loss: torch.Tensor, on_loss: OnLoss | None) -> torch.Tensor:
     return loss
 
 
-def check_model_on(model: torch.nn.Module, device: torch.device) -> None:
+def check_model_on(model: torch.nn.Module, device: torch.device, *, meta: bool = False) -> None:
     """Every parameter and buffer of ``model`` has its shape (no lazy module waits for its first
-    batch) and is on ``device``, or a ConfigurationError says which is not and what to do (before
-    any work, rather than torch's error inside a step)."""
+    batch) and is on ``device`` (or, with ``meta``, on the meta device), or a ConfigurationError
+    says which is not and what to do (before any work, rather than torch's error inside a step)."""
     tensors = list(model.named_parameters()) + list(model.named_buffers())
     lazy = [name for name, tensor in tensors if torch.nn.parameter.is_lazy(tensor)]
     if lazy:
@@ -242,6 +242,8 @@ def check_model_on(model: torch.nn.Module, device: torch.device) -> None:
             f"once on a real batch (model(inputs)) before batchfit, as before training."
         )
     for name, tensor in tensors:
+        if meta and tensor.is_meta:
+            continue
         if tensor.device.type != device.type or (device.index is not None and tensor.device != device):
             raise ConfigurationError(
                 f"the model's {name} is on {tensor.device}, but batchfit runs on {device}; move "
