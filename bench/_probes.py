@@ -13,7 +13,7 @@ from _capped import STEPS_PER_TRIAL, Bench
 import batchfit
 from batchfit import BatchSizes, Workload
 from batchfit.policy.capacity_prediction import largest_placed
-from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
+from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.trial import Mode
 from batchfit.predict import cuda_defaults
 from batchfit.runtime.workloads.batches import to_device
@@ -79,8 +79,8 @@ def truth_probe(bench: Bench, mode: Mode, warm: int, as_cuda: bool = False) -> C
     """The truth's probe in ``mode``: ``steps`` steps under the cap from the model as built, the
     cache emptied; eval first makes the training state resident with a training step at ``warm``
     under the same cap, as find's eval trials do. ``as_cuda``: with what the CPU-alone path adds
-    for CUDA, cuBLAS's workspace (Hopper's, as a capacity in bytes takes) in a segment of its own
-    from the start and the optimizer's foreach step."""
+    for CUDA, cuBLAS's workspaces (Hopper's, as a capacity in bytes takes) each in a segment of its
+    own from the start and the optimizer's foreach step."""
 
     def probe(batch_size: int, steps: int) -> bool:
         workload, state = bench.workload()
@@ -89,10 +89,11 @@ def truth_probe(bench: Bench, mode: Mode, warm: int, as_cuda: bool = False) -> C
         try:
             with cuda_defaults(state.optimizer, as_cuda), bench.capped(state):
                 kept = None
-                if as_cuda:  # allocated first: a segment of its own, as the replay adds it
-                    kept = torch.empty(
-                        CUBLAS_WORKSPACE_BYTES["hopper"], dtype=torch.uint8, device=bench.device
-                    )
+                if as_cuda:  # allocated first: each a segment of its own, as the replay adds them
+                    kept = [
+                        torch.empty(nbytes, dtype=torch.uint8, device=bench.device)
+                        for nbytes in cublas_workspaces(hopper=True)
+                    ]
                 if warm_host is not None:
                     workload.run_train_step(state.optimizer, to_device(warm_host, bench.device))
                     state.model.eval()

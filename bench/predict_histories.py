@@ -21,7 +21,7 @@ from _capped import STEPS_PER_TRIAL
 
 from batchfit.options import Trials
 from batchfit.policy.capacity_prediction import CapacityPredictor
-from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
+from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.search_state import Candidates
 from batchfit.predict import CPU_RECORDING_BYTES, cuda_defaults, record
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -87,7 +87,7 @@ def cpu_alone_row(workload: str) -> dict[str, Any]:
     device = CachingCpuDevice(CPU_RECORDING_BYTES)
     with cuda_defaults(built.optimizer):
         records, _ = record(built, "train", device, 1.0, Trials(steps_per_trial=STEPS_PER_TRIAL))
-    kept = (CUBLAS_WORKSPACE_BYTES["hopper"],)
+    kept = cublas_workspaces(hopper=True)
     predictor = CapacityPredictor(records, STEPS_PER_TRIAL, device.soft_workspaces, kept)
     histories = _histories.histories(workload)
     points = []

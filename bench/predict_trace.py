@@ -27,7 +27,7 @@ import batchfit
 from batchfit import Targets, Trials
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.capacity_prediction import CapacityPredictor
-from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
+from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.trial import Mode
 from batchfit.predict import CPU_RECORDING_BYTES, cuda_defaults, record, record_traced
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -61,7 +61,7 @@ def meta_lm() -> batchfit.Workload:
 
 def answers(records: dict[int, AllocationRecord], mode: Mode) -> dict[str, int | None]:
     """The replay's answer at each target's budget, as predict from the CPU alone replays."""
-    kept = (CUBLAS_WORKSPACE_BYTES["hopper"],)
+    kept = cublas_workspaces(hopper=True)
     predictor = CapacityPredictor(records, 10, False, kept)
     candidates = batchfit.BatchSizes().candidates(mode)
     memories = Targets(capacities=TARGETS[:2], gpus=TARGETS[2:]).memories()

@@ -72,7 +72,7 @@ def test_the_cpu_alone_models_cuda_s_additions_and_names_what_it_cannot() -> Non
     assert [part.part for part in prediction.unmodelled] == [
         "cuDNN's convolution workspaces (the algorithm CUDA picks)"
     ]
-    assert any("cuBLAS's workspace" in part for part in prediction.modelled)
+    assert any("cuBLAS's two workspaces" in part for part in prediction.modelled)
     for row in prediction.rows:
         for each in (row.train, row.eval):
             assert each is not None and each.batch_size is not None

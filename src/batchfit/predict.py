@@ -16,7 +16,7 @@ from batchfit.errors import ConfigurationError
 from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.capacity_prediction import CapacityPrediction, CapacityPredictor, Unmodelled
-from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
+from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.trial import Mode, Trial
 from batchfit.prediction import TRACE, TRIALS, Prediction, PredictionRow, Targets
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -113,7 +113,7 @@ def predict_on(
         recorded[mode], evidence[mode] = ran, records
         predictors: dict[tuple[int, ...], CapacityPredictor] = {}
         for memory, hopper in memories:
-            kept = (CUBLAS_WORKSPACE_BYTES["hopper" if hopper else "older"],) if cpu_alone else ()
+            kept = cublas_workspaces(hopper) if cpu_alone else ()
             if kept not in predictors:
                 predictors[kept] = CapacityPredictor(records, steps, device.soft_workspaces, kept)
             rows[memory.name][mode] = predictors[kept].predict(
@@ -269,7 +269,7 @@ def _modelled(cpu_alone: bool, workload: Workload) -> tuple[str, ...]:
         return ("every request the local GPU's allocator served, cuBLAS's and cuDNN's workspaces included",)
     parts = [
         "CUDA's caching allocator (rounding, pools, segments, splitting, retries) on the step's own tensors",
-        "cuBLAS's workspace, kept from the first matrix product (32 MiB on Hopper, 8.125 MiB before)",
+        "cuBLAS's two workspaces, kept from the first matrix products (32 MiB each on Hopper, 8.125 before)",
         "the CUDA context, by card (policy.cards: an estimate with its range)",
     ]
     optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None

@@ -13,7 +13,7 @@ from typing import Any
 from batchfit.errors import ConfigurationError
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.capacity_prediction import CapacityPredictor
-from batchfit.policy.cards import CUBLAS_WORKSPACE_BYTES
+from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.search_state import Candidates
 from batchfit.policy.trial import Mode
 from batchfit.prediction import Prediction
@@ -63,8 +63,8 @@ class StartingEvidence:
     def seed(self, device: Device, budget_bytes: int, steps: int, candidates: Candidates) -> int | None:
         """Where the search's first trial goes: the largest candidate the records' replay places
         under the search's budget over ``steps`` steps (None: not even the smallest). Records from
-        the CPU alone replayed for CUDA keep cuBLAS's workspace beside them (Hopper's, the larger)."""
-        kept = (CUBLAS_WORKSPACE_BYTES["hopper"],) if self._foreign(device) else ()
+        the CPU alone replayed for CUDA keep cuBLAS's workspaces beside them (Hopper's, the larger)."""
+        kept = cublas_workspaces(hopper=True) if self._foreign(device) else ()
         predictor = CapacityPredictor(self.records, steps, device.soft_workspaces, kept)
         return predictor.largest(budget_bytes, candidates)
 

@@ -34,6 +34,17 @@ CONTEXT_SOURCE = (
 #: and keeps: ``:4096:8`` (32 MiB) on Hopper and later, ``:4096:2:16:8`` (8 MiB + 128 KiB) before
 #: (``CUBLAS_WORKSPACE_CONFIG``'s defaults in ``aten/src/ATen/cuda/CublasHandlePool.cpp``).
 CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * MiB, "older": 8 * MiB + 128 * 1024}
+#: How many such workspaces a training process holds: PyTorch keeps one per (handle, stream), a
+#: handle per thread, and autograd runs CUDA's backward on a thread of its own; cuBLASLt keeps its
+#: own besides. The H200's histories (``bench/data/h200-2026-11-26-2``) hold two blocks of Hopper's
+#: size before the first traced step in each of the seven workloads; eval is taken to hold as many
+#: (not recorded), which errs towards the smaller batch.
+CUBLAS_WORKSPACES = 2
+
+
+def cublas_workspaces(hopper: bool) -> tuple[int, ...]:
+    """The workspaces CUDA keeps beside a step's own requests, on Hopper and later or before."""
+    return (CUBLAS_WORKSPACE_BYTES["hopper" if hopper else "older"],) * CUBLAS_WORKSPACES
 
 
 @dataclass(frozen=True)
@@ -56,10 +67,6 @@ class Card:
     def usable_bytes(self) -> int:
         """What the caching allocator may reserve: the total less the context."""
         return self.total_bytes - self.context_bytes
-
-    @property
-    def cublas_workspace_bytes(self) -> int:
-        return CUBLAS_WORKSPACE_BYTES["hopper" if self.hopper else "older"]
 
 
 def _gib(value: float) -> int:
