@@ -2,7 +2,8 @@
 model: each trial's own requests on the model of the caching allocator (its segments and reserved
 bytes beside CUDA's), ``predict``'s replay of batch 2 and 4's requests at batch 8 beside CUDA's batch
 8, and ``predict --device cpu``'s recording (its fake-tensor trace, CUDA's allocator modelled,
-cuBLAS's workspaces added, the optimizer foreach, attention as CUDA's fused kernel) at 2, 4 and 8 beside CUDA's, where the CPU runs it here.
+cuBLAS's workspaces added, the optimizer foreach, attention as CUDA's fused kernel) at 2, 4 and 8
+beside CUDA's, where the CPU runs it here.
 
 Run (CPU only): ``python bench/predict_histories.py [--json F]``.
 """

@@ -238,7 +238,7 @@ def record_traced(
         raise TraceUnavailable(skipped)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     scalers = grad_scalers(workload.train_step, workload.eval_step)
-    with tracing(fake_mode, scalers), cuda_attention(attention or CudaAttention()):
+    with tracing(fake_mode, scalers), cuda_attention(attention or CudaAttention(), workload.module):
         device = CachingCpuDevice(CPU_RECORDING_BYTES, fake=True)
         records, ran = record(fake_copy(workload, fake_mode), mode, device, memory_fraction, trials, smallest)
     return records, tuple(replace(trial, step_seconds=None) for trial in ran)

@@ -101,9 +101,13 @@ class CudaAttention(TorchFunctionMode):
 
 
 @contextmanager
-def cuda_attention(mode: CudaAttention) -> Iterator[CudaAttention]:
+def cuda_attention(mode: CudaAttention, module: torch.nn.Module) -> Iterator[CudaAttention]:
     """A block whose attention allocates as CUDA's fused kernels do (``mode``), and whose Hugging
-    Face masking reads position ids as one sequence per row (``_unpacked``)."""
+    Face masking reads position ids as one sequence per row (``_unpacked``); none where ``module``
+    holds an ``nn.MultiheadAttention``."""
+    if any(isinstance(each, torch.nn.MultiheadAttention) for each in module.modules()):
+        yield mode  # a mode turns off its fast paths (has_torch_function), and cannot see its calls
+        return
     with mode, _unpacked():
         yield mode
 
