@@ -1,8 +1,9 @@
 """CUDA's recorded allocator histories (``bench/allocator_history.py``, H200) against batchfit's
 model: each trial's own requests on the model of the caching allocator (its segments and reserved
 bytes beside CUDA's), ``predict``'s replay of batch 2 and 4's requests at batch 8 beside CUDA's batch
-8, and ``predict --device cpu``'s recording (the CPU with CUDA's allocator modelled, cuBLAS's
-workspace added, the optimizer foreach) at 2, 4 and 8 beside CUDA's, where the CPU runs it here.
+8, and ``predict --device cpu``'s recording (its fake-tensor trace, CUDA's allocator modelled,
+cuBLAS's workspaces added, the optimizer foreach, attention as CUDA's fused kernel) at 2, 4 and 8
+beside CUDA's, where the CPU runs it here.
 
 Run (CPU only): ``python bench/predict_histories.py [--json F]``.
 """
@@ -23,12 +24,12 @@ from batchfit.options import Trials
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.search_state import Candidates
-from batchfit.predict import CPU_RECORDING_BYTES, cuda_defaults, record
+from batchfit.predict import CPU_RECORDING_BYTES, cuda_defaults, record_traced
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 
-#: The workloads predicted from the CPU alone here: the ones the CPU trains in seconds. ResNet-50
-#: (fp32, AMP) and ViT-B/16 need torchvision; GPT-2 small at 1024 tokens takes over a minute a step.
-CPU_ALONE = ("mlp", "cnn", "transformer")
+#: The workloads predicted from the CPU alone here, by its fake-tensor trace (seconds, GPT-2 small
+#: too). ResNet-50 (fp32, AMP) and ViT-B/16 need torchvision.
+CPU_ALONE = ("mlp", "cnn", "transformer", "gpt2")
 
 
 def model_rows(workload: str) -> list[dict[str, Any]]:
@@ -84,9 +85,9 @@ def cpu_alone_row(workload: str) -> dict[str, Any]:
     Hopper's cuBLAS workspace kept) at 2, 4 and 8 for 2 steps, against CUDA's trials."""
     started = time.perf_counter()
     built = _workloads.build(workload, torch.device("cpu"))
-    device = CachingCpuDevice(CPU_RECORDING_BYTES)
+    device = CachingCpuDevice(CPU_RECORDING_BYTES, fake=True)
     with cuda_defaults(built.optimizer):
-        records, _ = record(built, "train", device, 1.0, Trials(steps_per_trial=STEPS_PER_TRIAL))
+        records, _ = record_traced(built, "train", 1.0, Trials(steps_per_trial=STEPS_PER_TRIAL))
     kept = cublas_workspaces(hopper=True)
     predictor = CapacityPredictor(records, STEPS_PER_TRIAL, device.soft_workspaces, kept)
     histories = _histories.histories(workload)
@@ -142,8 +143,6 @@ SKIPPED = {
     "resnet50": "torchvision is not installed on this CPU machine",
     "resnet50-amp": "torchvision is not installed on this CPU machine",
     "vit-b16": "torchvision is not installed on this CPU machine",
-    "gpt2": "one training step at batch 2 took 75 s on this 2-core CPU: the recording (2, 4 and 8, "
-    "2 steps each) would take about 17 minutes",
 }
 
 

@@ -19,6 +19,7 @@ import batchfit
 from batchfit import ConfigurationError, Targets, Trials
 from batchfit.predict import CPU_RECORDING_BYTES, cuda_defaults, record, record_traced
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.runtime.steps.attention import CudaAttention
 from batchfit.runtime.workloads.examples import TinyLM, build_example
 
 GiB = 2**30
@@ -46,8 +47,12 @@ def test_the_trace_makes_the_real_cpu_trials_requests_request_for_request(name: 
     workload = build_example(name, "cpu")
     with cuda_defaults(workload.optimizer):  # as predict records from the CPU alone
         real, ran = record(workload, mode, CachingCpuDevice(CPU_RECORDING_BYTES), 0.8, Trials(), 1)  # type: ignore[arg-type]
-        traced, traces = record_traced(workload, mode, 0.8, Trials(), 1)  # type: ignore[arg-type]
+        attention = CudaAttention()
+        traced, traces = record_traced(workload, mode, 0.8, Trials(), 1, attention)  # type: ignore[arg-type]
     assert sorted(traced) == sorted(real) == [2, 4, 8]
+    if attention.fused:  # attention as CUDA's fused kernel (the encoder's eval): less than the math path
+        assert all(t.peak_bytes <= r.peak_bytes for t, r in zip(traces, ran, strict=True))
+        return
     assert traced == real  # every request's size, its order, every free and the step marks
     assert [(t.batch_size, t.peak_bytes, t.reserved_peak_bytes) for t in traces] == [
         (t.batch_size, t.peak_bytes, t.reserved_peak_bytes) for t in ran

@@ -24,6 +24,7 @@ from batchfit.runtime.devices.cuda import CudaDevice
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.steps.attention import CudaAttention, cuda_attention
 from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
@@ -41,6 +42,8 @@ GUESSED_SHARES = {
     "attention": 0.10,
     "autocast": 0.25,
 }
+#: The attention kernel, where the trace did not run it as CUDA's fused kernel.
+ATTENTION_PART = "the attention kernel CUDA picks (flash, memory-efficient or math)"
 #: Where the CPU stands in alone: its capacity for the small trials (their own memory is real).
 CPU_RECORDING_BYTES = 1 << 40
 
@@ -93,7 +96,7 @@ def predict_on(
     ``cpu_alone``: the CPU stands in for CUDA (its additions and unmodelled parts apply)."""
     started = time.perf_counter()
     memories = targets.memories()
-    unmodelled = _unmodelled(workload) if cpu_alone else ()
+    unmodelled: dict[Unmodelled, None] = {}  # in order, each once
     steps = trials.confirm_steps or device.confirm_steps or trials.steps_per_trial
     rows: dict[str, dict[Mode, CapacityPrediction]] = {memory.name: {} for memory, _ in memories}
     recorded: dict[Mode, tuple[Trial, ...]] = {}
@@ -102,14 +105,17 @@ def predict_on(
     for mode in modes:
         check_searchable(workload, mode, device, meta=cpu_alone)
         candidates = sizes.candidates(mode)
+        attention = CudaAttention()
         with cuda_defaults(workload.optimizer, cpu_alone):
             if cpu_alone:
                 records, ran, why = record_cpu_alone(
-                    workload, mode, device, memory_fraction, trials, candidates.first
+                    workload, mode, device, memory_fraction, trials, candidates.first, attention
                 )
                 untraced.update({mode: why} if why else {})
             else:
                 records, ran = record(workload, mode, device, memory_fraction, trials, candidates.first)
+        found = _unmodelled(workload, attention) if cpu_alone else ()
+        unmodelled.update(dict.fromkeys(found))
         recorded[mode], evidence[mode] = ran, records
         predictors: dict[tuple[int, ...], CapacityPredictor] = {}
         for memory, hopper in memories:
@@ -117,7 +123,7 @@ def predict_on(
             if kept not in predictors:
                 predictors[kept] = CapacityPredictor(records, steps, device.soft_workspaces, kept)
             rows[memory.name][mode] = predictors[kept].predict(
-                memory, candidates, memory_fraction, targets.reserve_bytes, unmodelled
+                memory, candidates, memory_fraction, targets.reserve_bytes, found
             )
     return Prediction(
         device=device.name,
@@ -133,8 +139,8 @@ def predict_on(
         records=evidence,
         recorded_by={mode: TRIALS if mode in untraced or not cpu_alone else TRACE for mode in modes},
         untraced=untraced,
-        unmodelled=unmodelled,
-        modelled=_modelled(cpu_alone, workload),
+        unmodelled=tuple(unmodelled),
+        modelled=_modelled(cpu_alone, workload, tuple(unmodelled)),
         seconds=time.perf_counter() - started,
         recorded_capacity_bytes=None if cpu_alone else _capacity(device, workload),
     )
@@ -193,11 +199,13 @@ def record_cpu_alone(
     memory_fraction: float,
     trials: Trials,
     smallest: int = 1,
+    attention: CudaAttention | None = None,
 ) -> tuple[dict[int, AllocationRecord], tuple[Trial, ...], str]:
-    """The CPU alone's records: of a fake-tensor trace of the trials (``record_traced``) where the
-    step can be traced, else of the real trials on ``device``; and why not traced ("" where it was)."""
+    """The CPU alone's records: of a fake-tensor trace of the trials (``record_traced``, its
+    attention by ``attention``) where the step can be traced, else of the real trials on ``device``;
+    and why not traced ("" where it was)."""
     try:
-        return (*record_traced(workload, mode, memory_fraction, trials, smallest), "")
+        return (*record_traced(workload, mode, memory_fraction, trials, smallest, attention), "")
     except TraceUnavailable as error:
         why = str(error)
     held = [*workload.module.named_parameters(), *workload.module.named_buffers()]
@@ -213,17 +221,24 @@ def record_cpu_alone(
 
 
 def record_traced(
-    workload: Workload, mode: Mode, memory_fraction: float, trials: Trials, smallest: int = 1
+    workload: Workload,
+    mode: Mode,
+    memory_fraction: float,
+    trials: Trials,
+    smallest: int = 1,
+    attention: CudaAttention | None = None,
 ) -> tuple[dict[int, AllocationRecord], tuple[Trial, ...]]:
     """``record``'s trials run on a fake copy of the model and optimizer (``FakeTensorMode``), CUDA's
     allocator modelled on the fake tensors' storages: the requests the real trials on the CPU
-    make, with nothing allocated (a model on the meta device too). The trials carry no step times.
-    ``TraceUnavailable`` where the step cannot be traced (it reads a tensor's value, say)."""
+    make, with nothing allocated (a model on the meta device too), but for attention, which
+    allocates as CUDA's fused kernel does (``attention``, which counts the calls). The trials carry
+    no step times. ``TraceUnavailable`` where the step cannot be traced (it reads a value, say)."""
     skipped = untraceable(workload)
     if skipped:
         raise TraceUnavailable(skipped)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with tracing(fake_mode, grad_scalers(workload.train_step, workload.eval_step)):
+    scalers = grad_scalers(workload.train_step, workload.eval_step)
+    with tracing(fake_mode, scalers), cuda_attention(attention or CudaAttention(), workload.module):
         device = CachingCpuDevice(CPU_RECORDING_BYTES, fake=True)
         records, ran = record(fake_copy(workload, fake_mode), mode, device, memory_fraction, trials, smallest)
     return records, tuple(replace(trial, step_seconds=None) for trial in ran)
@@ -251,20 +266,23 @@ def cuda_defaults(optimizer: Any, on: bool = True) -> Iterator[None]:
             group["foreach"] = None
 
 
-def _unmodelled(workload: Workload) -> tuple[Unmodelled, ...]:
-    """What the CPU cannot show of the step on CUDA, each with its guessed share of the budget."""
+def _unmodelled(workload: Workload, attention: CudaAttention) -> tuple[Unmodelled, ...]:
+    """What the CPU cannot show of the step on CUDA, each with its guessed share of the budget
+    (attention's where the trace did not run every attention call as a fused kernel)."""
     modules = list(workload.module.modules())
     found = []
     if any(isinstance(module, torch.nn.modules.conv._ConvNd) for module in modules):
         found.append(("cuDNN's convolution workspaces (the algorithm CUDA picks)", "cudnn"))
-    if any("attention" in type(module).__name__.lower() for module in modules):
-        found.append(("the attention kernel CUDA picks (flash, memory-efficient or math)", "attention"))
+    if any("attention" in type(module).__name__.lower() for module in modules) and not (
+        attention.all_fused(workload.module)
+    ):
+        found.append((ATTENTION_PART, "attention"))
     if grad_scalers(workload.train_step, workload.eval_step):
         found.append(("autocast to float16 with a GradScaler (run as the CPU runs it)", "autocast"))
     return tuple(Unmodelled(part, GUESSED_SHARES[key]) for part, key in found)
 
 
-def _modelled(cpu_alone: bool, workload: Workload) -> tuple[str, ...]:
+def _modelled(cpu_alone: bool, workload: Workload, unmodelled: tuple[Unmodelled, ...]) -> tuple[str, ...]:
     if not cpu_alone:
         return ("every request the local GPU's allocator served, cuBLAS's and cuDNN's workspaces included",)
     parts = [
@@ -275,4 +293,7 @@ def _modelled(cpu_alone: bool, workload: Workload) -> tuple[str, ...]:
     optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
     if optimizer is not None and "foreach" in optimizer.defaults:
         parts.append("the optimizer's foreach step, CUDA's default (unless set otherwise)")
+    attention = any("attention" in type(module).__name__.lower() for module in workload.module.modules())
+    if attention and ATTENTION_PART not in [each.part for each in unmodelled]:
+        parts.append("attention as CUDA's fused kernel allocates (flash or memory-efficient, as sm80+ picks)")
     return tuple(parts)
