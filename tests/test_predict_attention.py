@@ -5,12 +5,18 @@ H200's recorded peaks."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+import batchfit
+from batchfit.predict import ATTENTION_PART
 from batchfit.runtime.steps.attention import CudaAttention, cuda_attention, cuda_kernel
+from batchfit.runtime.workloads.examples import build_example
 
 BATCH, HEADS, LENGTH, HEAD_DIM = 2, 4, 100, 16
 
@@ -49,3 +55,20 @@ def test_the_kernel_cuda_picks() -> None:
     assert cuda_kernel(half, half, half, None, False) == "flash"
     assert cuda_kernel(half, half, half, torch.ones(8, 8, dtype=torch.bool), False) == "efficient"
     assert cuda_kernel(single[0], single[0], single[0], None, False) == ""
+
+
+def test_the_guessed_attention_share_widens_the_band_only_where_the_trace_did_not_fuse() -> None:
+    # GPT-2 calls scaled_dot_product_attention, which the trace fuses: nothing guessed for it. The
+    # built-in transformer's nn.MultiheadAttention is left unfused: its 10% share stays.
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import _workloads
+
+    targets = batchfit.Targets(capacities="1GiB")
+    gpt2 = _workloads.build("gpt2-tiny", torch.device("cpu"))
+    fused = batchfit.predict(gpt2, targets, modes=("train",), device="cpu")
+    assert fused.recorded_by == {"train": "trace"} and fused.unmodelled == ()
+    assert any(part.startswith("attention as CUDA's fused kernel") for part in fused.modelled)
+    unfused = batchfit.predict(build_example("transformer"), targets, modes=("train",), device="cpu")
+    assert [(part.part, part.share) for part in unfused.unmodelled] == [(ATTENTION_PART, 0.10)]
+    assert not any(part.startswith("attention as CUDA's fused kernel") for part in unfused.modelled)
