@@ -17,7 +17,7 @@ from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.tracker import resident_tensors
-from batchfit.runtime.distributed.buckets import opening_steps
+from batchfit.runtime.distributed.buckets import opening_steps, reproduced
 from batchfit.runtime.distributed.data_parallel import note_unwrapped
 from batchfit.runtime.distributed.lockstep import Alone, Lockstep, ranks
 from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
@@ -260,6 +260,7 @@ class _Search:
             replays=replays,
             compiled=self.workload.compiled,
             wrapper_bytes=self.workload.wrapper_bytes,
+            rebuilt_buckets=reproduced(self.workload.buckets, self.target.device.bucket_holding, self.mode),
             forecast_skipped=forecast.skipped,
             started_from=started_from,
         )

@@ -67,13 +67,17 @@ def bucket_layout(model: torch.nn.Module) -> BucketLayout:
     )
 
 
+def reproduced(layout: BucketLayout, holding: BucketHolding, mode: str) -> tuple[int, ...]:
+    """The buckets a search's trials rebuild DDP's into (``layout.rebuilt``): its training trials,
+    behind a caching allocator (``holding`` not "counted"); empty where they rebuild none."""
+    return layout.rebuilt if mode == "train" and holding != "counted" else ()
+
+
 def opening_steps(steps: int, layout: BucketLayout, holding: BucketHolding, mode: str) -> int:
     """The steps of a search's opening trials, ``steps`` (``Trials.steps_per_trial``), or one past
-    the rebuild where training trials reproduce it behind a caching allocator: the last step a
-    trial records is the steady state that the replay of its requests plays again."""
-    if mode != "train" or holding == "counted" or not layout.rebuilds:
-        return steps
-    return max(steps, REBUILD_STEP + 1)
+    the rebuild where they reproduce it (``reproduced``): the last step a trial records is the
+    steady state that the replay of its requests plays again."""
+    return max(steps, REBUILD_STEP + 1) if reproduced(layout, holding, mode) else steps
 
 
 def _reduced(model: DistributedDataParallel) -> tuple[list[torch.Tensor], list[bool]]:
