@@ -23,6 +23,7 @@ from torch.utils.hooks import RemovableHandle
 
 from batchfit.runtime.devices.device import BucketHolding, Device
 from batchfit.runtime.devices.measurement import Measurement
+from batchfit.runtime.distributed.data_parallel import reduced_parameters
 
 #: The training step in whose first forward DDP rebuilds its buckets.
 REBUILD_STEP = 2
@@ -51,7 +52,9 @@ def bucket_layout(model: torch.nn.Module) -> BucketLayout:
     produces gradients in; DDP rebuilds in the order it saw, which may group them otherwise."""
     if not isinstance(model, DistributedDataParallel):
         return BucketLayout()
-    parameters, sparse = _reduced(model)
+    reduced = reduced_parameters(model.module, model.parameters_to_ignore)
+    parameters: list[torch.Tensor] = [parameter for parameter, _ in reduced]
+    sparse = [is_sparse for _, is_sparse in reduced]
     if not parameters:
         return BucketLayout()
     rebuilds = (model.static_graph or not model.find_unused_parameters) and not getattr(
@@ -78,23 +81,6 @@ def opening_steps(steps: int, layout: BucketLayout, holding: BucketHolding, mode
     the rebuild where they reproduce it (``reproduced``): the last step a trial records is the
     steady state that the replay of its requests plays again."""
     return max(steps, REBUILD_STEP + 1) if reproduced(layout, holding, mode) else steps
-
-
-def _reduced(model: DistributedDataParallel) -> tuple[list[torch.Tensor], list[bool]]:
-    """The parameters DDP reduces in the order it registers them, and whether each has a sparse
-    gradient (``runtime.distributed.data_parallel.reduced_bytes`` counts the same ones)."""
-    ignored = model.parameters_to_ignore
-    seen: set[int] = set()
-    parameters, sparse = [], []
-    for module_name, child in model.module.named_modules():
-        is_sparse = isinstance(child, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and child.sparse
-        for name, parameter in child.named_parameters(recurse=False):
-            if not parameter.requires_grad or f"{module_name}.{name}" in ignored or id(parameter) in seen:
-                continue
-            seen.add(id(parameter))
-            parameters.append(parameter)
-            sparse.append(bool(is_sparse))
-    return parameters, sparse
 
 
 def _sizes(parameters: list[torch.Tensor], sparse: list[bool], limits: list[int]) -> tuple[int, ...]:
