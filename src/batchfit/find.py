@@ -17,6 +17,7 @@ from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.distributed.buckets import opening_steps, reproduced
 from batchfit.runtime.distributed.data_parallel import note_unwrapped
 from batchfit.runtime.distributed.lockstep import Alone, Lockstep, ranks
 from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
@@ -137,12 +138,18 @@ class _Search:
         return self.sizes.candidates(self.mode)
 
     @property
+    def opening_steps(self) -> int:
+        """The steps of the opening trials (``runtime.distributed.buckets.opening_steps``)."""
+        holding = self.target.device.bucket_holding
+        return opening_steps(self.trials.steps_per_trial, self.workload.buckets, holding, self.mode)
+
+    @property
     def confirming(self) -> int | None:
         """The steps of the trials after the opening (the answer's among them), where they are
         more than the opening's: a caching allocator fragments over the first steps."""
         asked = self.trials.confirm_steps
         asked = self.target.device.confirm_steps if asked is None else asked
-        return asked if asked is not None and asked > self.trials.steps_per_trial else None
+        return asked if asked is not None and asked > self.opening_steps else None
 
     @property
     def warm_batch(self) -> int | None:
@@ -157,7 +164,7 @@ class _Search:
         one)."""
         if self.start is None:
             return None
-        steps = self.confirming or self.trials.steps_per_trial
+        steps = self.confirming or self.opening_steps
         return self.start.seed(self.target.device, self.budget, steps, self.candidates)
 
     def run(self, snapshot: TrainingSnapshot, seed: int | None = None) -> tuple[SearchOutcome, Forecast, int]:
@@ -175,32 +182,18 @@ class _Search:
             self.workload,
             device,
             self.mode,
-            self.trials.steps_per_trial,
+            self.opening_steps,
             warm_batch=self.warm_batch,
             cap_bytes=budget,
             until_steady=True,
             record=confirming is not None,
             scalers=snapshot_scalers(snapshot),
         )
-        opening = TrialOracle(
-            TrialRunner(spec, snapshot, records),
-            self.team,
-            self.mode,
-            self.budget,
-            self.on_progress,
-            self.cache,
-        )
+        opening = self.oracle(TrialRunner(spec, snapshot, records), self.cache)
         longer, replay = None, None
         if confirming is not None:  # its record pairs with the opening's: only those steps are taken
-            longer_spec = replace(spec, steps=confirming, record_steps=self.trials.steps_per_trial)
-            longer = TrialOracle(
-                TrialRunner(longer_spec, snapshot, records),
-                self.team,
-                self.mode,
-                self.budget,
-                self.on_progress,
-                None,
-            )
+            longer_spec = replace(spec, steps=confirming, record_steps=self.opening_steps)
+            longer = self.oracle(TrialRunner(longer_spec, snapshot, records), None)
             replay = self.team.forecast(ReplayForecast(records, budget, confirming, device.soft_workspaces))
         forecast = self.team.shared(self.forecast)
         traced = forecast.outcome
@@ -261,12 +254,13 @@ class _Search:
             min_batch_size=self.sizes.min_batch_size,
             max_batch_size=self.sizes.upper(self.mode),
             multiple_of=self.sizes.multiple_of,
-            steps_per_trial=self.trials.steps_per_trial,
+            steps_per_trial=self.opening_steps,
             confirm_steps=self.confirming,
             world_size=self.team.world_size,
             replays=replays,
             compiled=self.workload.compiled,
             wrapper_bytes=self.workload.wrapper_bytes,
+            rebuilt_buckets=reproduced(self.workload.buckets, self.target.device.bucket_holding, self.mode),
             forecast_skipped=forecast.skipped,
             started_from=started_from,
         )

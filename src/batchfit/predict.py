@@ -24,6 +24,7 @@ from batchfit.runtime.devices.cuda import CudaDevice
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.distributed.buckets import opening_steps
 from batchfit.runtime.steps.attention import CudaAttention, cuda_attention
 from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
@@ -165,14 +166,12 @@ def record(
     try:
         snapshot.set_gradients_aside()
         budget = int(memory_fraction * _capacity(device, workload))
-        warm = (
-            (trials.warm_batch_size or smallest)
-            if mode == "eval" and trials.eval_with_training_state
-            else None
-        )
-        runner = TrialRunner.on(
-            workload, device, mode, trials.steps_per_trial, budget, snapshot, warm, record=True
-        )
+        trained_first = mode == "eval" and trials.eval_with_training_state
+        warm = (trials.warm_batch_size or smallest) if trained_first else None
+        # A step past DDP's rebuild of its buckets, where the trials reproduce it: the replay plays
+        # the last recorded step as the steady one.
+        steps = opening_steps(trials.steps_per_trial, workload.buckets, device.bucket_holding, mode)
+        runner = TrialRunner.on(workload, device, mode, steps, budget, snapshot, warm, record=True)
         runner.records = records
         for batch_size in RECORD_SIZES:
             trial = runner.run(batch_size)

@@ -37,6 +37,9 @@ class SearchResult:
     replays: int = 0  # sizes the opening's allocator requests were replayed at, to place the trials
     compiled: tuple[str, ...] = ()  # what of the workload runs torch.compile'd code, measured as it runs
     wrapper_bytes: int = 0  # held beside the model in every trial: a DistributedDataParallel's buckets
+    # The bytes of each bucket DDP rebuilds them into, which the training trials rebuilt them into in
+    # step 2, as DDP does (behind a caching allocator; ``runtime.distributed.buckets``); empty: none.
+    rebuilt_buckets: tuple[int, ...] = ()
     # Why no fake-tensor forecast placed the trials on a CPU device ("" where one did, or on CUDA).
     forecast_skipped: str = ""
     # Where a saved prediction's records placed the first trial (find --start-from), or None.
@@ -63,6 +66,9 @@ class SearchResult:
         ranks = f", the smallest of {self.world_size} ranks" if self.world_size > 1 else ""
         if self.wrapper_bytes:
             ranks += f", DDP's gradient buckets of {format_bytes(self.wrapper_bytes)} held"
+        if self.rebuilt_buckets:
+            rebuilt = format_count(len(self.rebuilt_buckets), "bucket")
+            ranks += f" and rebuilt into {rebuilt} in step 2, as DDP does"
         answer = self.answer
         confirmed = f", the answer confirmed over {self.confirm_steps} steps" if self.confirm_steps else ""
         if confirmed and answer.steady_from is not None:

@@ -266,7 +266,8 @@ def _ddp_peak(size: int, built_inside: bool) -> int:
 def ddp_cuda_report(limit: str) -> dict[str, Any]:
     """On CUDA (both ranks on cuda:0, gloo between them): find on an MLP of wide layers wrapped in
     DDP and unwrapped, and the DDP answer trained 10 steps by force in DDP under the search's
-    budget (CUDA's allocator holds DDP's buckets: nothing is added for them there)."""
+    budget. CUDA's allocator holds DDP's one bucket already; the trials rebuild it into the buckets
+    DDP rebuilds it into in step 2, placed beside it (``runtime.distributed.buckets``)."""
     torch.manual_seed(0)
     device = torch.device("cuda", 0)
     model = nn.Sequential(*(nn.Linear(2048, 2048) for _ in range(4)), nn.Linear(2048, 10)).to(device)
@@ -315,6 +316,8 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
             fits = True
         except torch.OutOfMemoryError as error:
             fits, seen["failure"] = False, str(error).splitlines()[0][:300]
+        if isinstance(network, DistributedDataParallel):  # what DDP rebuilt its buckets into
+            seen["rebuilt"] = str(network._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
         network = None
         optimizer.state.clear()
         model.zero_grad(set_to_none=True)
@@ -330,9 +333,11 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
         "wrapper_bytes": wrapper_bytes,
         "by_force": fits,
         # Built inside the cap, as this test built it until 2026-11-26, when the answer (3584 on an
-        # H200) did not train: whether the construction's cached blocks were the cause.
+        # H200) did not train in either (DDP's own largest: 3328).
         "by_force_built_inside": inside,
         "steps_seen": {"ddp": seen, "ddp-inside": seen_inside},
+        "rebuilt_buckets": ", ".join(str(size) for size in found.rebuilt_buckets),
+        "summary": found.summary(),
     }
     if not fits:  # what the next GPU run needs to tell why
         answer = [trial for trial in found.trials if trial.batch_size == found.batch_size][-1]

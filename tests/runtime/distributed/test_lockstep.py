@@ -238,11 +238,14 @@ def test_a_compiled_ddp_is_refused_with_what_to_pass(ddp_reports: list[dict[str,
 
 @pytest.mark.gpu
 def test_on_cuda_a_model_in_ddp_is_searched_with_the_buckets_its_allocator_holds(tmp_path: Path) -> None:
-    # Both ranks on one GPU, gloo between them. The caching allocator holds DDP's buckets: the
-    # answer is below the unwrapped one, and it trains 10 steps in DDP under the search's budget,
-    # the DDP built before the cap as a user builds it before find (the cap empties the cache its
-    # construction left, as find's first trial does). Built inside the cap (how the H200's failing
-    # run built it), the blocks its broadcast freed stay cached: the report says whether that trains.
+    # Both ranks on one GPU, gloo between them. The caching allocator holds DDP's one bucket; a
+    # fresh DDP frees it in its second forward and allocates 3 (of at most 25 MiB past the first),
+    # into the blocks step 1 left cached. The trials do that too, the new ones beside the old,
+    # which they cannot free: the answer is below the unwrapped one, and it trains 10 steps in a
+    # fresh DDP under the search's budget, built before the cap as a user builds it before find
+    # (the cap empties the cache its construction left, as find's first trial does). Built inside
+    # the cap, the blocks its broadcast freed stay cached: the report says whether that trains.
+    # On the H200 of 2026-11-26, before the trials rebuilt the buckets: find 3584, DDP's own 3328.
     # 768 MiB: each rank's cuBLAS workspaces take about 64 MiB on an H200 (512 MiB: nothing fit).
     reports = spawn("ddp-cuda", ["768MiB", "768MiB"], tmp_path)
     assert all("error" not in report for report in reports), reports
@@ -254,3 +257,6 @@ def test_on_cuda_a_model_in_ddp_is_searched_with_the_buckets_its_allocator_holds
     print(json.dumps(reports, indent=1))
     assert first["by_force"] is True, [report.get("diagnosis") for report in reports]
     assert first["batch_size"] < first["unwrapped_batch_size"]
+    # The trials rebuilt the buckets into what the fresh DDP rebuilt them into, and the result says so.
+    assert first["rebuilt_buckets"] == first["steps_seen"]["ddp"]["rebuilt"] != ""
+    assert "held and rebuilt into 3 buckets in step 2, as DDP does" in first["summary"]

@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from batchfit.policy.allocation_record import Recording
+from batchfit.runtime.devices.device import BucketHolding
 from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.modelled_allocator import ModelledAllocator
 from batchfit.units import format_bytes
@@ -78,6 +79,7 @@ class CachingDevice:
     fake = False  # real tensors: a run, not a trace
     name: str
     torch_device: torch.device
+    bucket_holding: BucketHolding
 
     def __init__(self, allocator: Allocator) -> None:
         self.allocator = allocator
@@ -166,6 +168,7 @@ class CachingCpuDevice(CachingDevice):
 
     torch_device = torch.device("cpu")
     min_window_steps = 1  # nothing runs ahead of the host: a step is a step
+    bucket_holding: BucketHolding = "placed"  # the modelled allocator sees what the trial allocates
 
     def __init__(self, limit_bytes: int, expandable_segments: bool = False, *, fake: bool = False) -> None:
         super().__init__(ModelledAllocator(expandable_segments, fake))

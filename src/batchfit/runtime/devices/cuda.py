@@ -15,6 +15,7 @@ from batchfit.policy.allocation_record import Recording
 from batchfit.policy.allocator_blocks import Segments
 from batchfit.runtime.devices.allocator_settings import expandable_segments, unmodelled_settings
 from batchfit.runtime.devices.caching_device import CachingDevice
+from batchfit.runtime.devices.device import BucketHolding
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class CudaDevice(CachingDevice):
     # a smaller one: near the cap a workspace that does not fit does not fail the step.
     soft_workspaces = True
     measures_compiled = True  # compiled kernels allocate from the caching allocator as eager ones do
+    bucket_holding: BucketHolding = "beside"  # DDP allocated its buckets here before the search
 
     def __init__(self, index: int, limit_bytes: int | None = None) -> None:
         self.torch_device = torch.device("cuda", index)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 
@@ -20,6 +20,14 @@ from batchfit.runtime.devices.host import host_available_bytes, malloc_trim
 from batchfit.runtime.devices.measurement import Measurement, profiled
 from batchfit.runtime.devices.tracker import StorageTracker, resident_oom_message
 from batchfit.units import format_bytes
+
+#: How a device's training trials hold a ``DistributedDataParallel``'s gradient buckets
+#: (``runtime.distributed.buckets``). "counted": as bytes (``Workload.wrapper_bytes``), which the
+#: reducer's rebuild, freeing what it allocates, leaves as they were; "placed": as tensors of the
+#: trial's own, placed by the allocator and rebuilt in the step DDP rebuilds them; "beside": the
+#: allocator holds the DDP's own buckets, which a trial cannot free, so the rebuilt ones are
+#: placed beside them (the old ones' bytes counted twice from the rebuild on: the answer errs low).
+BucketHolding = Literal["counted", "placed", "beside"]
 
 
 class Device(Protocol):
@@ -52,6 +60,8 @@ class Device(Protocol):
     #: The device measures fake tensors (a trace of the step, which allocates nothing and whose
     #: values cannot be read), not real ones.
     fake: bool
+    #: How its training trials hold a DDP's gradient buckets (``BucketHolding``).
+    bucket_holding: BucketHolding
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         """Bytes the workload may use in all, counting the ``resident`` tensors it already holds
@@ -103,6 +113,7 @@ class CpuDevice:
     soft_workspaces = False  # nothing is replayed: live bytes decide
     measures_compiled = True  # from the allocator's events, read by the profiler (runtime.steps.compiled)
     min_window_steps = 1  # nothing runs ahead of the host: a step is a step
+    bucket_holding: BucketHolding = "counted"  # live bytes decide: where a bucket lands does not
 
     def __init__(self, *, fake: bool = False) -> None:
         self.fake = fake  # measure fake tensors: a trace, not a run

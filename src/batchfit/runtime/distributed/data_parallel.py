@@ -62,12 +62,21 @@ def bucket_bytes(model: torch.nn.Module) -> int:
 
 
 def reduced_bytes(module: torch.nn.Module, ignored: Collection[str] = ()) -> int:
-    """A gradient's bytes for each parameter of ``module`` that DDP reduces in a bucket, as DDP
+    """A gradient's bytes for each parameter of ``module`` that DDP reduces in a bucket
+    (``reduced_parameters``, less those with a sparse gradient)."""
+    reduced = reduced_parameters(module, ignored)
+    return sum(parameter.numel() * parameter.element_size() for parameter, sparse in reduced if not sparse)
+
+
+def reduced_parameters(
+    module: torch.nn.Module, ignored: Collection[str] = ()
+) -> list[tuple[torch.nn.Parameter, bool]]:
+    """Each parameter of ``module`` that DDP reduces, in the order it registers them, as DDP
     chooses them: requiring a gradient, not named in ``ignored`` (DDP's own keys, from
-    ``_ddp_params_and_buffers_to_ignore``), each shared one once; an ``nn.Embedding(sparse=True)``'s
-    sparse gradient is reduced as it is, in no bucket."""
+    ``_ddp_params_and_buffers_to_ignore``), each shared one once; and whether its gradient is
+    sparse (an ``nn.Embedding(sparse=True)``'s, reduced as it is, in no bucket)."""
     seen: set[int] = set()
-    total = 0
+    reduced = []
     for module_name, child in module.named_modules():
         sparse = isinstance(child, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and child.sparse
         for name, parameter in child.named_parameters(recurse=False):
@@ -75,9 +84,8 @@ def reduced_bytes(module: torch.nn.Module, ignored: Collection[str] = ()) -> int
             if not parameter.requires_grad or f"{module_name}.{name}" in ignored or id(parameter) in seen:
                 continue
             seen.add(id(parameter))
-            if not sparse:
-                total += parameter.numel() * parameter.element_size()
-    return total
+            reduced.append((parameter, bool(sparse)))
+    return reduced
 
 
 def note_unwrapped(model: torch.nn.Module, world_size: int) -> None:

@@ -18,6 +18,7 @@ from batchfit.policy.trial import Mode
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
+from batchfit.runtime.distributed.buckets import BucketLayout, trial_buckets
 from batchfit.runtime.steps.compiled import recompiles_allowed
 from batchfit.runtime.steps.finite import LossLog
 from batchfit.runtime.workloads.batches import to_device
@@ -100,6 +101,11 @@ def run_steps(
     # (L-BFGS's history, a buffer assigned anew) is freed, as in training.
     resident = resident_tensors(workload.module, optimizer, *workload.reached)
     compiled, wrapper_bytes = bool(workload.compiled), workload.wrapper_bytes
+    # A training trial rebuilds DDP's buckets where training does; a device that places them holds
+    # tensors of its own for them (``runtime.distributed.buckets``), not their bytes as well.
+    buckets = workload.buckets if spec.mode == "train" else BucketLayout()
+    if buckets.rebuilds and spec.device.bucket_holding == "placed":
+        wrapper_bytes = 0
     warming = spec.mode == "eval" and spec.warm_batch is not None and optimizer is not None
     # Collated on the host outside the cap, as the steps' batch is: a dataset's items may be views
     # of one tensor (a TensorDataset's), whose whole storage a collation inside would count.
@@ -109,6 +115,7 @@ def run_steps(
             resident, spec.cap_bytes, compiled=compiled, wrapper_bytes=wrapper_bytes
         ) as measurement,
         _optimizer_phases(measurement),
+        trial_buckets(buckets, workload.module, spec.device, measurement) as held,  # freed unrecorded
         ExitStack() as recorder,  # closed after ``record_steps`` steps: the recording ends there
     ):
         recording = recorder.enter_context(spec.device.recording()) if spec.record else None
@@ -118,6 +125,8 @@ def run_steps(
         if warm_host is not None and optimizer is not None:
             _make_training_state(spec, optimizer, warm_host)
         workload.module.train(spec.mode == "train")
+        if held is not None:
+            held.start()
         step_seconds = _each_step(spec, optimizer, host_batch, measurement, recorder, compiled, losses)
     return measurement, step_seconds
 

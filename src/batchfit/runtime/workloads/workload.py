@@ -11,6 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import ConfigurationError
+from batchfit.runtime.distributed.buckets import BucketLayout, bucket_layout
 from batchfit.runtime.distributed.data_parallel import DataParallelStandIn, bucket_bytes, unwrapped
 from batchfit.runtime.distributed.sharded import local_step
 from batchfit.runtime.steps.micro_batches import plain
@@ -53,6 +54,8 @@ class Workload:
     # What the model's wrapper holds on the device beside the tensors a step reaches (DDP's
     # gradient buckets), read once: a variant that replaces the model (compiled) keeps it.
     _wrapper_bytes: int = field(default=0, init=False, repr=False)
+    # How DDP lays them out, and again at training's second step (``runtime.distributed.buckets``).
+    _buckets: BucketLayout = field(default=BucketLayout(), init=False, repr=False)
     # What the user's steps are given: the model as a trial runs it (``step_model``), made once.
     _data_parallel: bool = field(default=False, init=False, repr=False)
     _step_model: torch.nn.Module | None = field(default=None, init=False, repr=False, compare=False)
@@ -88,6 +91,7 @@ class Workload:
                 "and counts DDP's gradient buckets."
             )
         self._wrapper_bytes = bucket_bytes(self.model)
+        self._buckets = bucket_layout(self.model)
         self._data_parallel = isinstance(self.model, DistributedDataParallel)
 
     # -- batches -------------------------------------------------------------------------
@@ -133,11 +137,18 @@ class Workload:
         the tensors it is shown adds them; a GPU's allocator holds them already."""
         return self._wrapper_bytes
 
+    @property
+    def buckets(self) -> BucketLayout:
+        """The layout of DDP's gradient buckets, before and after the rebuild a training trial
+        reproduces (``runtime.distributed.buckets``; empty: no rebuild to come)."""
+        return self._buckets
+
     def replaced(self, **changes: Any) -> Workload:
         """This workload with ``changes`` to its fields (a fake copy of the model, a compiled one),
         what the original model's wrapper holds still held, unless the new model is a wrapper too."""
         variant = dataclasses.replace(self, **changes)
         variant._wrapper_bytes = variant._wrapper_bytes or self._wrapper_bytes
+        variant._buckets = variant._buckets if variant._data_parallel else self._buckets
         variant._data_parallel = variant._data_parallel or self._data_parallel
         return variant
 
