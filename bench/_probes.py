@@ -12,10 +12,10 @@ from _capped import STEPS_PER_TRIAL, Bench
 
 import batchfit
 from batchfit import BatchSizes, Workload
+from batchfit.cpu_alone import cuda_defaults
 from batchfit.policy.capacity_prediction import largest_placed
 from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.trial import Mode
-from batchfit.predict import cuda_defaults
 from batchfit.runtime.workloads.batches import to_device
 
 #: The candidates every method answers from: up to 4096 (ResNet-50 at 80 GiB trains past 512).

@@ -25,11 +25,12 @@ from torch import nn
 
 import batchfit
 from batchfit import Targets, Trials
+from batchfit.cpu_alone import cuda_defaults
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.trial import Mode
-from batchfit.predict import CPU_RECORDING_BYTES, cuda_defaults, record, record_traced
+from batchfit.predict import CPU_RECORDING_BYTES, record, record_traced
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import TinyLM
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import batchfit
-from batchfit.predict import ATTENTION_PART
+from batchfit.cpu_alone import ATTENTION_PART
 from batchfit.runtime.steps.attention import CudaAttention, cuda_attention, cuda_kernel
 from batchfit.runtime.workloads.examples import build_example
 

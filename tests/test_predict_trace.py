@@ -17,7 +17,8 @@ from torch import nn
 
 import batchfit
 from batchfit import ConfigurationError, Targets, Trials
-from batchfit.predict import CPU_RECORDING_BYTES, cuda_defaults, record, record_traced
+from batchfit.cpu_alone import cuda_defaults
+from batchfit.predict import CPU_RECORDING_BYTES, record, record_traced
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.steps.attention import CudaAttention
 from batchfit.runtime.workloads.examples import TinyLM, build_example

@@ -4,14 +4,13 @@ allocator requests replayed at each target's memory (``policy.capacity_predictio
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from batchfit.cpu_alone import cuda_defaults, modelled, unmodelled
 from batchfit.errors import ConfigurationError
 from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.allocation_record import AllocationRecord
@@ -36,15 +35,6 @@ from batchfit.runtime.workloads.workload import Workload
 #: The batch sizes recorded: the pair ``find`` opens with and one more, whose own answer shows the
 #: replay's error where the step's requests do not follow lines in the batch.
 RECORD_SIZES = (2, 4, 8)
-#: The CPU alone: the share of the budget each part the CPU cannot model may move the step's
-#: memory by, either way. Guesses, not measurements, until a GPU session measures them.
-GUESSED_SHARES = {
-    "cudnn": 0.03,
-    "attention": 0.10,
-    "autocast": 0.25,
-}
-#: The attention kernel, where the trace did not run it as CUDA's fused kernel.
-ATTENTION_PART = "the attention kernel CUDA picks (flash, memory-efficient or math)"
 #: Where the CPU stands in alone: its capacity for the small trials (their own memory is real).
 CPU_RECORDING_BYTES = 1 << 40
 
@@ -97,7 +87,7 @@ def predict_on(
     ``cpu_alone``: the CPU stands in for CUDA (its additions and unmodelled parts apply)."""
     started = time.perf_counter()
     memories = targets.memories()
-    unmodelled: dict[Unmodelled, None] = {}  # in order, each once
+    missing: dict[Unmodelled, None] = {}  # what the CPU alone cannot model: in order, each once
     steps = trials.confirm_steps or device.confirm_steps or trials.steps_per_trial
     rows: dict[str, dict[Mode, CapacityPrediction]] = {memory.name: {} for memory, _ in memories}
     recorded: dict[Mode, tuple[Trial, ...]] = {}
@@ -106,17 +96,11 @@ def predict_on(
     for mode in modes:
         check_searchable(workload, mode, device, meta=cpu_alone)
         candidates = sizes.candidates(mode)
-        attention = CudaAttention()
-        with cuda_defaults(workload.optimizer, cpu_alone):
-            if cpu_alone:
-                records, ran, why = record_cpu_alone(
-                    workload, mode, device, memory_fraction, trials, candidates.first, attention
-                )
-                untraced.update({mode: why} if why else {})
-            else:
-                records, ran = record(workload, mode, device, memory_fraction, trials, candidates.first)
-        found = _unmodelled(workload, attention) if cpu_alone else ()
-        unmodelled.update(dict.fromkeys(found))
+        records, ran, why, found = _recorded(
+            device, workload, mode, memory_fraction, trials, candidates.first, cpu_alone
+        )
+        untraced.update({mode: why} if why else {})
+        missing.update(dict.fromkeys(found))
         recorded[mode], evidence[mode] = ran, records
         predictors: dict[tuple[int, ...], CapacityPredictor] = {}
         for memory, hopper in memories:
@@ -140,11 +124,32 @@ def predict_on(
         records=evidence,
         recorded_by={mode: TRIALS if mode in untraced or not cpu_alone else TRACE for mode in modes},
         untraced=untraced,
-        unmodelled=tuple(unmodelled),
-        modelled=_modelled(cpu_alone, workload, tuple(unmodelled)),
+        unmodelled=tuple(missing),
+        modelled=modelled(cpu_alone, workload, tuple(missing)),
         seconds=time.perf_counter() - started,
         recorded_capacity_bytes=None if cpu_alone else _capacity(device, workload),
     )
+
+
+def _recorded(
+    device: Device,
+    workload: Workload,
+    mode: Mode,
+    memory_fraction: float,
+    trials: Trials,
+    smallest: int,
+    cpu_alone: bool,
+) -> tuple[dict[int, AllocationRecord], tuple[Trial, ...], str, tuple[Unmodelled, ...]]:
+    """One mode's records and trials on ``device``, why they were not traced ("" where they were
+    or need not be), and what the CPU alone cannot model of the step."""
+    if not cpu_alone:
+        return (*record(workload, mode, device, memory_fraction, trials, smallest), "", ())
+    attention = CudaAttention()
+    with cuda_defaults(workload.optimizer):
+        records, ran, why = record_cpu_alone(
+            workload, mode, device, memory_fraction, trials, smallest, attention
+        )
+    return records, ran, why, unmodelled(workload, attention)
 
 
 def record(
@@ -247,52 +252,3 @@ def _capacity(device: Device, workload: Workload) -> int:
     """What ``device`` holds for ``workload``'s trials, its resident tensors aside."""
     held = resident_tensors(workload.module, workload.optimizer, *workload.reached)
     return device.capacity_bytes(held, workload.wrapper_bytes)
-
-
-@contextmanager
-def cuda_defaults(optimizer: Any, on: bool = True) -> Iterator[None]:
-    """On the CPU standing in for CUDA, ``optimizer`` steps as it defaults to on CUDA (foreach,
-    where its ``foreach`` is unset and it is not fused): the step's temporaries are CUDA's."""
-    changed = []
-    if on and isinstance(optimizer, torch.optim.Optimizer) and "foreach" in optimizer.defaults:
-        changed = [g for g in optimizer.param_groups if g.get("foreach") is None and not g.get("fused")]
-    for group in changed:
-        group["foreach"] = True
-    try:
-        yield
-    finally:
-        for group in changed:
-            group["foreach"] = None
-
-
-def _unmodelled(workload: Workload, attention: CudaAttention) -> tuple[Unmodelled, ...]:
-    """What the CPU cannot show of the step on CUDA, each with its guessed share of the budget
-    (attention's where the trace did not run every attention call as a fused kernel)."""
-    modules = list(workload.module.modules())
-    found = []
-    if any(isinstance(module, torch.nn.modules.conv._ConvNd) for module in modules):
-        found.append(("cuDNN's convolution workspaces (the algorithm CUDA picks)", "cudnn"))
-    if any("attention" in type(module).__name__.lower() for module in modules) and not (
-        attention.all_fused(workload.module)
-    ):
-        found.append((ATTENTION_PART, "attention"))
-    if grad_scalers(workload.train_step, workload.eval_step):
-        found.append(("autocast to float16 with a GradScaler (run as the CPU runs it)", "autocast"))
-    return tuple(Unmodelled(part, GUESSED_SHARES[key]) for part, key in found)
-
-
-def _modelled(cpu_alone: bool, workload: Workload, unmodelled: tuple[Unmodelled, ...]) -> tuple[str, ...]:
-    if not cpu_alone:
-        return ("every request the local GPU's allocator served, cuBLAS's and cuDNN's workspaces included",)
-    parts = [
-        "CUDA's caching allocator (rounding, pools, segments, splitting, retries) on the step's own tensors",
-        "cuBLAS's two workspaces, kept from the first matrix products (32 MiB each on Hopper, 8.125 before)",
-        "the CUDA context, by card (policy.cards: an estimate with its range)",
-    ]
-    optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
-    if optimizer is not None and "foreach" in optimizer.defaults:
-        parts.append("the optimizer's foreach step, CUDA's default (unless set otherwise)")
-    attention = any("attention" in type(module).__name__.lower() for module in workload.module.modules())
-    if attention and ATTENTION_PART not in [each.part for each in unmodelled]:
-        parts.append("attention as CUDA's fused kernel allocates (flash or memory-efficient, as sm80+ picks)")
-    return tuple(parts)
