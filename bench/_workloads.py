@@ -1,7 +1,8 @@
 """Workloads the benchmarks run: batchfit's built-in examples, and on a GPU real models built from
 their packages' code (no download): torchvision's ResNet-50 in fp32 and with AMP and its ViT-B/16
 with AdamW, and a GPT-2 small from its Hugging Face config (and a tiny one, for the CPU with CUDA's
-allocator modelled). A model whose package is missing is skipped, with the reason.
+allocator modelled). A model whose package is missing is skipped, with the reason; the fp32 ResNet-50
+without torchvision is ``_resnet.py``'s copy of its architecture.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import _resnet
 import torch
 from torch import nn
 
@@ -30,12 +32,11 @@ def _images(classes: int) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
 
 
 def resnet50(device: torch.device, amp: bool = False) -> batchfit.Workload:
-    """torchvision's ResNet-50 on 224x224 images, SGD with momentum; with ``amp``, autocast to fp16
-    and a GradScaler, as mixed-precision training runs it."""
-    import torchvision  # type: ignore[import-not-found,import-untyped,unused-ignore]
-
+    """torchvision's ResNet-50 (1000 classes) on 224x224 images, SGD with momentum; with ``amp``,
+    autocast to fp16 and a GradScaler, as mixed-precision training runs it. Without torchvision (fp32
+    only), ``_resnet.ResNet50``: the same modules, parameters, buffers and forward, not its code."""
     torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None).to(device)
+    model = _resnet50().to(device)
     workload = batchfit.Workload(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
@@ -61,6 +62,16 @@ def resnet50(device: torch.device, amp: bool = False) -> batchfit.Workload:
 
         workload.train_step, workload.eval_step = train_step, eval_step
     return workload
+
+
+def _resnet50() -> nn.Module:
+    """torchvision's ResNet-50 where torchvision is installed, else its copy in ``_resnet.py``."""
+    try:
+        import torchvision  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return _resnet.ResNet50(num_classes=1000)
+    model: nn.Module = torchvision.models.resnet50(weights=None)
+    return model
 
 
 def vit(device: torch.device) -> batchfit.Workload:
@@ -122,9 +133,9 @@ REAL: dict[str, Callable[[torch.device], batchfit.Workload]] = {
     "gpt2": gpt2,
     "gpt2-tiny": lambda device: gpt2(device, tiny=True),
 }
-#: The package each real model needs.
+#: The package each real model needs (the fp32 ResNet-50 none: ``_resnet.py`` stands in for it).
 PACKAGES = {
-    "resnet50": "torchvision",
+    "resnet50": "torch",
     "resnet50-amp": "torchvision",
     "vit-b16": "torchvision",
     "gpt2": "transformers",
