@@ -77,6 +77,10 @@ def test_a_nan_loss_is_one_clean_message() -> None:
     assert (run.returncode, run.stdout) == (1, "")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_a_step_says_interrupted(tmp_path: Path) -> None:
     mark = tmp_path / "in-the-step"
     command = [sys.executable, "-m", "batchfit", *FIND, "--workload", "failing_steps:slow_step"]
@@ -87,6 +91,9 @@ def test_ctrl_c_in_a_step_says_interrupted(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it: a suite started in the background of a shell without job
+        # control runs with SIGINT ignored, which its children inherit (Python then never raises it).
+        preexec_fn=_default_sigint,
     )
     try:
         deadline = time.monotonic() + 120
