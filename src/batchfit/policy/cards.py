@@ -36,9 +36,8 @@ CONTEXT_SOURCE = (
 CUBLAS_WORKSPACE_BYTES = {"hopper": 32 * MiB, "older": 8 * MiB + 128 * 1024}
 #: How many such workspaces a training process holds: PyTorch keeps one per (handle, stream), a
 #: handle per thread, and autograd runs CUDA's backward on a thread of its own; cuBLASLt keeps its
-#: own besides. The H200's histories (``bench/data/h200-2026-11-26-2``) hold two blocks of Hopper's
-#: size before the first traced step in each of the seven workloads; eval is taken to hold as many
-#: (not recorded), which errs towards the smaller batch.
+#: own besides. Eval is taken to hold as many, which errs towards the smaller batch (the evidence:
+#: docs/predict.md, "The model and the replay against CUDA's allocator").
 CUBLAS_WORKSPACES = 2
 
 
