@@ -52,7 +52,7 @@ class Edge:
     falling: bool
 
     def __str__(self) -> str:
-        return f"{self.size}|{self.size + 1}{' fails above' if self.falling else ' fits above'}"
+        return f"{'fails' if self.falling else 'fits'} from {self.size + 1}"
 
 
 def truth_points(row: dict[str, Any]) -> tuple[str, dict[int, bool]]:
