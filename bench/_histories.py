@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event
+from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event, ranked
 from batchfit.policy.allocator_blocks import Block, BlockState, Segments, rounded
 from batchfit.policy.caching_allocator import CachingAllocator
 
@@ -223,4 +223,7 @@ def record_of(history: History) -> AllocationRecord:
             step.append((ALLOC, size))
         elif action == "free_completed":
             step.append((FREE, ordinals.pop(address)))
-    return AllocationRecord(history.batch_size, start_of(history).segments, tuple(map(tuple, steps)))
+    start = start_of(history)
+    made = [address for action, address, _ in history.events if action == "segment_alloc"]
+    places = ranked([*start.bases, *made])
+    return AllocationRecord(history.batch_size, start.segments, tuple(map(tuple, steps)), places=places)

@@ -43,8 +43,10 @@ class AllocationReplay:
         steps: tuple[tuple[Event, ...], ...],
         lines: list[tuple[float, float]],
         expandable: bool = False,
+        places: tuple[int, ...] = (),
     ):
         self.start, self.steps, self.expandable = start, steps, expandable
+        self.places = places  # the segments' order in addresses, as the reference recorded it
         self.lines = lines  # each request's bytes: intercept, bytes per sample
         self.handed_on = _handed_on(steps, lines)
         self.transient = _kinds(steps)[1]  # the workspaces: freed right after they are made
@@ -92,7 +94,7 @@ class AllocationReplay:
                 continue
             slope = (size - (0 if match is None else other_sizes[match])) / span
             lines.append((size - slope * reference.batch_size, slope))
-        return cls(reference.start, reference.steps, lines, reference.expandable)
+        return cls(reference.start, reference.steps, lines, reference.expandable, reference.places)
 
     @property
     def repeatable(self) -> bool:
@@ -120,7 +122,7 @@ class AllocationReplay:
         if steps > recorded and not self.repeatable:
             return None
         sizes = [max(1, math.ceil(fixed + slope * batch_size)) for fixed, slope in self.lines]
-        allocator = CachingAllocator.starting_from(self.start, limit_bytes, self.expandable)
+        allocator = CachingAllocator.starting_from(self.start, limit_bytes, self.expandable, self.places)
         player = _Player(allocator, sizes)
         if soft_workspaces:
             player.soft = self.transient
