@@ -166,7 +166,8 @@ class ModelRun:
 def model_run(history: History) -> ModelRun:
     """Replay ``history``'s requests on the model (see ``ModelRun``)."""
     start = start_of(history)
-    allocator = CachingAllocator.starting_from(start.segments)
+    made = [address for action, address, _ in history.events if action == "segment_alloc"]
+    allocator = CachingAllocator.starting_from(start.segments, places=ranked([*start.bases, *made]))
     model_bases = [address for address, _ in allocator.layout()]  # the start's segments, in order
     cuda_bases = list(start.bases)  # CUDA's segments as the model's ordinals number them
     held: dict[int, Block] = {}
