@@ -115,6 +115,7 @@ def one_step(
         key: changes.pop(key) for key in ("memory_limit", "sizes", "compute_loss_func") if key in changes
     }
     cap = changes.pop("cap", None)
+    train = changes.pop("train", LANGUAGE if collate is language_modelling else CLASSIFICATION)
     args = arguments(
         tmp_path,
         **{
@@ -133,7 +134,6 @@ def one_step(
         },
     )
     gradients = Gradients()
-    train = LANGUAGE if collate is language_modelling else CLASSIFICATION
     trainer = trainer_class(
         model=model().double(),
         args=args,
@@ -152,17 +152,21 @@ def one_step(
     return trainer, gradients.seen
 
 
-def assert_same_step(mine: tuple[Any, list[torch.Tensor]], theirs: tuple[Any, list[torch.Tensor]]) -> None:
+def assert_same_step(
+    mine: tuple[Any, list[torch.Tensor]], theirs: tuple[Any, list[torch.Tensor]], steps: int = 1
+) -> None:
+    """The same gradients before the last optimizer step, weights after it and logged losses."""
     (trainer, gradients), (reference, expected) = mine, theirs
-    assert trainer.state.global_step == reference.state.global_step == 1
+    assert trainer.state.global_step == reference.state.global_step == steps
     assert len(gradients) == len(expected)
     for got, want in zip(gradients, expected, strict=True):
         assert (got - want).abs().max().item() <= 1e-10
     for got, want in zip(trainer.model.parameters(), reference.model.parameters(), strict=True):
         assert got.dtype == torch.float64 and (got - want).abs().max().item() <= 1e-10
     # The Trainer adds the logged loss up in a float32 tensor: equal to its rounding.
-    logged, wanted = trainer.state.log_history[0]["loss"], reference.state.log_history[0]["loss"]
-    assert logged == pytest.approx(wanted, rel=1e-6, abs=0)
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    wanted = [entry["loss"] for entry in reference.state.log_history if "loss" in entry]
+    assert len(logged) == steps and logged == pytest.approx(wanted, rel=1e-6, abs=0)
 
 
 SPLITS = [
@@ -218,6 +222,26 @@ def test_an_out_of_memory_halving_gives_the_users_own_optimizer_step(
 ) -> None:
     # The plan keeps 8 x 2; training then runs under a cap between the peaks of the plain Trainer's
     # step at 4 and at 8 samples, so the first batch runs out of memory and runs again as 4 + 4.
+    cap = halving_cap(tmp_path, model, collate)
+    mine = one_step(
+        tmp_path / "mine",
+        BatchfitTrainer,
+        model,
+        collate,
+        sizes=batchfit.BatchSizes(max_batch_size=ASKED),
+        cap=cap,
+    )
+    plan = mine[0].batchfit_plan
+    assert [(change.old_micro_batch_size, change.new_micro_batch_size) for change in plan.changes] == [
+        (ASKED, 4)
+    ]
+    assert (plan.per_device_train_batch_size, plan.gradient_accumulation_steps) == (ASKED, ACCUMULATION)
+    assert_same_step(mine, one_step(tmp_path / "theirs", Trainer, model, collate))
+
+
+def halving_cap(tmp_path: Path, model: Callable[[], torch.nn.Module], collate: Callable[..., Any]) -> int:
+    """A cap between the peaks of the plain Trainer's step (float64, SGD) at 4 and at 8 samples."""
+
     def peak(size: int) -> int:
         trainer = Trainer(
             model=model().double(),
@@ -238,20 +262,68 @@ def test_an_out_of_memory_halving_gives_the_users_own_optimizer_step(
 
     low, high = peak(4), peak(ASKED)
     assert low < high
-    mine = one_step(
-        tmp_path / "mine",
-        BatchfitTrainer,
-        model,
-        collate,
-        sizes=batchfit.BatchSizes(max_batch_size=ASKED),
-        cap=(low + high) // 2,
-    )
+    return (low + high) // 2
+
+
+@pytest.mark.parametrize("largest", [4, 16], ids=["re-split-4x4", "merged-16x1"])
+@pytest.mark.parametrize(
+    "model", [pytest.param(bert, id="kwargs-mean"), pytest.param(PlainClassifier, id="no-kwargs")]
+)
+def test_the_epochs_last_shorter_step_is_the_users_own(
+    tmp_path: Path, model: Callable[[], torch.nn.Module], largest: int
+) -> None:
+    # 28 examples at 8 x 2: the second step holds the user's batches of 8 and 4, each a mean over
+    # its own samples. The plan's 16 x 1 runs them as one batch of 12, cut into 8 + 4.
+    changes = {"train": CLASSIFICATION[:28], "max_steps": 2}
+    sizes = batchfit.BatchSizes(max_batch_size=largest)
+    mine = one_step(tmp_path / "mine", BatchfitTrainer, model, padded, sizes=sizes, **changes)
     plan = mine[0].batchfit_plan
-    assert [(change.old_micro_batch_size, change.new_micro_batch_size) for change in plan.changes] == [
-        (ASKED, 4)
-    ]
-    assert (plan.per_device_train_batch_size, plan.gradient_accumulation_steps) == (ASKED, ACCUMULATION)
-    assert_same_step(mine, one_step(tmp_path / "theirs", Trainer, model, collate))
+    assert (plan.per_device_train_batch_size, plan.gradient_accumulation_steps) == (largest, 16 // largest)
+    assert_same_step(mine, one_step(tmp_path / "theirs", Trainer, model, padded, **changes), steps=2)
+
+
+def token_mean_finding(model: torch.nn.Module) -> str:
+    """What the probe reports for ``token_mean``: the loss of the longest and the shortest example
+    (all are as long: the first and the last) together, and of each alone."""
+    pair = language_modelling([LANGUAGE[0], LANGUAGE[-1]])
+    with torch.no_grad():
+        together, first, second = (
+            token_mean(model(input_ids=part["input_ids"]), part["labels"]).item()
+            for part in (
+                pair,
+                {key: value[:1] for key, value in pair.items()},
+                {key: value[1:] for key, value in pair.items()},
+            )
+        )
+    return (
+        f"the Trainer's loss of two training examples is {together:.6g}, and of each alone (with the same "
+        f"num_items_in_batch) {first:.6g} and {second:.6g}: their mean, over examples without exactly one "
+        f"label each (a mean over tokens?), so no weight of each micro-batch's loss gives the step of the "
+        f"batches asked. Make the loss a sum divided by num_items_in_batch (a model whose forward takes "
+        f"it, or compute_loss_func), a sum, or a mean over examples with one label each; or train with "
+        f"the plain Trainer at sizes that fit."
+    )
+
+
+def test_an_out_of_memory_under_a_loss_averaged_over_tokens_is_refused_not_halved(tmp_path: Path) -> None:
+    # No split at fitting (8 x 2 fits), so no refusal then; the out-of-memory under the cap would
+    # halve the batch, which no weight keeps under this loss.
+    cap = halving_cap(tmp_path, gpt2, language_modelling)
+    with pytest.raises(LossReductionError) as raised:
+        one_step(
+            tmp_path / "mine",
+            BatchfitTrainer,
+            gpt2,
+            language_modelling,
+            compute_loss_func=token_mean,
+            sizes=batchfit.BatchSizes(max_batch_size=ASKED),
+            cap=cap,
+        )
+    assert str(raised.value) == (
+        "batchfit would run samples 0 to 3 of an optimizer step as one micro-batch (micro_batch_size 4, "
+        "halved after an out-of-memory in training), where per_device_train_batch_size is 8, and cannot "
+        f"keep the optimizer step so: {token_mean_finding(gpt2().double())}"
+    )
 
 
 def test_a_loss_averaged_over_each_batchs_tokens_is_refused_before_the_split(tmp_path: Path) -> None:
@@ -267,28 +339,11 @@ def test_a_loss_averaged_over_each_batchs_tokens_is_refused_before_the_split(tmp
         compute_loss_func=token_mean,
         sizes=batchfit.BatchSizes(max_batch_size=4),
     )
-    # The truth the message reports: the loss of the longest and the shortest examples (all are
-    # as long: the first and the last), and of each alone.
-    pair = language_modelling([LANGUAGE[0], LANGUAGE[-1]])
-    with torch.no_grad():
-        together, first, second = (
-            token_mean(trainer.model(input_ids=part["input_ids"]), part["labels"]).item()
-            for part in (
-                pair,
-                {key: value[:1] for key, value in pair.items()},
-                {key: value[1:] for key, value in pair.items()},
-            )
-        )
     with pytest.raises(LossReductionError) as raised:
         trainer.fit_batch_sizes()
     assert str(raised.value) == (
-        f"batchfit's plan trains micro_batch_size 4 x accumulation_steps 4 where per_device_train_batch_size "
-        f"is 8, and cannot keep the optimizer step so: the Trainer's loss of two training examples is "
-        f"{together:.6g}, and of each alone (with the same num_items_in_batch) {first:.6g} and {second:.6g}: "
-        f"their mean, over examples without exactly one label each (a mean over tokens?), so no weight of "
-        f"each micro-batch's loss gives the step of the batches asked. Make the loss a sum divided by "
-        f"num_items_in_batch (a model whose forward takes it, or compute_loss_func), a sum, or a mean over "
-        f"examples with one label each; or train with the plain Trainer at sizes that fit."
+        "batchfit's plan trains micro_batch_size 4 x accumulation_steps 4 where per_device_train_batch_size "
+        f"is 8, and cannot keep the optimizer step so: {token_mean_finding(trainer.model)}"
     )
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (8, 2)
     assert trainer.batchfit_plan is None

@@ -42,10 +42,22 @@ class LossWeights:
     reduction: Reduction | None
     finding: str
 
-    def scale(self, start: int, samples: int, group_samples: int) -> tuple[int, float]:
+    def cut(self, start: int, samples: int, group_samples: int) -> list[int]:
+        """The micro-batch of ``samples`` from sample ``start`` of an optimizer step of
+        ``group_samples``, cut where the user's last, shorter batch of the step begins (under a mean
+        its samples weigh more: each batch's mean is over its own samples)."""
+        asked = self.per_device_train_batch_size
+        boundary = group_samples - group_samples % asked
+        if self.reduction != "mean" or not start < boundary < start + samples:
+            return [samples]
+        return [boundary - start, start + samples - boundary]
+
+    def scale(self, start: int, samples: int, group_samples: int, context: str) -> tuple[int, float]:
         """For the micro-batch of ``samples`` from sample ``start`` of an optimizer step of
-        ``group_samples`` on this device: the accumulation steps the Trainer divides by (where its
-        own rule divides: the user's batches in the step) and the weight of its loss."""
+        ``group_samples`` on this device (inside one of the user's batches where the weight
+        depends on it: ``cut``): the accumulation steps the Trainer divides by (where its own rule
+        divides: the user's batches in the step) and the weight of its loss. ``context`` says
+        why the micro-batch is not the user's batch, for the refusal."""
         asked = self.per_device_train_batch_size
         batches = math.ceil(group_samples / asked)
         first = (start // asked) * asked
@@ -54,8 +66,8 @@ class LossWeights:
             return batches, 1.0
         if self.reduction is None:
             raise self.refusal(
-                f"batchfit would train samples {start} to {start + samples - 1} of an optimizer step as one "
-                f"micro-batch, where per_device_train_batch_size is {asked}"
+                f"batchfit would run samples {start} to {start + samples - 1} of an optimizer step as one "
+                f"micro-batch ({context}), where per_device_train_batch_size is {asked}"
             )
         return batches, samples / own if self.reduction == "mean" else 1.0
 

@@ -123,16 +123,23 @@ class TrainingMicroBatches:
         losses: list[torch.Tensor],
     ) -> tuple[str, str] | None:
         samples, start = count_samples(batch, 0), 0
+        micro = self.policy.micro_batch_size
+        context = (
+            f"micro_batch_size {micro}, halved after an out-of-memory in training"
+            if micro < samples
+            else f"the loader's batch of {samples}"
+        )
         for size in self.policy.sizes(samples):
-            part = batch if size == samples else micro_batch(batch, start, size, 0)
-            scale = self.weights.scale(first + start, size, self.group_samples)
-            work = functools.partial(
-                self._micro_batch, trainer, model, part, num_items_in_batch, scale, losses
-            )
-            failure = merge_outcomes(self._exchange(work), ranks=self.lockstep is not None)
-            if failure is not None:
-                return failure
-            start += size
+            for piece in self.weights.cut(first + start, size, self.group_samples):
+                part = batch if piece == samples else micro_batch(batch, start, piece, 0)
+                scale = self.weights.scale(first + start, piece, self.group_samples, context)
+                work = functools.partial(
+                    self._micro_batch, trainer, model, part, num_items_in_batch, scale, losses
+                )
+                failure = merge_outcomes(self._exchange(work), ranks=self.lockstep is not None)
+                if failure is not None:
+                    return failure
+                start += piece
         return None
 
     def _micro_batch(
