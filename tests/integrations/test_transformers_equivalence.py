@@ -178,7 +178,9 @@ SPLITS = [
     pytest.param(
         gpt2, language_modelling, {"average_tokens_across_devices": False}, id="num-items-not-averaged"
     ),
-    pytest.param(bert, padded, {"average_tokens_across_devices": False}, id="mean-not-averaged"),
+    pytest.param(
+        bert, padded, {"average_tokens_across_devices": False}, id="mean-not-averaged", marks=pytest.mark.slow
+    ),
     # A forward without **kwargs: no num_items_in_batch, and the Trainer divides.
     pytest.param(PlainClassifier, padded, {}, id="no-kwargs"),
     pytest.param(bert, padded, {"compute_loss_func": summed_cross_entropy}, id="loss-func-num-items"),
@@ -265,7 +267,10 @@ def halving_cap(tmp_path: Path, model: Callable[[], torch.nn.Module], collate: C
     return (low + high) // 2
 
 
-@pytest.mark.parametrize("largest", [4, 16], ids=["re-split-4x4", "merged-16x1"])
+@pytest.mark.parametrize(
+    "largest",
+    [pytest.param(4, id="re-split-4x4", marks=pytest.mark.slow), pytest.param(16, id="merged-16x1")],
+)
 @pytest.mark.parametrize(
     "model", [pytest.param(bert, id="kwargs-mean"), pytest.param(PlainClassifier, id="no-kwargs")]
 )
