@@ -19,8 +19,8 @@ from batchfit.units import parse_bytes
 
 #: Optimizer steps each rank trains after the search, under its own cap.
 STEPS = 5
-#: Each rank's loader batch, as the module is configured: a global batch of 2 x 1024 to keep.
-BATCH_SIZE = 1024
+#: Each rank's loader batch, as the module is configured: a global batch of 2 x 512 to keep.
+BATCH_SIZE = 512
 #: FSDP2's ``fully_shard`` runs on the CPU from torch 2.7.
 FULLY_SHARD = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 7)
 

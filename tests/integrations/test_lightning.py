@@ -19,6 +19,7 @@ pytest.importorskip("lightning")
 import lightning.pytorch as pl
 import lightning_workers
 import torch
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning_tiny import Capped, Classifier, Regressor, evaluates, one_step, trainer, trains
 from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader
@@ -366,6 +367,15 @@ class ManualClassifier(Classifier):
                 "optimization; search a step of your own with batchfit.find_batch_size."
             ),
         ),
+        (
+            "scheduler",
+            (
+                "a GradientAccumulationScheduler changes accumulate_grad_batches every epoch, and with it "
+                "the global batch, which the callback keeps by setting accumulate_grad_batches: remove the "
+                "scheduler, or pass keep_global_batch_size=False to train the batch that fits at the "
+                "scheduler's accumulation."
+            ),
+        ),
     ],
 )
 def test_a_run_the_callback_cannot_size_is_refused_with_what_to_do(case: str, message: str) -> None:
@@ -373,8 +383,11 @@ def test_a_run_the_callback_cannot_size_is_refused_with_what_to_do(case: str, me
     callback = BatchfitCallback(memory_limit=LIMIT, batch_arg_name=name)
     model = ManualClassifier() if case == "manual" else Classifier()
     loaders = DataLoader(model.data, batch_size=4) if case == "loaders" else None
+    callbacks: list[pl.Callback] = [callback]
+    if case == "scheduler":
+        callbacks.append(GradientAccumulationScheduler({0: 2}))
     with pytest.raises(ConfigurationError) as raised:
-        trainer([callback], max_steps=1).fit(model, train_dataloaders=loaders)
+        trainer(callbacks, max_steps=1).fit(model, train_dataloaders=loaders)
     assert str(raised.value) == message
 
 
@@ -392,8 +405,8 @@ def spawn(tmp_path: Path, limits: list[str], sharded: bool) -> list[dict[str, An
 
 def check_agreed(reports: list[dict[str, Any]], limits: list[str]) -> None:
     """Both ranks ran the same trials, got the same plan and trained at it, each under its own cap:
-    the configured global batch (1024 a rank x 2 ranks) kept, in micro-batches of the largest
-    divisor of 1024 up to the size found."""
+    the configured global batch (BATCH_SIZE a rank x 2 ranks) kept, in micro-batches of the
+    largest divisor of BATCH_SIZE up to the size found."""
     first, second = reports
     plan = first["plan"]
     assert plan == second["plan"]
@@ -401,10 +414,11 @@ def check_agreed(reports: list[dict[str, Any]], limits: list[str]) -> None:
     assert first["world_size"] == 2 and plan["world_size"] == 2
     assert first["trials"] == second["trials"] and first["outcomes"] == second["outcomes"]
     assert plan["global_batch_size"] == 2 * lightning_workers.BATCH_SIZE
-    largest = max(size for size in range(1, first["batch_size"] + 1) if 1024 % size == 0)
-    assert plan["micro_batch_size"] == largest and plan["accumulation_steps"] == 1024 // largest
+    per_rank = lightning_workers.BATCH_SIZE
+    largest = max(size for size in range(1, first["batch_size"] + 1) if per_rank % size == 0)
+    assert plan["micro_batch_size"] == largest and plan["accumulation_steps"] == per_rank // largest
     for report in reports:
-        assert report["batch_size"] == first["batch_size"] < 1024
+        assert report["batch_size"] == first["batch_size"] < per_rank
         assert report["loader_batch_size"] == plan["micro_batch_size"]
         assert report["accumulate_grad_batches"] == plan["accumulation_steps"]
         assert report["steps"] == lightning_workers.STEPS

@@ -129,7 +129,7 @@ class BatchfitCallback(Callback):
     # -- Lightning's hooks ---------------------------------------------------------------
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        check_fit(trainer, pl_module, self.batch_arg_name, self.sizes)
+        check_fit(trainer, pl_module, self.batch_arg_name, self.sizes, self.keep_global_batch_size)
         saved, self._saved, self.results = self._saved, None, {}
         where = self._where(trainer)
         devices = tuple(ranks().run(lambda: resolve_device(where.torch_device, where.memory_limit).name))
@@ -152,7 +152,7 @@ class BatchfitCallback(Callback):
         plan, self._unchecked = self._unchecked, None
         if plan is not None and plan.micro_batch_size is not None:
             check_first_batch(
-                pl_module, self.batch_arg_name, batch, plan.micro_batch_size, plan.accumulation_steps
+                trainer, pl_module, self.batch_arg_name, batch, plan.micro_batch_size, plan.accumulation_steps
             )
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

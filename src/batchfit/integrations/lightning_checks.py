@@ -45,8 +45,11 @@ def one_loader(source: _DataLoaderSource) -> DataLoader[Any]:
     return found[0]
 
 
-def check_fit(trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, sizes: BatchSizes) -> None:
-    """What the callback needs of ``fit``, or an error that says what to change."""
+def check_fit(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, sizes: BatchSizes, keep: bool
+) -> None:
+    """What the callback needs of ``fit`` (``keep``: to keep the configured global batch), or an
+    error that says what to change."""
     check_strategy(trainer)
     if not pl_module.automatic_optimization:
         raise ConfigurationError(
@@ -67,14 +70,22 @@ def check_fit(trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, siz
             f"sizes.world_size={sizes.world_size}, but the Trainer runs {trainer.world_size} "
             f"ranks (num_nodes x devices); leave world_size out, and the Trainer's is used."
         )
-    if target is not None:
-        check_divisible(target, trainer.world_size)
-        callbacks = getattr(trainer, "callbacks", ())
-        if any(isinstance(callback, GradientAccumulationScheduler) for callback in callbacks):
-            raise ConfigurationError(
-                f"sizes.global_batch_size={target} sets accumulate_grad_batches, which a "
-                f"GradientAccumulationScheduler changes every epoch: remove one of the two."
-            )
+    check_divisible(target, trainer.world_size)
+    scheduled = any(
+        isinstance(callback, GradientAccumulationScheduler) for callback in getattr(trainer, "callbacks", ())
+    )
+    if scheduled and target is not None:
+        raise ConfigurationError(
+            f"sizes.global_batch_size={target} sets accumulate_grad_batches, which a "
+            f"GradientAccumulationScheduler changes every epoch: remove one of the two."
+        )
+    if scheduled and keep:
+        raise ConfigurationError(
+            "a GradientAccumulationScheduler changes accumulate_grad_batches every epoch, and with it "
+            "the global batch, which the callback keeps by setting accumulate_grad_batches: remove the "
+            "scheduler, or pass keep_global_batch_size=False to train the batch that fits at the "
+            "scheduler's accumulation."
+        )
 
 
 def check_strategy(trainer: pl.Trainer) -> None:
@@ -174,15 +185,16 @@ def configured_global_batch(trainer: pl.Trainer, loader: DataLoader[Any]) -> Glo
 
 
 def check_first_batch(
-    pl_module: pl.LightningModule, name: str, batch: Any, planned: int, accumulation: int
+    trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, batch: Any, planned: int, accumulation: int
 ) -> None:
-    """The first training batch holds the planned micro-batch, or an error naming both sizes."""
+    """The first training batch holds the planned micro-batch (or the whole of an epoch smaller than
+    it), or an error naming both sizes."""
     try:
         seen = extract_batch_size(batch)
     except MisconfigurationException:
         logger.warning("the first training batch's size cannot be read; it is not checked against the plan")
         return
-    if seen == planned:
+    if seen == planned or (seen < planned and _one_batch(trainer.train_dataloader)):
         return
     holders = ", ".join(_holder_names(pl_module, name))
     raise LoaderBatchSizeError(
@@ -192,6 +204,14 @@ def check_first_batch(
         f"samples per device. Build the train DataLoader with its batch_size read from "
         f"{holders.split(', ')[0]}, or pass batch_arg_name= the attribute it reads."
     )
+
+
+def _one_batch(loader: object) -> bool:
+    """Whether ``loader`` makes one batch an epoch (a dataset smaller than the batch)."""
+    try:
+        return isinstance(loader, DataLoader) and len(loader) == 1
+    except TypeError:  # an iterable dataset without a length
+        return False
 
 
 def _holder_names(pl_module: pl.LightningModule, name: str) -> list[str]:
