@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning_tiny import Capped, Classifier, Regressor, evaluates, one_step, trainer, trains
 from torch.utils._pytree import tree_leaves
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 from two_ranks import run_ranks
 
 import batchfit
@@ -338,6 +338,14 @@ class ManualClassifier(Classifier):
         self.automatic_optimization = False
 
 
+class SampledClassifier(Classifier):
+    """Batched by a batch_sampler: its DataLoader has no batch_size."""
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        batches = BatchSampler(SequentialSampler(self.data), self.hparams.batch_size, drop_last=False)
+        return DataLoader(self.data, batch_sampler=batches)
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [
@@ -368,6 +376,15 @@ class ManualClassifier(Classifier):
             ),
         ),
         (
+            "sampler",
+            (
+                "train_dataloader() returned a DataLoader with no batch_size (a batch_sampler batches it), "
+                "so the global batch it trains is unknown and the callback cannot keep it. Pass "
+                "sizes=batchfit.BatchSizes(global_batch_size=N) with the global batch to train, or "
+                "keep_global_batch_size=False to train the batch that fits."
+            ),
+        ),
+        (
             "scheduler",
             (
                 "a GradientAccumulationScheduler changes accumulate_grad_batches every epoch, and with it "
@@ -381,7 +398,8 @@ class ManualClassifier(Classifier):
 def test_a_run_the_callback_cannot_size_is_refused_with_what_to_do(case: str, message: str) -> None:
     name = "bs" if case == "attribute" else "batch_size"
     callback = BatchfitCallback(memory_limit=LIMIT, batch_arg_name=name)
-    model = ManualClassifier() if case == "manual" else Classifier()
+    models = {"manual": ManualClassifier, "sampler": SampledClassifier}
+    model = models.get(case, Classifier)()
     loaders = DataLoader(model.data, batch_size=4) if case == "loaders" else None
     callbacks: list[pl.Callback] = [callback]
     if case == "scheduler":
