@@ -301,16 +301,20 @@ class MicroBatchStep:
         return scalar_loss(self.compute_loss(self.model, micro_batch), "compute_loss", hint)
 
     def _non_finite(self, losses: Losses, sizes: list[int]) -> str | None:
-        """What is not finite among the losses and gradients, on any rank; None where all are."""
-        flags = self._exchange(lambda: all_finite([loss for _, loss in losses], self._parameters))
-        if all(flags):
+        """What is not finite among the losses and gradients, on every rank that holds one (the
+        ranks decide together); None where all are finite."""
+
+        def here() -> str:
+            if all_finite([loss for _, loss in losses], self._parameters):
+                return ""
+            return what_is_not_finite(losses, sizes, list(self.model.named_parameters()))
+
+        found = self._exchange(here)
+        if not any(found):
             return None
-        here = what_is_not_finite(losses, sizes, list(self.model.named_parameters()))
         if self._lockstep is None:
-            return here
-        if here:
-            return f"on rank {self._lockstep.rank}, {here}"
-        return f"the loss or gradients of rank {flags.index(False)} are not finite"
+            return found[0]
+        return "; ".join(f"on rank {rank}, {cause}" for rank, cause in enumerate(found) if cause)
 
     def _skip(self, cause: str) -> None:
         """The step not taken, as a GradScaler skips one: gradients dropped, nothing stepped."""
