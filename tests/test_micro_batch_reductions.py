@@ -151,8 +151,8 @@ def test_a_non_finite_loss_raises_naming_the_step_and_micro_batch() -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     step = MicroBatchStep(model, optimizer, loss_fn=cross_entropy, micro_batch_size=16, scheduler=scheduler)
     message = (
-        "MicroBatchStep: the loss of micro-batch 3 of 4 (samples 32 to 47 of 64) is nan at optimizer step "
-        "0 (micro_batch_size 16); the optimizer did not step and the batch's gradients were dropped. Pass "
+        "MicroBatchStep, optimizer step 0 (micro_batch_size 16): the loss of micro-batch 3 of 4 (samples 32 "
+        "to 47 of 64) is nan; the optimizer did not step and the batch's gradients were dropped. Pass "
         f"non_finite='skip' to skip such a step as a GradScaler does. {WHAT_TO_CHECK}"
     )
     with pytest.raises(NonFiniteError, match=f"^{re.escape(message)}$") as raised:
@@ -172,10 +172,10 @@ def test_a_non_finite_gradient_under_finite_losses_raises_naming_the_parameters(
     optimizer = sgd_plain(model)
     step = MicroBatchStep(model, optimizer, compute_loss=compute_loss, micro_batch_size=8)
     message = (
-        "MicroBatchStep: the gradients of '0.weight' are not finite (NaN or inf) after the step's 2 "
-        "micro-batches, whose losses are finite at optimizer step 0 (micro_batch_size 8); the optimizer "
-        "did not step and the batch's gradients were dropped. Pass non_finite='skip' to skip such a step "
-        f"as a GradScaler does. {WHAT_TO_CHECK}"
+        "MicroBatchStep, optimizer step 0 (micro_batch_size 8): the gradients of '0.weight' are not finite "
+        "(NaN or inf) after the step's 2 micro-batches, whose losses are finite; the optimizer did not step "
+        "and the batch's gradients were dropped. Pass non_finite='skip' to skip such a step as a GradScaler "
+        f"does. {WHAT_TO_CHECK}"
     )
     with pytest.raises(NonFiniteError, match=f"^{re.escape(message)}$"):
         step(make_batch(16))
@@ -243,6 +243,15 @@ def test_an_enabled_grad_scaler_stays_in_charge_of_inf() -> None:
     assert (step.optimizer_steps, step.skipped_steps) == (1, 0)
     for param, init in zip(model.parameters(), make_model().parameters(), strict=True):
         assert torch.equal(param, init)
+
+    disabled = torch.amp.GradScaler("cpu", enabled=False)  # skips nothing: MicroBatchStep checks
+    step = MicroBatchStep(model, optimizer, loss_fn=cross_entropy, micro_batch_size=8, scaler=disabled)
+    with pytest.raises(
+        NonFiniteError,
+        match=r"^MicroBatchStep, optimizer step 0 \(micro_batch_size 8\): the "
+        r"loss of micro-batch 3 of 4 \(samples 16 to 23 of 32\) is nan; ",
+    ):
+        step((inputs, targets))
 
 
 @pytest.mark.parametrize(

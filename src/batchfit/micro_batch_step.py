@@ -192,10 +192,10 @@ class MicroBatchStep:
             cause = None if scaler_in_charge(self.scaler) else self._non_finite(losses, sizes)
             if cause is not None and self.non_finite == "raise":
                 raise NonFiniteError(
-                    f"MicroBatchStep: {cause} at optimizer step {self.optimizer_steps} (micro_batch_size "
-                    f"{self.micro_batch_size}); the optimizer did not step and the batch's gradients were "
-                    f"dropped. Pass non_finite='skip' to skip such a step as a GradScaler does. "
-                    f"{WHAT_TO_CHECK}"
+                    f"MicroBatchStep, optimizer step {self.optimizer_steps} (micro_batch_size "
+                    f"{self.micro_batch_size}): {cause}; the optimizer did not step and the batch's "
+                    f"gradients were dropped. Pass non_finite='skip' to skip such a step as a GradScaler "
+                    f"does. {WHAT_TO_CHECK}"
                 )
             if cause is not None:
                 self._skip(cause)
@@ -263,14 +263,19 @@ class MicroBatchStep:
         self, batch: Any, part: tuple[int, int, int, float], last: bool, losses: Losses
     ) -> Status:
         """Forward and backward of micro-batch ``part`` (its index, first sample, size and weight);
-        this rank's ``Status``. A micro-batch of weight 0 (no target token to count) runs nothing."""
+        this rank's ``Status``. A micro-batch of weight 0 (no target token to count) adds nothing:
+        it runs no backward, and a forward only under DDP, whose first forward of a step broadcasts
+        the buffers, a collective every rank must run at the same micro-batch."""
         samples = count_samples(batch, self.batch_dim)
         index, start, size, weight = part
-        if weight == 0:
-            return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
         phase = "forward"
         try:
             with self._no_sync():
+                if weight == 0:
+                    if self._ddp:
+                        with torch.no_grad():
+                            self._loss(micro_batch(batch, start, size, self.batch_dim))
+                    return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
                 weighted = self._loss(micro_batch(batch, start, size, self.batch_dim)) * weight
                 phase = "backward"
                 (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()

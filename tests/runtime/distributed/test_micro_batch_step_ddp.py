@@ -86,15 +86,16 @@ def test_a_non_finite_loss_on_one_rank_stops_or_skips_every_rank(
     results = [rank["non_finite"] for rank in ranks]
     assert all("unexpected" not in result for result in results), results
     rest = (
-        "at optimizer step 0 (micro_batch_size 64); the optimizer did not step and the batch's gradients "
-        "were dropped. Pass non_finite='skip' to skip such a step as a GradScaler does. "
+        "; the optimizer did not step and the batch's gradients were dropped. Pass non_finite='skip' to "
+        "skip such a step as a GradScaler does. "
     )
     for result in results:
         assert result["raised"] == (
-            "NonFiniteError: MicroBatchStep: on rank 0, the gradients of 'module.0.weight', "
+            "NonFiniteError: MicroBatchStep, optimizer step 0 (micro_batch_size 64): on rank 0, the "
+            "gradients of 'module.0.weight', "
             "'module.0.bias', 'module.2.weight' and 1 more are not finite (NaN or inf) after the step's 4 "
             "micro-batches, whose losses are finite; on rank 1, the loss of micro-batch 2 of 4 (samples 64 "
-            "to 127 of 200) is nan " + rest + WHAT_TO_CHECK
+            "to 127 of 200) is nan" + rest + WHAT_TO_CHECK
         )
         assert result["skipped"] == [1, 0] and result["after"] == [1, 1]
     assert results[0]["weights"] == results[1]["weights"]
