@@ -68,7 +68,7 @@ class MicroBatchStep:
     the batch's N samples (weight n_i / N), ``"sum"`` over them (weight 1), ``"token_mean"`` over the
     t_i elements of its target that are not ``ignore_index`` (weight t_i / T, T the batch's: a
     cross-entropy over padded sequences; the target is a pair's second element or a mapping's
-    ``"labels"``, and a micro-batch with none runs no forward). None reads it from ``loss_fn`` when
+    ``"labels"``, and a micro-batch with none runs no backward). None reads it from ``loss_fn`` when
     that is a torch loss module (``nn.CrossEntropyLoss(reduction="sum")``, its ``ignore_index``),
     else takes the mean. The call returns the full batch's loss, detached.
 
