@@ -11,7 +11,7 @@ import torch
 
 from batchfit.advice_result import Advice
 from batchfit.check_data import DataCheck, check_data
-from batchfit.checks import check_positive_int
+from batchfit.checks import check_option, check_positive_int
 from batchfit.compare import compare_on
 from batchfit.comparison import Comparison
 from batchfit.errors import ConfigurationError
@@ -26,7 +26,7 @@ from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory
-from batchfit.runtime.workloads.workload import Workload
+from batchfit.runtime.workloads.workload import Workload, check_entry
 from batchfit.search_result import SearchResult
 
 #: The steps advise runs, in order; each can be skipped.
@@ -83,6 +83,16 @@ def advise(
     labelled with the step) and the steps' own events. The model, optimizer and RNG are left as
     they were.
     """
+    check_entry(
+        "advise",
+        workload,
+        on_progress,
+        sizes=(sizes, BatchSizes),
+        timing=(timing, Timing),
+        checklist=(checklist, Checklist),
+    )
+    if baseline is not None:
+        check_option("advise", "baseline", baseline, Baseline)
     started = time.perf_counter()
     run = _Checklist(
         Target.of(Where(device, memory_limit, memory_fraction)), workload, checklist, on_progress

@@ -38,7 +38,7 @@ from batchfit.runtime.steps.techniques import (
 )
 from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.default_step import needs_closure
-from batchfit.runtime.workloads.workload import Workload
+from batchfit.runtime.workloads.workload import Workload, check_entry
 
 #: compare's timing unless told: explore gets 10 s for each technique's recommended batch.
 COMPARE_TIMING = Timing(time_budget_seconds=10.0)
@@ -68,6 +68,7 @@ def compare(
     ``on_progress`` hears each trial (labelled with its technique) and each row. The model,
     optimizer and RNG are left as they were.
     """
+    check_entry("compare", workload, on_progress, sizes=(sizes, BatchSizes), timing=(timing, Timing))
     target = Target.of(Where(device, memory_limit, memory_fraction))
     return compare_on(target, workload, techniques, sizes, timing, checkpoint_module, on_progress)
 

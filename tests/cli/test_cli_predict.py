@@ -35,5 +35,5 @@ def test_predict_writes_the_prediction_as_json(capsys: pytest.CaptureFixture[str
 
 def test_an_unknown_card_is_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["predict", "--example", "cnn", "--device", "cpu", "--gpus", "B300"])
-    assert code == 1
+    assert code == 2
     assert "gpu='B300' is not a card batchfit knows" in capsys.readouterr().err
