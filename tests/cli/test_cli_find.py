@@ -178,7 +178,7 @@ BAD_INPUTS: dict[str, Bad] = {
     ),
     "memory-limit-lots": _bad(
         "--example", "mlp", "--memory-limit", "lots",
-        message=("memory_limit='lots' is not a size: write a number with an optional unit",),
+        message=("memory_limit='lots' is not a size: write a number and a unit, such as '2GiB'",),
     ),
     "does-not-fit": _bad(
         "--example", "mlp", "--memory-limit", "1MiB",
