@@ -266,6 +266,21 @@ def test_on_progress_that_is_not_a_function_is_refused_before_any_trial() -> Non
         ),
         (lambda: BatchSizes(max_batch_size="64"), "max_batch_size must be a positive integer, got '64'."),
         (lambda: Trials(steps_per_trial=2.0), "steps_per_trial must be a positive integer, got 2.0."),
+        (
+            lambda: batchfit.LoaderSetting(num_workers=2, pin_memory="no").check(),
+            "pin_memory must be True or False, got str ('no').",
+        ),
+        (
+            lambda: batchfit.Checklist(skip="compare"),
+            "Checklist.skip must be a tuple of names, got str ('compare'); pass skip=('compare',).",
+        ),
+        (
+            lambda: batchfit.Checklist(techniques="amp"),
+            (
+                "Checklist.techniques must be a tuple of names, got str ('amp'); pass techniques=('amp', "
+                "'checkpointing')."
+            ),
+        ),
     ],
 )
 def test_an_option_of_the_wrong_type_says_what_it_takes(make: object, message: str) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from batchfit.advice_result import Advice
 from batchfit.check_data import DataCheck, check_data
-from batchfit.checks import check_option, check_positive_int
+from batchfit.checks import check_option, check_positive_int, shown, type_name
 from batchfit.compare import compare_on
 from batchfit.comparison import Comparison
 from batchfit.errors import ConfigurationError
@@ -53,6 +53,14 @@ class Checklist:
     noise_scale: float | NoiseScale | None = None
 
     def __post_init__(self) -> None:
+        for name in ("skip", "techniques"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not (value is None or isinstance(value, (tuple, list))):
+                example = "('compare',)" if name == "skip" else "('amp', 'checkpointing')"
+                raise ConfigurationError(
+                    f"Checklist.{name} must be a tuple of names, got {type_name(value)} ({shown(value)}); "
+                    f"pass {name}={example}."
+                )
         unknown = [step for step in self.skip if step not in STEPS]
         if unknown:
             raise ConfigurationError(f"skip {unknown}: the steps are {', '.join(STEPS)}.")
