@@ -26,7 +26,8 @@ from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory
-from batchfit.runtime.workloads.workload import Workload, check_entry
+from batchfit.runtime.workloads.entry import check_entry
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 
 #: The steps advise runs, in order; each can be skipped.

@@ -22,7 +22,8 @@ from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
-from batchfit.runtime.workloads.workload import Workload, check_entry
+from batchfit.runtime.workloads.entry import check_entry
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
 

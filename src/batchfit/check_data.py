@@ -30,8 +30,9 @@ from batchfit.runtime.data.dataloaders import LoaderFactory, LoaderSource
 from batchfit.runtime.data.loop import DataLoop
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.host import usable_cores
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.specs import load_function
-from batchfit.runtime.workloads.workload import Workload, check_entry, check_model_on
+from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ from batchfit.runtime.steps.techniques import (
 )
 from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.default_step import needs_closure
-from batchfit.runtime.workloads.workload import Workload, check_entry
+from batchfit.runtime.workloads.entry import check_entry
+from batchfit.runtime.workloads.workload import Workload
 
 #: compare's timing unless told: explore gets 10 s for each technique's recommended batch.
 COMPARE_TIMING = Timing(time_budget_seconds=10.0)

@@ -28,7 +28,8 @@ from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.host import malloc_advice
 from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.runtime.steps.timer import StepTimer
-from batchfit.runtime.workloads.workload import Workload, check_entry, check_model_on
+from batchfit.runtime.workloads.entry import check_entry
+from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 
 @dataclass(frozen=True)

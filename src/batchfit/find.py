@@ -24,8 +24,9 @@ from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec
 from batchfit.runtime.steps.trace import Forecast, forecast_search
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
-from batchfit.runtime.workloads.workload import Workload, check_entry
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 from batchfit.starting_evidence import StartFrom, StartingEvidence
 from batchfit.trial_oracle import TrialOracle

@@ -16,7 +16,8 @@ from batchfit.find import find_on
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.trial import Mode, Trial
 from batchfit.progress import OnProgress
-from batchfit.runtime.workloads.workload import Workload, check_entry
+from batchfit.runtime.workloads.entry import check_entry
+from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
 

@@ -28,7 +28,8 @@ from batchfit.runtime.steps.micro_batches import micro_batch, plain
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.batches import check_batch_size, collated, on_host, to_device
 from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss
-from batchfit.runtime.workloads.workload import Workload, check_entry, check_model_on
+from batchfit.runtime.workloads.entry import check_entry
+from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 __all__ = ["NoiseScaleResult", "noise_scale"]
 

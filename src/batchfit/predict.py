@@ -29,8 +29,9 @@ from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.trace import TraceUnavailable, fake_copy, tracing, untraceable
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
-from batchfit.runtime.workloads.workload import Workload, check_entry
+from batchfit.runtime.workloads.workload import Workload
 
 #: The batch sizes recorded: the pair ``find`` opens with and one more, whose own answer shows the
 #: replay's error where the step's requests do not follow lines in the batch.

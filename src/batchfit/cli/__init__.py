@@ -1,7 +1,7 @@
 """The ``batchfit`` command line: parse, call the public API, render. One module per subcommand,
 each with ``add_parser`` (its flags) and ``run`` (the call); the flags they share are in ``flags``.
 Exit codes, as CI reads them: 0 ok, 1 a negative answer or a failed run, 2 a usage or configuration
-error (``EXIT_STATUS``)."""
+error (``exit_code``; ``--help`` says so: ``exit_status``)."""
 
 from __future__ import annotations
 

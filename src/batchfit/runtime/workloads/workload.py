@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from batchfit.checks import check_callback, check_option, check_positive_int, shown, type_name
+from batchfit.checks import check_callback, check_positive_int, shown, type_name
 from batchfit.errors import ConfigurationError
 from batchfit.runtime.distributed.buckets import BucketLayout, bucket_layout
 from batchfit.runtime.distributed.data_parallel import DataParallelStandIn, bucket_bytes, unwrapped
@@ -259,36 +259,6 @@ def _told(loss: torch.Tensor, on_loss: OnLoss | None) -> torch.Tensor:
     if on_loss is not None:
         on_loss(loss)
     return loss
-
-
-def check_workload(owner: str, workload: object) -> None:
-    """A ConfigurationError where ``owner`` (a verb) is given something else than a Workload: what
-    it was, and how to make a Workload of it."""
-    if isinstance(workload, Workload):
-        return
-    got = f"{owner} expects a batchfit.Workload, got {type_name(workload)}"
-    if isinstance(workload, torch.nn.Module):
-        hint = "wrap it: batchfit.Workload(model, optimizer, make_batch=..., loss_fn=...)"
-    elif isinstance(workload, str):
-        hint = f"load it: batchfit.load_workload({workload!r})"
-        got += f" ({shown(workload)})"
-    else:
-        hint = (
-            "build one: batchfit.Workload(model, optimizer, make_batch=..., loss_fn=...), or load "
-            "one: batchfit.load_workload('my_train:workload')"
-        )
-    raise ConfigurationError(f"{got}; {hint}.")
-
-
-def check_entry(
-    owner: str, workload: object, on_progress: object = None, **options: tuple[object, type]
-) -> None:
-    """A verb's arguments, checked as it is called: ``workload`` a Workload, ``on_progress`` a
-    function or None, and each of ``options`` (``name=(value, kind)``) an options object of its kind."""
-    check_workload(owner, workload)
-    check_callback(f"{owner}'s on_progress", on_progress, "a batchfit.Event")
-    for name, (value, kind) in options.items():
-        check_option(owner, name, value, kind)
 
 
 #: Where a model built on the meta device is measured: ``predict`` traces its step on the CPU alone.
