@@ -199,3 +199,20 @@ def test_an_ambiguous_memory_limit_is_a_usage_error(
         "batchfit: error: memory_limit='64M' is ambiguous: write 64MB for 64,000,000 bytes (decimal) or "
         f"64MiB for 67,108,864 bytes (binary).\n{HINT}\n"
     )
+
+
+def test_a_workload_module_whose_import_raises_is_a_configuration_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BATCHFIT_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_workload adds the working directory
+    (tmp_path / "broken_train_for_batchfit.py").write_text("import torch\nmodel = undefined_name\n")
+    args = ["check", "--workload", "broken_train_for_batchfit:workload", "--batch-size", "8"]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        "batchfit: error: --workload 'broken_train_for_batchfit:workload': importing "
+        "'broken_train_for_batchfit' raised NameError: name 'undefined_name' is not defined (at "
+        f"{tmp_path / 'broken_train_for_batchfit.py'}:2); fix the module so that `python -c 'import "
+        f"broken_train_for_batchfit'` runs.\n{HINT}\n"
+    )
