@@ -24,6 +24,7 @@ from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec
 from batchfit.runtime.steps.trace import Forecast, forecast_search
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
@@ -64,6 +65,7 @@ def find_batch_size(
     predict --format json`` wrote) whose allocator records, replayed at this search's budget,
     place its first trial, and join its trials' own records (behind a caching allocator only).
     """
+    check_entry("find_batch_size", workload, on_progress, sizes=(sizes, BatchSizes), trials=(trials, Trials))
     target = Target.of(Where(device, memory_limit, memory_fraction))
     named = mode_named(mode)
     start = None if start_from is None else StartingEvidence.read(start_from, named)

@@ -28,6 +28,7 @@ from batchfit.runtime.steps.micro_batches import micro_batch, plain
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.batches import check_batch_size, collated, on_host, to_device
 from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 __all__ = ["NoiseScaleResult", "noise_scale"]
@@ -57,6 +58,7 @@ def noise_scale(
     ``memory_limit`` the steps run under a cap at ``memory_fraction`` of it. ``on_progress`` hears
     each step's reading and the estimate so far.
     """
+    check_entry("noise_scale", workload, on_progress, sampling=(sampling, Sampling))
     target = Target.of(Where(device, memory_limit, memory_fraction))
     team = ranks()
     micro, accumulation = sampling.split(team.world_size)

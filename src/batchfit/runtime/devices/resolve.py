@@ -27,6 +27,13 @@ def name_device(device: str | torch.device) -> torch.device:
         raise ConfigurationError(
             f"device={shown!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'."
         ) from error
+    if parsed.type == "meta":
+        raise ConfigurationError(
+            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices; a "
+            f"model built on the meta device is predicted from its shapes with batchfit.predict("
+            f"workload, batchfit.Targets(capacities='24GiB'), device='cpu') (batchfit predict "
+            f"--device cpu --capacities 24GiB)."
+        )
     if parsed.type not in ("cpu", "cuda"):
         raise ConfigurationError(
             f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
