@@ -179,7 +179,7 @@ def test_a_spec_or_anything_else_is_not_a_workload_either(given: object, message
             "BatchSizes",
             "int (64); pass sizes=batchfit.BatchSizes(max_batch_size=64)",
         ),
-        ("find_batch_size", "trials", 2, "Trials", "int (2); pass trials=batchfit.Trials(...)"),
+        ("find_batch_size", "trials", 2, "Trials", "int (2); pass trials=batchfit.Trials(steps_per_trial=2)"),
         ("explore", "sizes", 64, "BatchSizes", "int (64); pass sizes=batchfit.BatchSizes(max_batch_size=64)"),
         ("explore", "timing", 3, "Timing", "int (3); pass timing=batchfit.Timing(...)"),
         ("explore", "goal", 0.03, "Goal", "float (0.03); pass goal=batchfit.Goal(...)"),

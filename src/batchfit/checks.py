@@ -7,7 +7,7 @@ import math
 from dataclasses import field
 from typing import Any
 
-from batchfit.errors import ConfigurationError
+from batchfit.errors import ArgumentTypeError, ConfigurationError
 from batchfit.policy.trial import Mode
 
 #: Upper bound of a training search when none is given (the seed's MAX_BATCH_SIZE).
@@ -37,15 +37,15 @@ def check_positive_number(name: str, value: object, allow_zero: bool = False) ->
 
 
 def check_flag(name: str, value: object) -> None:
-    """A ConfigurationError where ``value`` is not a bool (a string "no" would read as true)."""
+    """An ArgumentTypeError where ``value`` is not a bool (a string "no" would read as true)."""
     if not isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be True or False, got {type_name(value)} ({shown(value)}).")
+        raise ArgumentTypeError(f"{name} must be True or False, got {type_name(value)} ({shown(value)}).")
 
 
 def check_number(name: str, value: object) -> None:
-    """A ConfigurationError where ``value`` is not an int or a float (a bool is neither here)."""
+    """An ArgumentTypeError where ``value`` is not an int or a float (a bool is neither here)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"{name} must be a number, got {type_name(value)} ({shown(value)}).")
+        raise ArgumentTypeError(f"{name} must be a number, got {type_name(value)} ({shown(value)}).")
 
 
 def check_batch_range(min_batch_size: object, max_batch_size: object) -> None:
@@ -89,26 +89,38 @@ def shown(value: object, width: int = 60) -> str:
     return text if len(text) <= width else f"{text[: width - 3]}..."
 
 
+def check_type(name: str, value: object, good: bool, expected: str, advice: str) -> None:
+    """An ArgumentTypeError unless ``good``: ``name`` must be ``expected``, what it got, and ``advice``
+    (what to pass)."""
+    if not good:
+        raise ArgumentTypeError(
+            f"{name} must be {expected}, got {type_name(value)} ({shown(value)}); pass {advice}."
+        )
+
+
 def check_option(owner: str, name: str, value: object, kind: type, *, optional: bool = False) -> None:
-    """A ConfigurationError where ``owner``'s ``name`` is not a ``kind`` (an options object; with
+    """An ArgumentTypeError where ``owner``'s ``name`` is not a ``kind`` (an options object; with
     ``optional`` None too), saying what was given and what to pass."""
-    if isinstance(value, kind) or (optional and value is None):
-        return
     example = "..."
     if kind.__name__ == "BatchSizes" and isinstance(value, int) and not isinstance(value, bool):
         example = f"max_batch_size={value}"  # a bare number given for the sizes: their bound, likely
+    elif kind.__name__ == "Trials" and isinstance(value, int) and not isinstance(value, bool):
+        example = f"steps_per_trial={value}"
     none = " (or None)" if optional else ""
-    raise ConfigurationError(
-        f"{owner}'s {name} must be a batchfit.{kind.__name__}{none}, got {type_name(value)} "
-        f"({shown(value)}); pass {name}=batchfit.{kind.__name__}({example})."
+    check_type(
+        f"{owner}'s {name}",
+        value,
+        isinstance(value, kind) or (optional and value is None),
+        f"a batchfit.{kind.__name__}{none}",
+        f"{name}=batchfit.{kind.__name__}({example})",
     )
 
 
 def check_callback(label: str, value: object, takes: str) -> None:
-    """A ConfigurationError where ``label`` (``Workload.loss_fn``, ``find_batch_size's
+    """An ArgumentTypeError where ``label`` (``Workload.loss_fn``, ``find_batch_size's
     on_progress``) is neither None nor callable."""
     if value is not None and not callable(value):
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"{label} must be a function taking {takes}, or None; got {type_name(value)} ({shown(value)})."
         )
 

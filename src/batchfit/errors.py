@@ -13,6 +13,11 @@ class ConfigurationError(BatchfitError, ValueError):
     """A parameter, flag or workload is not usable as given; the message names it."""
 
 
+class ArgumentTypeError(ConfigurationError, TypeError):
+    """An argument of a public entry (a verb, an options object, ``MicroBatchStep``, an adapter) has a
+    type it cannot take; the message says what it expected, what it got and what to pass."""
+
+
 class DeviceUnavailableError(BatchfitError, RuntimeError):
     """The requested device is not present, or a memory query on it failed."""
 

@@ -27,7 +27,8 @@ from two_ranks import run_ranks
 
 import batchfit
 from batchfit import BatchSizes, ConfigurationError
-from batchfit.integrations.lightning import BatchfitCallback, LoaderBatchSizeError, WrongTypeError
+from batchfit.errors import ArgumentTypeError
+from batchfit.integrations.lightning import BatchfitCallback, LoaderBatchSizeError
 
 LIMIT = "1MiB"
 BUDGET = int(0.8 * 2**20)  # memory_fraction 0.8 of LIMIT: the cap every trial runs under
@@ -285,39 +286,44 @@ def test_batch_norm_over_a_smaller_micro_batch_is_warned_of(caplog: pytest.LogCa
         (
             {"sizes": 64},
             (
-                "sizes must be a batchfit.BatchSizes, got int 64; pass "
+                "BatchfitCallback's sizes must be a batchfit.BatchSizes, got int (64); pass "
                 "sizes=batchfit.BatchSizes(max_batch_size=64)."
             ),
         ),
         (
             {"trials": 3},
-            "trials must be a batchfit.Trials, got int 3; pass trials=batchfit.Trials(steps_per_trial=3).",
+            (
+                "BatchfitCallback's trials must be a batchfit.Trials, got int (3); pass "
+                "trials=batchfit.Trials(steps_per_trial=3)."
+            ),
         ),
         (
             {"batch_arg_name": 32},
             (
-                "batch_arg_name must be a str, got int 32; pass batch_arg_name= the name of the attribute "
+                "BatchfitCallback's batch_arg_name must be a str, got int (32); pass batch_arg_name= the "
+                "name of the attribute "
                 "train_dataloader() reads, such as 'batch_size'."
             ),
         ),
         (
             {"eval_batch_arg_name": ["eval_batch_size"]},
             (
-                "eval_batch_arg_name must be a str or None, got list ['eval_batch_size']; pass "
+                "BatchfitCallback's eval_batch_arg_name must be a str or None, got list "
+                "(['eval_batch_size']); pass "
                 "eval_batch_arg_name= the name of the attribute the eval loaders read, such as "
                 "'eval_batch_size'."
             ),
         ),
         (
             {"keep_global_batch_size": "no"},
-            "keep_global_batch_size must be a bool, got str 'no'; pass keep_global_batch_size=True or False.",
+            "BatchfitCallback's keep_global_batch_size must be True or False, got str ('no').",
         ),
     ],
 )
 def test_arguments_of_the_wrong_type_are_refused_at_construction(
     arguments: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(WrongTypeError) as raised:
+    with pytest.raises(ArgumentTypeError) as raised:
         BatchfitCallback(**arguments)
     assert str(raised.value) == message
     assert isinstance(raised.value, TypeError) and isinstance(raised.value, ConfigurationError)

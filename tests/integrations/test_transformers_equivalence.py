@@ -21,8 +21,8 @@ from hf_models import bert, gpt2, language_modelling, padded, token_examples
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import batchfit
+from batchfit.errors import ArgumentTypeError
 from batchfit.integrations.transformers import BatchfitTrainer
-from batchfit.integrations.transformers.keywords import KeywordTypeError
 from batchfit.integrations.transformers.loss_weights import LossReductionError
 
 ASKED, ACCUMULATION = 8, 2  # the user's per_device_train_batch_size x gradient_accumulation_steps
@@ -407,33 +407,41 @@ def test_fitting_puts_every_random_generator_back(tmp_path: Path) -> None:
             "sizes",
             64,
             (
-                "sizes must be a batchfit.BatchSizes, got int 64; pass "
+                "BatchfitTrainer's sizes must be a batchfit.BatchSizes, got int (64); pass "
                 "sizes=batchfit.BatchSizes(max_batch_size=64)."
             ),
         ),
         (
             "trials",
             3,
-            "trials must be a batchfit.Trials, got int 3; pass trials=batchfit.Trials(steps_per_trial=3).",
+            (
+                "BatchfitTrainer's trials must be a batchfit.Trials, got int (3); pass "
+                "trials=batchfit.Trials(steps_per_trial=3)."
+            ),
         ),
         (
             "memory_limit",
             2.5,
             (
-                'memory_limit must be a size such as "8GiB" or a number of bytes (int), got float 2.5; '
+                'BatchfitTrainer\'s memory_limit must be a size such as "8GiB" or a number of bytes (int), '
+                "got float (2.5); "
                 'pass memory_limit="8GiB" (or memory_limit=8 * 2**30).'
             ),
         ),
         (
             "memory_fraction",
             "0.8",
-            "memory_fraction must be a number in (0, 1], got str '0.8'; pass memory_fraction=0.8.",
+            (
+                "BatchfitTrainer's memory_fraction must be a number in (0, 1], got str ('0.8'); pass "
+                "memory_fraction=0.8."
+            ),
         ),
         (
             "device",
             0,
             (
-                'device must be a device name or a torch.device, got int 0; pass device="cuda:0" (or '
+                "BatchfitTrainer's device must be a device name or a torch.device, got int (0); pass "
+                'device="cuda:0" (or '
                 'device=torch.device("cuda", 0)).'
             ),
         ),
@@ -443,7 +451,7 @@ def test_a_keyword_of_the_wrong_type_is_named_when_the_trainer_is_made(
     tmp_path: Path, keyword: str, value: Any, message: str
 ) -> None:
     args = arguments(tmp_path)
-    with pytest.raises(KeywordTypeError) as raised:
+    with pytest.raises(ArgumentTypeError) as raised:
         BatchfitTrainer(model=torch.nn.Linear(2, 2), args=args, **{keyword: value})
     assert str(raised.value) == message
     assert isinstance(raised.value, TypeError) and isinstance(raised.value, batchfit.BatchfitError)

@@ -19,7 +19,6 @@ import batchfit
 from batchfit.find import find_batch_size
 from batchfit.integrations.lightning_checks import (
     LoaderBatchSizeError,
-    WrongTypeError,
     check_arguments,
     check_attribute,
     check_first_batch,
@@ -57,7 +56,6 @@ __all__ = [
     "LightningPlan",
     "LoaderBatchSizeError",
     "NoiseScaleCallback",
-    "WrongTypeError",
 ]
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ one loader per mode, a batch size attribute, a strategy it runs, a loader that r
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.parsing import _lightning_get_all_attr_holders,
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
+from batchfit.checks import check_flag, check_option, check_type
 from batchfit.errors import ConfigurationError
 from batchfit.integrations.lightning_plan import GlobalBatch
 from batchfit.integrations.lightning_steps import loaders_of
@@ -31,6 +32,7 @@ from batchfit.options import BatchSizes, Trials
 from batchfit.policy.micro_batch import check_divisible
 
 logger = logging.getLogger("batchfit.integrations.lightning")
+OWNER = "BatchfitCallback"
 
 
 def one_loader(source: _DataLoaderSource) -> DataLoader[Any]:
@@ -114,10 +116,6 @@ def check_attribute(pl_module: pl.LightningModule, name: str, parameter: str) ->
         )
 
 
-class WrongTypeError(ConfigurationError, TypeError):
-    """An argument of the callback is not of the type it takes; the message says what to pass."""
-
-
 class LoaderBatchSizeError(ConfigurationError):
     """The train loader's first batch does not hold the micro-batch the plan set: its DataLoader
     does not read the attribute the callback sets."""
@@ -127,42 +125,29 @@ def check_arguments(
     sizes: object, trials: object, batch_arg_name: object, eval_batch_arg_name: object, keep: object
 ) -> None:
     """The callback's arguments of batchfit's and Python's types, or an error saying what to pass."""
-    if not isinstance(sizes, BatchSizes):
-        example = f"max_batch_size={sizes}" if _is_int(sizes) else "max_batch_size=N"
-        _wrong("sizes", sizes, "a batchfit.BatchSizes", f"sizes=batchfit.BatchSizes({example})")
-    if not isinstance(trials, Trials):
-        example = f"steps_per_trial={trials}" if _is_int(trials) else "steps_per_trial=N"
-        _wrong("trials", trials, "a batchfit.Trials", f"trials=batchfit.Trials({example})")
-    if not isinstance(batch_arg_name, str):
-        _wrong(
-            "batch_arg_name",
-            batch_arg_name,
-            "a str",
-            "batch_arg_name= the name of the attribute train_dataloader() reads, such as 'batch_size'",
-        )
-    if eval_batch_arg_name is not None and not isinstance(eval_batch_arg_name, str):
-        _wrong(
-            "eval_batch_arg_name",
-            eval_batch_arg_name,
-            "a str or None",
-            "eval_batch_arg_name= the name of the attribute the eval loaders read, such as 'eval_batch_size'",
-        )
-    if not isinstance(keep, bool):
-        _wrong("keep_global_batch_size", keep, "a bool", "keep_global_batch_size=True or False")
-    target = sizes.global_batch_size
+    check_option(OWNER, "sizes", sizes, BatchSizes)
+    check_option(OWNER, "trials", trials, Trials)
+    check_type(
+        f"{OWNER}'s batch_arg_name",
+        batch_arg_name,
+        isinstance(batch_arg_name, str),
+        "a str",
+        "batch_arg_name= the name of the attribute train_dataloader() reads, such as 'batch_size'",
+    )
+    check_type(
+        f"{OWNER}'s eval_batch_arg_name",
+        eval_batch_arg_name,
+        eval_batch_arg_name is None or isinstance(eval_batch_arg_name, str),
+        "a str or None",
+        "eval_batch_arg_name= the name of the attribute the eval loaders read, such as 'eval_batch_size'",
+    )
+    check_flag(f"{OWNER}'s keep_global_batch_size", keep)
+    target = sizes.global_batch_size if isinstance(sizes, BatchSizes) else None  # checked above
     if keep is False and target is not None:
         raise ConfigurationError(
             f"sizes.global_batch_size={target} is the global batch to keep, and "
             f"keep_global_batch_size=False asks to change it to the batch that fits: pass one of the two."
         )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _wrong(name: str, value: object, expected: str, what: str) -> NoReturn:
-    raise WrongTypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}; pass {what}.")
 
 
 def configured_global_batch(trainer: pl.Trainer, loader: DataLoader[Any]) -> GlobalBatch:

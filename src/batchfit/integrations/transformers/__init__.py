@@ -5,7 +5,6 @@ batch through an out-of-memory, and records its plan in each checkpoint; ``Noise
 ``NoiseScaleTrainer``) logs the gradient noise scale as it trains (docs/integrations.md)."""
 
 from batchfit.integrations.transformers.fitting import PLAN_FILE, TrainerPlan
-from batchfit.integrations.transformers.keywords import KeywordTypeError
 from batchfit.integrations.transformers.loss_weights import LossReductionError
 from batchfit.integrations.transformers.noise_scale import NoiseScaleMixin, NoiseScaleTrainer
 from batchfit.integrations.transformers.trainer import BatchfitMixin, BatchfitTrainer
@@ -14,7 +13,6 @@ __all__ = [
     "PLAN_FILE",
     "BatchfitMixin",
     "BatchfitTrainer",
-    "KeywordTypeError",
     "LossReductionError",
     "NoiseScaleMixin",
     "NoiseScaleTrainer",

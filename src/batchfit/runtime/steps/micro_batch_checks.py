@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from batchfit.errors import ConfigurationError
+from batchfit.errors import ArgumentTypeError, ConfigurationError
 from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.runtime.distributed.sharded import is_fully_sharded
 from batchfit.runtime.steps.micro_batch_finite import NON_FINITE
@@ -30,12 +30,12 @@ def check_arguments(
     non_finite: Any,
 ) -> None:
     if not isinstance(model, nn.Module):
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"model must be a torch.nn.Module, got {type(model).__name__}; pass the module you train "
             f"(under DDP, its DistributedDataParallel wrapper)."
         )
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}; MicroBatchStep "
             f"steps it once per call."
         )
@@ -46,12 +46,12 @@ def check_arguments(
             "itself, loss_fn(model(inputs), target) on a batch (inputs, target)."
         )
     if loss_fn is not None and not callable(loss_fn):
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"loss_fn must be callable, got {type(loss_fn).__name__}; pass loss_fn(output, target) -> a "
             f"scalar loss, such as torch.nn.functional.cross_entropy or nn.CrossEntropyLoss()."
         )
     if compute_loss is not None and not callable(compute_loss):
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"compute_loss must be callable, got {type(compute_loss).__name__}; pass "
             f"compute_loss(model, micro_batch) -> a scalar loss."
         )
@@ -59,7 +59,7 @@ def check_arguments(
     if max_grad_norm is not None and (
         isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
     ):
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"max_grad_norm must be a number or None, got {type(max_grad_norm).__name__} "
             f"({max_grad_norm!r}); pass the norm to clip the gradients to, such as 1.0, or None not to clip."
         )
