@@ -166,6 +166,8 @@ class _AllocatingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if func.is_view:  # a view's storage is its base's: placed when made, or there before
+            return out
         storages = output_storages(out, "cpu", self.allocator.fake)
         failure = self.allocator.hold(storages.values())
         if failure is not None:

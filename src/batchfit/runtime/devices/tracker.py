@@ -1,9 +1,10 @@
 """Live tensor-storage accounting on the CPU, and an optional capacity enforced on it.
 
 A ``TorchDispatchMode`` sees every aten op's outputs; each new storage is counted once, and a
-weak reference on it takes its bytes back off when it is freed. The peak is exact to the byte.
-With a capacity, an op whose new storages would take live bytes past it raises
-``torch.OutOfMemoryError`` at that op, as a GPU allocator would.
+weak reference on it takes its bytes back off when it is freed. A view costs nothing (its storage
+is its base's); a storage that existed before the block counts once an op writes into it. The
+peak is exact to the byte. With a capacity, an op whose new storages would take live bytes past
+it raises ``torch.OutOfMemoryError`` at that op, as a GPU allocator would.
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if func.is_view:
+            # A view allocates nothing, as on a GPU: its storage is its base's, counted when made
+            # in the block, and free when it existed before (a dataset's row, a slice of a batch).
+            return out
         storages = output_storages(out, self.device_type, self.fake)
         added = {key: self._new_bytes(storage) for key, storage in storages.items()}
         requested = sum(added.values())
