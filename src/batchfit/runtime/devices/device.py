@@ -62,6 +62,10 @@ class Device(Protocol):
     fake: bool
     #: How its training trials hold a DDP's gradient buckets (``BucketHolding``).
     bucket_holding: BucketHolding
+    #: Its memory is the host's own (the CPU with no ``memory_limit``): the host's allocator
+    #: failing is this device running out. Elsewhere it is the machine running out, not the
+    #: budget (``runtime.devices.host_failure``).
+    host_is_capacity: bool
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         """Bytes the workload may use in all, counting the ``resident`` tensors it already holds
@@ -114,6 +118,7 @@ class CpuDevice:
     measures_compiled = True  # from the allocator's events, read by the profiler (runtime.steps.compiled)
     min_window_steps = 1  # nothing runs ahead of the host: a step is a step
     bucket_holding: BucketHolding = "counted"  # live bytes decide: where a bucket lands does not
+    host_is_capacity = True  # the host's memory, as much as it can give
 
     def __init__(self, *, fake: bool = False) -> None:
         self.fake = fake  # measure fake tensors: a trace, not a run
@@ -168,6 +173,7 @@ class CappedCpuDevice(CpuDevice):
     """The CPU with a fixed capacity, ``limit_bytes``: it stands in for a GPU of that size."""
 
     exact = True
+    host_is_capacity = False  # a device of limit_bytes, which the host must be able to give
 
     def __init__(self, limit_bytes: int) -> None:
         super().__init__()

@@ -17,6 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from batchfit.runtime.devices.oom import CAP_MARK
 from batchfit.units import format_bytes
 
 
@@ -189,7 +190,7 @@ def resident_oom_message(resident: int, capacity: int) -> str:
     return (
         f"out of memory: DefaultCPUAllocator: can't allocate memory: the tensors already held "
         f"(parameters, gradients, optimizer state) take {resident} bytes ({format_bytes(resident)}), "
-        f"over the limit of {capacity} bytes ({format_bytes(capacity)}) set by batchfit."
+        f"over the limit of {capacity} bytes ({format_bytes(capacity)}) {CAP_MARK}."
     )
 
 
@@ -198,5 +199,5 @@ def oom_message(requested: int, live: int, capacity: int) -> str:
     return (
         f"out of memory: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
         f"{requested} bytes ({format_bytes(requested)}) with {live} bytes ({format_bytes(live)}) "
-        f"in use and a limit of {capacity} bytes ({format_bytes(capacity)}) set by batchfit."
+        f"in use and a limit of {capacity} bytes ({format_bytes(capacity)}) {CAP_MARK}."
     )
