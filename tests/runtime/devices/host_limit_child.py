@@ -2,7 +2,8 @@
 much smaller than the device the limit stands for.
 
 Usage: ``python host_limit_child.py HEADROOM_MIB VERB ARGS...`` with VERB one of
-``find MEMORY_LIMIT FRACTION MAX_BATCH``, ``check MEMORY_LIMIT BATCH_SIZE`` or ``cli ARGV...``
+``find MEMORY_LIMIT FRACTION MAX_BATCH``, ``check MEMORY_LIMIT BATCH_SIZE``, ``noise MEMORY_LIMIT
+BATCH_SIZE MICRO_BATCH_SIZE`` (at memory_fraction=1) or ``cli ARGV...``
 (``batchfit``'s command line, run in this process on ``host_limit_child:workload``). After torch
 is imported and the model built, the address space is capped at the current VmSize +
 HEADROOM_MIB, so the host's own allocator fails past it. Prints one JSON line: the answer, or the
@@ -60,6 +61,13 @@ def run(verb: str, args: list[str], started: list[int]) -> dict[str, Any]:
             on_progress=heard,
         )
         return {"batch_size": result.batch_size, "budget_bytes": result.budget_bytes}
+    if verb == "noise":
+        limit, batch, micro = args[0], int(args[1]), int(args[2])
+        sampling = batchfit.Sampling(batch_size=batch, micro_batch_size=micro, steps=2)
+        noise = batchfit.noise_scale(
+            WORKLOAD, sampling=sampling, device="cpu", memory_limit=limit, memory_fraction=1.0
+        )
+        return {"steps": len(noise.readings)}
     if verb == "check":
         check = batchfit.check(WORKLOAD, int(args[1]), device="cpu", memory_limit=args[0], on_progress=heard)
         return {"fits": check.fits, "budget_bytes": check.budget_bytes, "peak_bytes": check.trial.peak_bytes}

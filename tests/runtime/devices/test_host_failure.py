@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ import pytest
 import torch
 
 import batchfit
-from batchfit.runtime.devices.host import HostMemory, _cgroup_headroom
+from batchfit.runtime.devices.device import CappedCpuDevice, CpuDevice
+from batchfit.runtime.devices.host import HostMemory, _cgroup_headroom, _status_bytes, host_available_bytes
 from batchfit.runtime.devices.oom import is_host_out_of_memory
 from batchfit.units import format_bytes
 
@@ -150,6 +152,23 @@ def test_the_host_running_out_mid_search_stops_it_saying_the_machine_ran_out() -
 
 
 @linux_glibc
+def test_the_noise_scale_under_a_memory_limit_says_the_machine_ran_out_not_to_shrink_micro_batches() -> None:
+    # Its steps under the cap (120 MiB, micro-batches of 22) run the host out as find's first trial
+    # does; read as the budget's, the advice was a smaller micro_batch_size.
+    report = run_child("noise", "120MiB", "44", "22")
+    error = report["error"]
+    assert (error["type"], error["attributes"]["batch_size"]) == ("HostOutOfMemoryError", 22)
+    assert error["message"].startswith(
+        "the host ran out of memory at batch_size=22 (a micro-batch of the noise scale's step): "
+        "RuntimeError: "
+    )
+    assert error["message"].endswith(
+        "Lower memory_limit or memory_fraction so that the budget sits well inside what the host can give, "
+        "or run on a machine with more memory."
+    )
+
+
+@linux_glibc
 def test_the_command_line_says_the_machine_ran_out_in_one_message_and_exits_1() -> None:
     report = run_child(
         "cli",
@@ -164,6 +183,21 @@ def test_the_command_line_says_the_machine_ran_out_in_one_message_and_exits_1() 
         "batchfit: error: the host ran out of memory at batch_size="
     )
     assert "That is this machine's own allocator failing, not the 120.00 MiB budget" in lines[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the data segment from /proc")
+@pytest.mark.parametrize("device", [CpuDevice(), CappedCpuDevice(2**30)], ids=["cpu", "capped cpu"])
+def test_a_cpu_trial_s_data_segment_may_grow_by_what_the_host_has_free(device: CpuDevice) -> None:
+    # So that past a cgroup's limit (in host_available_bytes) an allocation fails in the host's
+    # allocator, which the search reads, instead of the kernel killing the process.
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    if before[0] != resource.RLIM_INFINITY:
+        pytest.skip("a data-segment limit of the caller's own is kept")
+    with device.measure([]):
+        limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+        data, room = _status_bytes("VmData:"), host_available_bytes()
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    assert data is not None and abs(limit - (data + room)) < 64 * MiB  # free RAM moves meanwhile
 
 
 def test_host_out_of_memory_is_told_from_the_cap_s_and_from_other_errors() -> None:

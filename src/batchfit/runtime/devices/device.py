@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 import torch
 
 from batchfit.policy.allocation_record import Recording
-from batchfit.runtime.devices.host import host_available_bytes, malloc_trim
+from batchfit.runtime.devices.host import data_limited, host_available_bytes, malloc_trim
 from batchfit.runtime.devices.measurement import Measurement, profiled
 from batchfit.runtime.devices.tracker import StorageTracker, resident_oom_message
 from batchfit.units import format_bytes
@@ -147,8 +147,12 @@ class CpuDevice:
         if cap_bytes is not None and tracker.live_bytes > cap_bytes:
             raise torch.OutOfMemoryError(resident_oom_message(tracker.live_bytes, cap_bytes))
         measurement = Measurement(_probe=_TrackerProbe(tracker))
+        # Past what the host has free (its RAM, its cgroup's room, RLIMIT_AS's), an allocation
+        # fails in the host's allocator, which a search can tell from the cap's refusal, instead
+        # of the kernel killing the process (a cgroup's limit); a trace allocates nothing.
+        room = 0 if self.fake else host_available_bytes()
         try:
-            with tracker:
+            with data_limited(room), tracker:
                 yield measurement
         finally:
             measurement.finish()

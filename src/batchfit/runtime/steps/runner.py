@@ -176,9 +176,11 @@ class TrialRunner:
         machine ran out, and no verdict on the budget can be read from it."""
         if started and started[0].refused:
             return  # the cap refused first: the budget's out-of-memory, whatever followed it
-        step = started[0].steps if started else 0
-        of = f" of {self.spec.steps}" if step <= self.spec.steps else ""
-        where = f"{self.spec.mode} step {max(step, 1)}{of}"
+        step, spec = (started[0].steps if started else 0), self.spec
+        of = f" of {spec.steps}" if step <= spec.steps else ""
+        where = f"{spec.mode} step {max(step, 1)}{of}"
+        if step == 0 and spec.mode == "eval" and spec.warm_batch is not None:
+            where = f"the train step that makes the training state, batch_size={spec.warm_batch}"
         host = host_ran_out(error, self.spec.device, self.budget_bytes, self.host, batch_size, where)
         if host is not None:
             raise host from error
