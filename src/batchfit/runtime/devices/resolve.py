@@ -78,7 +78,8 @@ def memory_limit(
     On the CPU, tensors allocated inside the block count, plus those of ``resident`` (modules,
     optimizers, tensors) that already exist, and any other a step writes into (a
     ``DistributedDataParallel`` built before the block counts its gradient buckets from its first
-    backward, which writes into them). On CUDA (``device="cuda"``), the caching
+    backward, which writes into them); a view costs nothing, as on a GPU (a row of a tensor made
+    before the block is free, a copy of it costs its bytes). On CUDA (``device="cuda"``), the caching
     allocator of the whole process is capped, and the fraction in force before is put back after.
     The yielded measurement's ``peak_bytes`` is filled in when the block exits.
     """
