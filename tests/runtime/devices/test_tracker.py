@@ -149,6 +149,9 @@ def four_mib() -> torch.Tensor:
         pytest.param(lambda big, data: big.view(-1)[:5].reshape(5, 1), 0, id="views of views"),
         pytest.param(lambda big, data: data[7], 0, id="a TensorDataset item"),
         pytest.param(lambda big, data: data[100:164], 0, id="a TensorDataset slice"),
+        # ``to`` may return a view (nothing to change) or a copy: the copy is a new storage.
+        pytest.param(lambda big, data: big.to(torch.float32), 0, id="to its own dtype"),
+        pytest.param(lambda big, data: big[:2].to(torch.float64), 2 * 8192, id="two rows to float64"),
         pytest.param(lambda big, data: big[3].clone(), 4096, id="a clone of a row"),
         pytest.param(lambda big, data: big[[1, 2]], 8192, id="an indexed copy of two rows"),
         pytest.param(lambda big, data: torch.stack([data[0][0], data[1][0]]), 8192, id="a collated pair"),
@@ -226,3 +229,17 @@ def test_find_answers_the_same_when_the_step_slices_a_dataset_made_before_it() -
         )
         answers[name] = result.batch_size
     assert answers["views"] == answers["copies"] > 1000
+
+
+def test_a_copy_that_to_makes_of_an_inference_tensor_counts_and_the_input_it_returns_does_not() -> None:
+    # Under inference mode ``to`` reaches the tracker whole (``aten.to``, which may return its input,
+    # so torch calls it a view), where elsewhere it is ``_to_copy``: as Lightning's validation loop
+    # hands a batch to the device. A copy is a new storage all the same.
+    with torch.inference_mode():
+        big = four_mib()
+        with batchfit.memory_limit("1GiB") as measurement:
+            same = big.to("cpu")
+            copy = big[:2].to("cpu", copy=True)
+            assert copy.untyped_storage().data_ptr() != big.untyped_storage().data_ptr()
+    assert measurement.peak_bytes == 8192
+    del same, copy

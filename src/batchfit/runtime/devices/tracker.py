@@ -132,11 +132,7 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func.is_view:
-            # A view allocates nothing, as on a GPU: its storage is its base's, counted when made
-            # in the block, and free when it existed before (a dataset's row, a slice of a batch).
-            return out
-        storages = output_storages(out, self.device_type, self.fake)
+        storages = allocated_storages(func, args, kwargs, out, self.device_type, self.fake)
         added = {key: self._new_bytes(storage) for key, storage in storages.items()}
         requested = sum(added.values())
         if (
@@ -183,6 +179,22 @@ def output_storages(value: Any, device_type: str, fake: bool = False) -> dict[in
         elif isinstance(item, (tuple, list)):
             pending.extend(reversed(item))
     return found
+
+
+def allocated_storages(
+    func: Any, args: Any, kwargs: Any, out: Any, device_type: str, fake: bool = False
+) -> dict[int, torch.UntypedStorage]:
+    """The storages of ``func``'s output that a device would allocate or hold for it (by key, as
+    ``output_storages``): all of them, but for an op that may return a view (``view``, ``select``;
+    ``to``, which copies unless nothing changes), whose storages shared with its inputs are its
+    base's: counted when the base was made in the block, free when it existed before (a dataset's
+    row), as a GPU allocates nothing for a view. An op that writes into its input (``add_``)
+    still counts a storage made before the block from then on (DDP's gradient buckets)."""
+    storages = output_storages(out, device_type, fake)
+    if not func.is_view or not storages:
+        return storages
+    shared = output_storages([*args, *(kwargs or {}).values()], device_type, fake)
+    return {key: storage for key, storage in storages.items() if key not in shared}
 
 
 def resident_oom_message(resident: int, capacity: int) -> str:
