@@ -120,8 +120,11 @@ class CpuDevice:
     bucket_holding: BucketHolding = "counted"  # live bytes decide: where a bucket lands does not
     host_is_capacity = True  # the host's memory, as much as it can give
 
-    def __init__(self, *, fake: bool = False) -> None:
+    def __init__(self, *, fake: bool = False, views_of_existing_free: bool = False) -> None:
         self.fake = fake  # measure fake tensors: a trace, not a run
+        # A view of a storage alive when the block begins costs nothing (``batchfit.memory_limit``:
+        # noting them walks every object, once per block, too slow for a search's trials).
+        self.views_of_existing_free = views_of_existing_free
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         held = sum(tensor.untyped_storage().nbytes() for tensor in unique_storages(resident))
@@ -142,6 +145,8 @@ class CpuDevice:
             return
         tracker = StorageTracker(capacity_bytes=cap_bytes, fake=self.fake)
         tracker.track(unique_storages(resident))
+        if self.views_of_existing_free:
+            tracker.note_existing()
         tracker.hold(wrapper_bytes)  # allocated where no tensor shows them: counted, as on a GPU
         del resident  # counted: a tensor the steps replace (L-BFGS's history) must be free to go
         if cap_bytes is not None and tracker.live_bytes > cap_bytes:

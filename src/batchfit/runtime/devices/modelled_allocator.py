@@ -16,7 +16,7 @@ from batchfit.policy.allocation_record import Recording
 from batchfit.policy.allocator_blocks import Block, rounded, segment_size
 from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 from batchfit.runtime.devices.device import unique_storages
-from batchfit.runtime.devices.tracker import allocated_storages
+from batchfit.runtime.devices.tracker import output_storages
 from batchfit.units import format_bytes
 
 
@@ -166,7 +166,7 @@ class _AllocatingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        storages = allocated_storages(func, args, kwargs, out, "cpu", self.allocator.fake)
+        storages = output_storages(out, "cpu", self.allocator.fake)
         failure = self.allocator.hold(storages.values())
         if failure is not None:
             del out, storages  # freed now, as the failed allocation would never have been made

@@ -1,14 +1,16 @@
 """Live tensor-storage accounting on the CPU, and an optional capacity enforced on it.
 
 A ``TorchDispatchMode`` sees every aten op's outputs; each new storage is counted once, and a
-weak reference on it takes its bytes back off when it is freed. A view costs nothing (its storage
-is its base's); a storage that existed before the block counts once an op writes into it. The
-peak is exact to the byte. With a capacity, an op whose new storages would take live bytes past
+weak reference on it takes its bytes back off when it is freed. A storage made outside the
+dispatcher (a collective's buffer) counts when an op first shows it; where the tracker noted the
+storages alive when it began (``note_existing``), a view of one of them costs nothing. The peak is
+exact to the byte. With a capacity, an op whose new storages would take live bytes past
 it raises ``torch.OutOfMemoryError`` at that op, as a GPU allocator would.
 """
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -95,6 +97,29 @@ class StorageTracker(TorchDispatchMode):
         self.refused = ""  # the message of the last allocation the capacity refused
         self._sizes: dict[int, int] = {}  # storage key -> bytes counted for it
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        # Storages alive when the block began, and their bytes then (``note_existing``).
+        self._existing: dict[int, int] = {}
+        self._existing_refs: list[weakref.ref[torch.UntypedStorage]] = []
+
+    def note_existing(self) -> None:
+        """Note every storage alive now that the tracker would count: a view of one made in the
+        block costs nothing, as a GPU allocates nothing for a view (a dataset's row), while one
+        made later, or grown since, counts when an op shows it. Walks the garbage collector's
+        objects: for a block run once (``batchfit.memory_limit``), not for every trial."""
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor) and self._counts(obj):
+                for part in dense_parts(obj):
+                    storage = part.untyped_storage()
+                    key = storage._cdata
+                    if key not in self._existing:
+                        self._existing[key] = storage.nbytes()
+                        self._existing_refs.append(weakref.ref(storage, self._forget(key)))
+
+    def _forget(self, key: int) -> Any:
+        def forget(_: object) -> None:
+            self._existing.pop(key, None)
+
+        return forget
 
     def track(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count storages that already exist (a model's parameters, optimizer state...)."""
@@ -132,7 +157,9 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        storages = allocated_storages(func, args, kwargs, out, self.device_type, self.fake)
+        storages = output_storages(out, self.device_type, self.fake)
+        if func.is_view and self._existing:  # a view of a storage alive before the block: free
+            storages = {key: each for key, each in storages.items() if not self._older(key, each)}
         added = {key: self._new_bytes(storage) for key, storage in storages.items()}
         requested = sum(added.values())
         if (
@@ -149,6 +176,10 @@ class StorageTracker(TorchDispatchMode):
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
         return out
+
+    def _older(self, key: int, storage: torch.UntypedStorage) -> bool:
+        """Whether ``storage`` is one alive when the block began, uncounted and no larger."""
+        return key not in self._sizes and storage.nbytes() <= self._existing.get(key, -1)
 
     def _counts(self, tensor: torch.Tensor) -> bool:
         return counted(tensor, self.device_type, self.fake)
@@ -179,22 +210,6 @@ def output_storages(value: Any, device_type: str, fake: bool = False) -> dict[in
         elif isinstance(item, (tuple, list)):
             pending.extend(reversed(item))
     return found
-
-
-def allocated_storages(
-    func: Any, args: Any, kwargs: Any, out: Any, device_type: str, fake: bool = False
-) -> dict[int, torch.UntypedStorage]:
-    """The storages of ``func``'s output that a device would allocate or hold for it (by key, as
-    ``output_storages``): all of them, but for an op that may return a view (``view``, ``select``;
-    ``to``, which copies unless nothing changes), whose storages shared with its inputs are its
-    base's: counted when the base was made in the block, free when it existed before (a dataset's
-    row), as a GPU allocates nothing for a view. An op that writes into its input (``add_``)
-    still counts a storage made before the block from then on (DDP's gradient buckets)."""
-    storages = output_storages(out, device_type, fake)
-    if not func.is_view or not storages:
-        return storages
-    shared = output_storages([*args, *(kwargs or {}).values()], device_type, fake)
-    return {key: storage for key, storage in storages.items() if key not in shared}
 
 
 def resident_oom_message(resident: int, capacity: int) -> str:
