@@ -85,10 +85,14 @@ def memory_limit(
     On the CPU, tensors allocated inside the block count, plus those of ``resident`` (modules,
     optimizers, tensors) that already exist, and any other a step writes into (a
     ``DistributedDataParallel`` built before the block counts its gradient buckets from its first
-    backward, which writes into them). On CUDA (``device="cuda"``), the caching
-    allocator of the whole process is capped, and the fraction in force before is put back after.
+    backward, which writes into them); a view of a tensor alive when the block begins costs
+    nothing, as on a GPU (a dataset's row is free, a copy of it costs its bytes). On CUDA
+    (``device="cuda"``), the caching allocator of the whole process is capped, and the fraction in
+    force before is put back after.
     The yielded measurement's ``peak_bytes`` is filled in when the block exits.
     """
     target = resolve_device(device, None)
+    if isinstance(target, CpuDevice):
+        target = CpuDevice(views_of_existing_free=True)
     with target.measure(resident_tensors(*resident), parse_bytes(limit, name="limit")) as measurement:
         yield measurement
