@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +31,6 @@ from batchfit.integrations.lightning import BatchfitCallback, LoaderBatchSizeErr
 
 LIMIT = "1MiB"
 BUDGET = int(0.8 * 2**20)  # memory_fraction 0.8 of LIMIT: the cap every trial runs under
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on these tiny matrices a second buys nothing, and on a busy 2-core
-    machine it spins, waiting for a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class StateAt(pl.Callback):

@@ -7,7 +7,7 @@ search puts every random generator back, and wrong keyword types are named at co
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,6 @@ from batchfit.integrations.transformers import BatchfitTrainer
 from batchfit.integrations.transformers.loss_weights import LossReductionError
 
 ASKED, ACCUMULATION = 8, 2  # the user's per_device_train_batch_size x gradient_accumulation_steps
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class PlainClassifier(torch.nn.Module):
