@@ -1,15 +1,17 @@
-"""Train a small Lightning model at the largest batch that fits, found at the start of fit.
+"""Train a small Lightning model at batch sizes that fit, found at the start of fit.
 
     python examples/lightning_train.py
     python examples/lightning_train.py --precision bf16-mixed --gradient-clip-val 1.0
     python examples/lightning_train.py --global-batch-size 2048
+    python examples/lightning_train.py --no-keep-global-batch-size
     python examples/lightning_train.py --devices 2 --strategy ddp
 
 ``batchfit.integrations.lightning.BatchfitCallback`` searches the train batch (and the eval batch)
 on the module's own training_step and validation_step, under the Trainer's precision, clipping,
 optimizer and accumulation, here on a CPU standing in for a device of ``--memory-limit``. It sets
-``batch_size`` and ``eval_batch_size`` (the module's hparams, which its loaders read), and with
-``--global-batch-size`` the accumulation that keeps the global batch. The plan is written into
+``batch_size`` and ``eval_batch_size`` (the module's hparams, which its loaders read) and the
+accumulation that keeps the global batch: the module's 32 x 1 x devices, or ``--global-batch-size``;
+``--no-keep-global-batch-size`` trains the largest batch that fits instead. The plan is written into
 the checkpoint; ``--resume`` fits on from it without searching again. Under ``--strategy ddp``
 every rank searches in lockstep and trains at the answer that fits the smallest device. A small
 CNN on random images: no download, under a minute on a 2-core CPU.
@@ -84,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--memory-fraction", type=float, default=0.8, help="default: %(default)s")
     parser.add_argument("--global-batch-size", type=int, help="samples per optimizer step over all ranks")
+    parser.add_argument(
+        "--keep-global-batch-size",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the global batch (default); --no-keep-global-batch-size: the largest batch that fits",
+    )
     parser.add_argument("--precision", default="32-true", help="the Trainer's (default: %(default)s)")
     parser.add_argument("--gradient-clip-val", type=float, help="the Trainer's gradient clipping")
     parser.add_argument("--devices", type=int, default=1, help="CPU processes (default: %(default)s)")
@@ -101,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         memory_fraction=args.memory_fraction,
         sizes=BatchSizes(global_batch_size=args.global_batch_size),
         eval_batch_arg_name="eval_batch_size",
+        keep_global_batch_size=args.keep_global_batch_size,
     )
     trainer = pl.Trainer(
         accelerator="cpu",

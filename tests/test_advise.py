@@ -137,7 +137,7 @@ def test_bad_steps_and_half_a_plan_are_refused() -> None:
         timeout=300,
         check=False,
     )
-    assert half.returncode == 1 and half.stderr.startswith(
+    assert half.returncode == 2 and half.stderr.startswith(
         "batchfit: error: plan needs both --base-learning-rate and --base-batch-size"
     ), half.stderr
 
@@ -182,7 +182,7 @@ def test_the_cli_prints_the_advice_and_skips_what_it_is_told() -> None:
         timeout=120,
         check=False,
     )
-    assert bad.returncode == 1
+    assert bad.returncode == 2
     assert bad.stderr.startswith("batchfit: error: --skip 'tune': the steps are find, explore, compare")
 
 

@@ -389,8 +389,8 @@ FORMS = f"'example:NAME' for a built-in ({BUILTINS}) or 'module:function' naming
             "MEMORY_LIMIT",
             "lots",
             (
-                "MEMORY_LIMIT='lots' is not a size: write a number with an optional unit, such as '2GiB', "
-                "'1.5GB', '800MiB' or '1000000' (bytes)."
+                "MEMORY_LIMIT='lots' is not a size: write a number and a unit, such as '2GiB' (2 x 1024^3 "
+                "bytes), '1.5GB' (1.5 x 1000^3), '800MiB' or '1000000' (bytes)."
             ),
         ),
         ("DEVICE", "gpu", "DEVICE must be cpu, cuda or cuda:N (or null: cuda if available), got 'gpu'."),

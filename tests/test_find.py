@@ -471,7 +471,10 @@ def test_model_on_another_device_is_named() -> None:
     model = nn.Linear(2, 2).to("meta")
     data = torch.utils.data.TensorDataset(torch.randn(16, 2), torch.randn(16, 2))
     workload = Workload(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), dataset=data)
-    named = r"the model's weight is on meta, but batchfit runs on cpu; move the model there first"
+    named = (
+        r"^the model's weight is on the meta device, which holds shapes but no memory, so no step runs on "
+        r"cpu; predict its batch sizes from the shapes alone with batchfit\.predict\("
+    )
     with pytest.raises(ConfigurationError, match=named):
         find_batch_size(workload, device="cpu")
     with pytest.raises(ConfigurationError, match=named):

@@ -330,7 +330,114 @@ def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
         ),
         (
             {"micro_batch_size": 8, "loss_fn": "cross_entropy", "compute_loss": None},
-            "loss_fn must be callable, got str.",
+            (
+                "loss_fn must be callable, got str; pass loss_fn(output, target) -> a scalar loss, such as "
+                "torch.nn.functional.cross_entropy or nn.CrossEntropyLoss()."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "loss_fn": None, "compute_loss": "loss"},
+            "compute_loss must be callable, got str; pass compute_loss(model, micro_batch) -> a scalar loss.",
+        ),
+        (
+            {"micro_batch_size": "64"},
+            (
+                "micro_batch_size ('64') must be a whole number of samples, 1 or more: the largest "
+                "micro-batch to run, halved after each out-of-memory."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "max_grad_norm": "1.0"},
+            (
+                "max_grad_norm must be a number or None, got str ('1.0'); pass the norm to clip the "
+                "gradients to, such as 1.0, or None not to clip."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "scaler": True},
+            (
+                "scaler must be a torch.amp.GradScaler or None, got bool; pass the GradScaler that scales "
+                "your float16 training, or None."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "scheduler": "cosine"},
+            (
+                "scheduler must be a torch.optim.lr_scheduler.LRScheduler or None, got str; pass the "
+                "scheduler of the optimizer, stepped once per optimizer step, or None."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "noise_scale": 100},
+            (
+                "noise_scale must be a batchfit.NoiseScaleMonitor or None, got int; pass "
+                "NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "non_finite": "ignore"},
+            (
+                "non_finite ('ignore') must be 'raise' (a NonFiniteError when a loss or gradient is NaN or "
+                "inf) or 'skip' (drop that step's gradients and step nothing, as a GradScaler does)."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "reduction": "batchmean"},
+            (
+                "reduction ('batchmean') must be 'mean' (the loss is a mean over the micro-batch's samples), "
+                "'sum' (a sum over them), 'token_mean' (a mean over the target's elements that are not "
+                "ignore_index) or None (read it from a loss module, else 'mean')."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "reduction": "token_mean", "ignore_index": -100.0},
+            (
+                "ignore_index must be an int, got float (-100.0); pass the target value the loss skips "
+                "(-100 for torch's cross_entropy), or None."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "ignore_index": 0},
+            (
+                "ignore_index (0) counts only with reduction='token_mean', not 'mean'; pass "
+                "reduction='token_mean' if the loss is a mean over the non-ignored target elements."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "loss_fn": nn.CrossEntropyLoss(reduction="none")},
+            (
+                "loss_fn is CrossEntropyLoss(reduction='none'): it returns one loss per element, and "
+                "MicroBatchStep backpropagates a scalar; pass reduction='mean' or 'sum' to the loss module."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "loss_fn": nn.CrossEntropyLoss(weight=torch.ones(4))},
+            (
+                "loss_fn is CrossEntropyLoss(reduction='mean') with class weights: its mean divides by the "
+                "sum of the weights of the batch's targets, which no split of the batch into micro-batches "
+                "keeps. Use reduction='sum' and divide by that sum yourself in compute_loss, or drop weight."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "loss_fn": nn.CrossEntropyLoss(reduction="sum"), "reduction": "mean"},
+            (
+                "reduction='mean' disagrees with loss_fn, CrossEntropyLoss(reduction='sum'); the loss "
+                "module's reduction is what its loss is: drop reduction, or change the module's."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "loss_fn": nn.MSELoss(), "reduction": "token_mean"},
+            (
+                "reduction='token_mean' needs a loss that skips a target value, and loss_fn, "
+                "MSELoss(reduction='mean'), has no ignore_index; drop reduction, or pass a loss that has one."
+            ),
+        ),
+        (
+            {"micro_batch_size": 8, "loss_fn": nn.CrossEntropyLoss(ignore_index=0), "ignore_index": -100},
+            (
+                "ignore_index=-100 disagrees with loss_fn, CrossEntropyLoss(reduction='mean', "
+                "ignore_index=0); drop ignore_index, or set it on the loss module."
+            ),
         ),
     ],
 )  # fmt: skip
@@ -343,7 +450,11 @@ def test_bad_arguments_name_the_parameter(kwargs: dict[str, Any], message: str) 
 
 def test_a_model_and_an_optimizer_are_required() -> None:
     model, optimizer = _model_and_optimizer()
-    with pytest.raises(ConfigurationError, match=r"^model must be a torch.nn.Module, got function.$"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^model must be a torch\.nn\.Module, got function; pass the module you train \(under DDP, its "
+        r"DistributedDataParallel wrapper\)\.$",
+    ):
         MicroBatchStep(lambda x: x, optimizer, micro_batch_size=8)  # type: ignore[arg-type]
     with pytest.raises(
         ConfigurationError,
@@ -357,6 +468,15 @@ def test_a_model_and_an_optimizer_are_required() -> None:
         r"micro-batches accumulated, but LBFGS\.step needs a closure",
     ):
         MicroBatchStep(model, torch.optim.LBFGS(model.parameters()), micro_batch_size=8)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^scheduler is a ReduceLROnPlateau, whose step needs the metric it watches, and "
+        r"MicroBatchStep steps its scheduler without arguments after each optimizer step; pass "
+        r"scheduler=None and call "
+        r"scheduler\.step\(metric\) yourself\.$",
+    ):
+        MicroBatchStep(model, optimizer, micro_batch_size=8, scheduler=plateau)
 
 
 @pytest.mark.parametrize(
@@ -396,16 +516,31 @@ def test_a_model_and_an_optimizer_are_required() -> None:
             make_batch(6),
             lambda output, target: nn.functional.cross_entropy(output, target, reduction="none"),
             (
-                "loss_fn returned a tensor of shape (6,), not a scalar loss; it must return the mean loss "
-                "over the micro-batch (reduction='mean'), which MicroBatchStep weights by the micro-batch's "
-                "samples."
+                "loss_fn returned a tensor of shape (6,), not a scalar loss; it must return one loss for the "
+                "micro-batch, reduced as reduction says ('mean', the default): MicroBatchStep weights it so "
+                "that the micro-batches add up to the full batch's loss."
+            ),
+        ),
+        (
+            {"inputs": torch.zeros(6, 16, dtype=torch.float64), "targets": torch.zeros(6, dtype=torch.long)},
+            "token_mean",
+            (
+                "reduction='token_mean' counts the target's elements that are not ignore_index, but the "
+                "batch (dict) is neither a pair (inputs, target) nor a mapping with a 'labels' tensor; put "
+                "the target there, or divide the loss's sum by the batch's token count yourself in "
+                "compute_loss and pass reduction='sum'."
             ),
         ),
     ],
 )  # fmt: skip
 def test_bad_batches_and_losses_are_explained(batch: Any, loss_fn: Any, message: str) -> None:
     model, optimizer = _model_and_optimizer()
-    step = MicroBatchStep(model, optimizer, loss_fn=loss_fn, micro_batch_size=8)
+    if loss_fn == "token_mean":
+        step = MicroBatchStep(
+            model, optimizer, compute_loss=lambda model, batch: 0, micro_batch_size=8, reduction="token_mean"
+        )
+    else:
+        step = MicroBatchStep(model, optimizer, loss_fn=loss_fn, micro_batch_size=8)
     with pytest.raises(ConfigurationError, match=f"^{re.escape(message)}$"):
         step(batch)
     assert all(param.grad is None for param in model.parameters()) and step.optimizer_steps == 0

@@ -8,6 +8,8 @@ import dataclasses
 import inspect
 
 import pytest
+import torch
+from tiny_workloads import build
 
 import batchfit
 from batchfit import BatchSizes, ConfigurationError, Goal, Timing, Trials, Where
@@ -111,3 +113,295 @@ def test_a_literal_field_is_a_flag_with_choices_and_a_bool_a_switch() -> None:
     assert flags.options(parsed, batchfit.LoaderSetting).pin_memory is True
     with pytest.raises(SystemExit):
         parser.parse_args(["--objective", "fastest"])
+
+
+# -- every public entry checks its arguments' types as it is called, and says what to pass ---------
+
+WRAP = "wrap it: batchfit.Workload(model, optimizer, make_batch=..., loss_fn=...)."
+TARGETS = batchfit.Targets(capacities="24GiB")
+#: Each verb called with ``workload`` and its required arguments, every other one as given.
+VERBS = {
+    "find_batch_size": lambda workload, **given: batchfit.find_batch_size(workload, **given),
+    "explore": lambda workload, **given: batchfit.explore(workload, **given),
+    "compare": lambda workload, **given: batchfit.compare(workload, **given),
+    "check_data": lambda workload, **given: batchfit.check_data(workload, 8, **given),
+    "advise": lambda workload, **given: batchfit.advise(workload, **given),
+    "analyze": lambda workload, **given: batchfit.analyze(workload, [0.8], **given),
+    "noise_scale": lambda workload, **given: batchfit.noise_scale(
+        workload, **{"sampling": batchfit.Sampling(batch_size=8, micro_batch_size=4), **given}
+    ),
+    "predict": lambda workload, **given: batchfit.predict(workload, **{"targets": TARGETS, **given}),
+    "check": lambda workload, **given: batchfit.check(workload, 8, **given),
+}
+
+
+def _sequential() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 2))
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_verb_given_a_model_says_to_wrap_it_in_a_workload(verb: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        VERBS[verb](_sequential(), device="cpu")
+    assert str(raised.value) == f"{verb} expects a batchfit.Workload, got torch.nn.Sequential; {WRAP}"
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            "my_train:workload",
+            "got str ('my_train:workload'); load it: batchfit.load_workload('my_train:workload').",
+        ),
+        (
+            {"model": 1},
+            (
+                "got dict; build one: batchfit.Workload(model, optimizer, make_batch=..., loss_fn=...), "
+                "or load "
+                "one: batchfit.load_workload('my_train:workload')."
+            ),
+        ),
+    ],
+)
+def test_a_spec_or_anything_else_is_not_a_workload_either(given: object, message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.find_batch_size(given, device="cpu")  # type: ignore[arg-type]
+    assert str(raised.value) == f"find_batch_size expects a batchfit.Workload, {message}"
+
+
+@pytest.mark.parametrize(
+    ("verb", "name", "value", "kind", "got"),
+    [
+        (
+            "find_batch_size",
+            "sizes",
+            64,
+            "BatchSizes",
+            "int (64); pass sizes=batchfit.BatchSizes(max_batch_size=64)",
+        ),
+        ("find_batch_size", "trials", 2, "Trials", "int (2); pass trials=batchfit.Trials(steps_per_trial=2)"),
+        ("explore", "sizes", 64, "BatchSizes", "int (64); pass sizes=batchfit.BatchSizes(max_batch_size=64)"),
+        ("explore", "timing", 3, "Timing", "int (3); pass timing=batchfit.Timing(...)"),
+        ("explore", "goal", 0.03, "Goal", "float (0.03); pass goal=batchfit.Goal(...)"),
+        (
+            "compare",
+            "timing",
+            {"windows": 3},
+            "Timing",
+            "dict ({'windows': 3}); pass timing=batchfit.Timing(...)",
+        ),
+        ("check_data", "current", 4, "LoaderSetting", "int (4); pass current=batchfit.LoaderSetting(...)"),
+        ("check_data", "search", 8, "LoaderSearch", "int (8); pass search=batchfit.LoaderSearch(...)"),
+        (
+            "advise",
+            "checklist",
+            ("find",),
+            "Checklist",
+            "tuple (('find',)); pass checklist=batchfit.Checklist(...)",
+        ),
+        ("advise", "baseline", 0.1, "Baseline", "float (0.1); pass baseline=batchfit.Baseline(...)"),
+        ("noise_scale", "sampling", 64, "Sampling", "int (64); pass sampling=batchfit.Sampling(...)"),
+        ("predict", "targets", "24GiB", "Targets", "str ('24GiB'); pass targets=batchfit.Targets(...)"),
+        (
+            "predict",
+            "trials",
+            batchfit.Timing(),
+            "Trials",
+            (
+                "batchfit.Timing (Timing(windows=3, steps_per_window=None, time_budget_seco...); "
+                "pass trials=batchfit.Trials(...)"
+            ),
+        ),
+        ("check", "trials", "2", "Trials", "str ('2'); pass trials=batchfit.Trials(...)"),
+    ],
+)
+def test_an_options_object_of_the_wrong_type_is_named_with_what_to_pass(
+    verb: str, name: str, value: object, kind: str, got: str
+) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        VERBS[verb](build("mlp"), device="cpu", **{name: value})
+    assert str(raised.value) == f"{verb}'s {name} must be a batchfit.{kind}, got {got}."
+
+
+def test_analyze_takes_its_options_per_mode_and_plan_its_baseline_typed() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.analyze(build("mlp"), [0.8], sizes=BatchSizes(), device="cpu")  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        "analyze's sizes must be a mapping of mode to batchfit.BatchSizes (or None), got "
+        "batchfit.BatchSizes; "
+        "pass sizes={'train': batchfit.BatchSizes(...)}."
+    )
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.plan(1024, 0.1)  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        "plan's baseline must be a batchfit.Baseline, got float (0.1); pass baseline=batchfit.Baseline(...)."
+    )
+
+
+def test_on_progress_that_is_not_a_function_is_refused_before_any_trial() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.find_batch_size(build("mlp"), device="cpu", on_progress="verbose")  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        "find_batch_size's on_progress must be a function taking a batchfit.Event, or None; got str "
+        "('verbose')."
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: Trials(eval_with_training_state="no"),
+            "eval_with_training_state must be True or False, got str ('no').",
+        ),
+        (
+            lambda: batchfit.Sampling(batch_size=64, micro_batch_size=16, fixed_weights="yes"),
+            "fixed_weights must be True or False, got str ('yes').",
+        ),
+        (lambda: Goal(tolerance="0.1"), "tolerance must be a number, got str ('0.1')."),
+        (lambda: Goal(confidence_target="90"), "confidence_target must be a number, got str ('90')."),
+        (
+            lambda: Where(memory_fraction="0.8"),
+            "memory_fraction='0.8' must be a number in (0, 1]: the share of device memory a batch may use.",
+        ),
+        (lambda: BatchSizes(max_batch_size="64"), "max_batch_size must be a positive integer, got '64'."),
+        (lambda: Trials(steps_per_trial=2.0), "steps_per_trial must be a positive integer, got 2.0."),
+        (
+            lambda: batchfit.LoaderSetting(num_workers=2, pin_memory="no").check(),
+            "pin_memory must be True or False, got str ('no').",
+        ),
+        (
+            lambda: batchfit.Checklist(skip="compare"),
+            "Checklist.skip must be a tuple of names, got str ('compare'); pass skip=('compare',).",
+        ),
+        (
+            lambda: batchfit.Checklist(techniques="amp"),
+            (
+                "Checklist.techniques must be a tuple of names, got str ('amp'); pass techniques=('amp', "
+                "'checkpointing')."
+            ),
+        ),
+    ],
+)
+def test_an_option_of_the_wrong_type_says_what_it_takes(make: object, message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        make()  # type: ignore[operator]
+    assert str(raised.value) == message
+
+
+def _batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, 4), torch.randint(0, 2, (n,))
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            {"model": torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)},
+            "Workload.model must be a torch.nn.Module, got torch.optim.SGD.",
+        ),
+        (
+            {"optimizer": 0.1},
+            (
+                "Workload.optimizer must be a torch.optim.Optimizer or a factory params -> Optimizer "
+                "(e.g. lambda "
+                "params: torch.optim.AdamW(params, lr=1e-3)), got float (0.1)."
+            ),
+        ),
+        (
+            {"make_batch": 64},
+            (
+                "Workload.make_batch must be a function taking a batch size n and returning n samples, "
+                "or None; "
+                "got int (64)."
+            ),
+        ),
+        (
+            {"loss_fn": "cross_entropy"},
+            (
+                "Workload.loss_fn must be a function taking (output, target), or None; got str "
+                "('cross_entropy')."
+            ),
+        ),
+        (
+            {"train_step": 1},
+            "Workload.train_step must be a function taking (model, optimizer, batch), or None; got int (1).",
+        ),
+        (
+            {"batch_dim": "0"},
+            (
+                "Workload.batch_dim must be an int (the dimension of a batch's tensors that holds its "
+                "samples), "
+                "got str ('0')."
+            ),
+        ),
+        ({"tokens_per_sample": 0}, "Workload.tokens_per_sample must be a positive integer, got 0."),
+        ({"name": 7}, "Workload.name must be a str, got int."),
+    ],
+)
+def test_a_workload_checks_its_fields_when_it_is_made(given: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {
+        "model": _sequential(),
+        "optimizer": lambda params: torch.optim.SGD(params, lr=0.1),
+        "make_batch": _batch,
+        "loss_fn": torch.nn.functional.cross_entropy,
+    }
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.Workload(**{**fields, **given})  # type: ignore[arg-type]
+    assert str(raised.value) == message
+
+
+def test_load_workload_takes_a_spec_and_says_to_call_a_function_yourself() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.load_workload(_sequential)  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        "load_workload expects a spec 'module:function' or 'example:NAME' (a str), got function; call it "
+        "yourself (workload = _sequential()), or pass a spec such as load_workload('my_train:workload')."
+    )
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.load_workload(3)  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        "load_workload expects a spec 'module:function' or 'example:NAME' (a str), got int; pass a spec "
+        "such as load_workload('my_train:workload')."
+    )
+
+
+# -- the meta device's advice leads to what works: predict, from the shapes alone ------------------
+
+
+def _on_meta(device: str) -> batchfit.Workload:
+    with torch.device(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    return batchfit.Workload(
+        model,
+        lambda params: torch.optim.AdamW(params, lr=1e-3),
+        make_batch=lambda n: (torch.randn(n, 64), torch.randint(0, 10, (n,))),
+        loss_fn=torch.nn.functional.cross_entropy,
+    )
+
+
+def test_a_model_on_the_meta_device_is_sent_to_predict_and_predict_answers_as_for_the_real_model() -> None:
+    workload = _on_meta("meta")
+    advice = (
+        "batchfit.predict(workload, batchfit.Targets(capacities='24GiB'), device='cpu') (batchfit predict "
+        "--device cpu --capacities 24GiB)"
+    )
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.find_batch_size(workload, device="cpu", memory_limit="64MiB")
+    assert str(raised.value) == (
+        "the model's 0.weight is on the meta device, which holds shapes but no memory, so no step runs on "
+        f"cpu; predict its batch sizes from the shapes alone with {advice}, or build the model on cpu to "
+        "measure it there."
+    )
+    with pytest.raises(ConfigurationError) as raised:
+        batchfit.find_batch_size(workload, device="meta")
+    assert str(raised.value) == (
+        "device='meta' is not supported: batchfit measures 'cpu' and 'cuda' devices; a model built on the "
+        f"meta device is predicted from its shapes with {advice}."
+    )
+    # The advice, followed: the same answers as for the model built on the CPU.
+    followed = batchfit.predict(workload, batchfit.Targets(capacities="24GiB"), device="cpu")
+    real = batchfit.predict(_on_meta("cpu"), batchfit.Targets(capacities="24GiB"), device="cpu")
+    assert followed.cpu_alone and followed.rows == real.rows
+    assert followed.rows[0].train is not None and followed.rows[0].train.batch_size >= 1

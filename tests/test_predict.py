@@ -153,7 +153,7 @@ def test_a_saved_prediction_starts_a_search_only_behind_a_caching_allocator_and_
         "--start-from",
         str(saved),
     ]
-    assert main(argv) == 1
+    assert main(argv) == 2
     assert capsys.readouterr().err.startswith(
         f"batchfit: error: start_from: {saved} replays CUDA's caching allocator, which cpu (capped at "
         f"48.00 MiB) does not run: search on cuda (or leave start_from out; the CPU places its trials by "

@@ -11,7 +11,7 @@ import torch
 
 from batchfit.advice_result import Advice
 from batchfit.check_data import DataCheck, check_data
-from batchfit.checks import check_positive_int
+from batchfit.checks import check_option, check_positive_int, shown, type_name
 from batchfit.compare import compare_on
 from batchfit.comparison import Comparison
 from batchfit.errors import ConfigurationError
@@ -26,6 +26,7 @@ from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.data.dataloaders import LoaderFactory
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 
@@ -53,6 +54,14 @@ class Checklist:
     noise_scale: float | NoiseScale | None = None
 
     def __post_init__(self) -> None:
+        for name in ("skip", "techniques"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not (value is None or isinstance(value, (tuple, list))):
+                example = "('compare',)" if name == "skip" else "('amp', 'checkpointing')"
+                raise ConfigurationError(
+                    f"Checklist.{name} must be a tuple of names, got {type_name(value)} ({shown(value)}); "
+                    f"pass {name}={example}."
+                )
         unknown = [step for step in self.skip if step not in STEPS]
         if unknown:
             raise ConfigurationError(f"skip {unknown}: the steps are {', '.join(STEPS)}.")
@@ -83,6 +92,16 @@ def advise(
     labelled with the step) and the steps' own events. The model, optimizer and RNG are left as
     they were.
     """
+    check_entry(
+        "advise",
+        workload,
+        on_progress,
+        sizes=(sizes, BatchSizes),
+        timing=(timing, Timing),
+        checklist=(checklist, Checklist),
+    )
+    if baseline is not None:
+        check_option("advise", "baseline", baseline, Baseline)
     started = time.perf_counter()
     run = _Checklist(
         Target.of(Where(device, memory_limit, memory_fraction)), workload, checklist, on_progress

@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 
-from batchfit.checks import check_memory_fraction
+from batchfit.checks import check_memory_fraction, check_option, type_name
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
@@ -105,6 +106,15 @@ def analyze(
     """One search per (memory_fraction, mode), each mode's in ``sizes[mode]`` with
     ``trials[mode]`` (the defaults where a mode is missing); each mode's searches share one cache
     of measurements. ``on_progress`` hears every trial, labelled ``mode@fraction``."""
+    check_entry("analyze", workload, on_progress)
+    for name, given, kind in (("sizes", sizes, BatchSizes), ("trials", trials, Trials)):
+        for value in (given or {}).values() if isinstance(given, Mapping) else ():
+            check_option("analyze", f"{name}[mode]", value, kind)
+        if given is not None and not isinstance(given, Mapping):
+            raise ConfigurationError(
+                f"analyze's {name} must be a mapping of mode to batchfit.{kind.__name__} (or None), "
+                f"got {type_name(given)}; pass {name}={{'train': batchfit.{kind.__name__}(...)}}."
+            )
     if not memory_fractions:
         raise ConfigurationError("memory_fractions is empty: give at least one, e.g. 0.6,0.8.")
     for fraction in memory_fractions:

@@ -30,6 +30,7 @@ from batchfit.runtime.data.dataloaders import LoaderFactory, LoaderSource
 from batchfit.runtime.data.loop import DataLoop
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.host import usable_cores
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.specs import load_function
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
@@ -145,6 +146,9 @@ def check_data(
     are left as they were. docs/check-data.md explains.
     """
     started = time.perf_counter()
+    check_entry(
+        "check_data", workload, on_progress, current=(current, LoaderSetting), search=(search, LoaderSearch)
+    )
     check_positive_int("batch_size", batch_size)
     if search.max_num_workers is None:
         search = replace(search, max_num_workers=usable_cores())

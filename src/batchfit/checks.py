@@ -7,7 +7,7 @@ import math
 from dataclasses import field
 from typing import Any
 
-from batchfit.errors import ConfigurationError
+from batchfit.errors import ArgumentTypeError, ConfigurationError
 from batchfit.policy.trial import Mode
 
 #: Upper bound of a training search when none is given (the seed's MAX_BATCH_SIZE).
@@ -36,6 +36,18 @@ def check_positive_number(name: str, value: object, allow_zero: bool = False) ->
         raise ConfigurationError(f"{name} must be {kind}, got {value!r}.")
 
 
+def check_flag(name: str, value: object) -> None:
+    """An ArgumentTypeError where ``value`` is not a bool (a string "no" would read as true)."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be True or False, got {type_name(value)} ({shown(value)}).")
+
+
+def check_number(name: str, value: object) -> None:
+    """An ArgumentTypeError where ``value`` is not an int or a float (a bool is neither here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentTypeError(f"{name} must be a number, got {type_name(value)} ({shown(value)}).")
+
+
 def check_batch_range(min_batch_size: object, max_batch_size: object) -> None:
     """Both positive integers, the smaller first."""
     low = check_positive_int("min_batch_size", min_batch_size)
@@ -53,8 +65,63 @@ def check_memory_fraction(memory_fraction: object, name: str = "memory_fraction"
         or not isinstance(memory_fraction, (int, float))
         or not 0 < memory_fraction <= 1
     ):
+        kind = "" if isinstance(memory_fraction, (int, float)) else " a number"
         raise ConfigurationError(
-            f"{name}={memory_fraction!r} must be in (0, 1]: the share of device memory a batch may use."
+            f"{name}={memory_fraction!r} must be{kind} in (0, 1]: the share of device memory a batch may use."
+        )
+
+
+def type_name(value: object) -> str:
+    """``value``'s type as a user writes it: ``int``, ``torch.nn.Sequential``, ``batchfit.Trials``."""
+    kind = type(value)
+    module = kind.__module__
+    if module == "builtins":
+        return kind.__qualname__
+    for public in ("torch.nn", "torch.optim", "torch.utils.data", "batchfit"):
+        if module.startswith(f"{public}."):  # torch.nn.modules.container.Sequential: torch.nn's
+            return f"{public}.{kind.__qualname__}"
+    return f"{module}.{kind.__qualname__}"
+
+
+def shown(value: object, width: int = 60) -> str:
+    """``repr(value)``, cut to ``width`` characters (a model's or a tensor's runs to pages)."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 3]}..."
+
+
+def check_type(name: str, value: object, good: bool, expected: str, advice: str) -> None:
+    """An ArgumentTypeError unless ``good``: ``name`` must be ``expected``, what it got, and ``advice``
+    (what to pass)."""
+    if not good:
+        raise ArgumentTypeError(
+            f"{name} must be {expected}, got {type_name(value)} ({shown(value)}); pass {advice}."
+        )
+
+
+def check_option(owner: str, name: str, value: object, kind: type, *, optional: bool = False) -> None:
+    """An ArgumentTypeError where ``owner``'s ``name`` is not a ``kind`` (an options object; with
+    ``optional`` None too), saying what was given and what to pass."""
+    example = "..."
+    if kind.__name__ == "BatchSizes" and isinstance(value, int) and not isinstance(value, bool):
+        example = f"max_batch_size={value}"  # a bare number given for the sizes: their bound, likely
+    elif kind.__name__ == "Trials" and isinstance(value, int) and not isinstance(value, bool):
+        example = f"steps_per_trial={value}"
+    none = " (or None)" if optional else ""
+    check_type(
+        f"{owner}'s {name}",
+        value,
+        isinstance(value, kind) or (optional and value is None),
+        f"a batchfit.{kind.__name__}{none}",
+        f"{name}=batchfit.{kind.__name__}({example})",
+    )
+
+
+def check_callback(label: str, value: object, takes: str) -> None:
+    """An ArgumentTypeError where ``label`` (``Workload.loss_fn``, ``find_batch_size's
+    on_progress``) is neither None nor callable."""
+    if value is not None and not callable(value):
+        raise ArgumentTypeError(
+            f"{label} must be a function taking {takes}, or None; got {type_name(value)} ({shown(value)})."
         )
 
 

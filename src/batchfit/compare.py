@@ -38,6 +38,7 @@ from batchfit.runtime.steps.techniques import (
 )
 from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.default_step import needs_closure
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 
 #: compare's timing unless told: explore gets 10 s for each technique's recommended batch.
@@ -68,6 +69,7 @@ def compare(
     ``on_progress`` hears each trial (labelled with its technique) and each row. The model,
     optimizer and RNG are left as they were.
     """
+    check_entry("compare", workload, on_progress, sizes=(sizes, BatchSizes), timing=(timing, Timing))
     target = Target.of(Where(device, memory_limit, memory_fraction))
     return compare_on(target, workload, techniques, sizes, timing, checkpoint_module, on_progress)
 

@@ -28,6 +28,7 @@ from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.host import malloc_advice
 from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.runtime.steps.timer import StepTimer
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 
@@ -131,6 +132,8 @@ def explore(
     result. With ``goal.noise_scale`` the result's ``goodput`` predicts each batch to a target
     (``with_goodput``; docs/goodput.md).
     """
+    given = {"sizes": (sizes, BatchSizes), "timing": (timing, Timing), "goal": (goal, Goal)}
+    check_entry("explore", workload, on_progress, **given)
     target = Target.of(Where(device, memory_limit, memory_fraction))
     return explore_on(target, workload, sizes, timing, goal, on_progress)
 

@@ -15,7 +15,7 @@ from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
-from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.host_failure import check_host_room
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.distributed.buckets import opening_steps, reproduced
 from batchfit.runtime.distributed.data_parallel import note_unwrapped
@@ -24,6 +24,7 @@ from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec
 from batchfit.runtime.steps.trace import Forecast, forecast_search
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
@@ -64,6 +65,7 @@ def find_batch_size(
     predict --format json`` wrote) whose allocator records, replayed at this search's budget,
     place its first trial, and join its trials' own records (behind a caching allocator only).
     """
+    check_entry("find_batch_size", workload, on_progress, sizes=(sizes, BatchSizes), trials=(trials, Trials))
     target = Target.of(Where(device, memory_limit, memory_fraction))
     named = mode_named(mode)
     start = None if start_from is None else StartingEvidence.read(start_from, named)
@@ -97,7 +99,7 @@ def find_on(
     try:
         snapshot.set_gradients_aside()
         # With several ranks the answer must fit the smallest device: one budget for all.
-        capacity = min(team.run(lambda: _capacity(workload, target.device)))
+        capacity = min(team.run(lambda: _capacity(workload, target, sizes.candidates(mode).count)))
         search = _Search(workload, mode, target, sizes, trials, capacity, team, cache, on_progress, start)
         seed = team.shared(search.seed)  # where a saved prediction places the first trial
         outcome, forecast, replays = search.run(snapshot, seed)
@@ -107,10 +109,16 @@ def find_on(
     return search.result(outcome, forecast, replays, time.perf_counter() - started, seed)
 
 
-def _capacity(workload: Workload, device: Device) -> int:
-    """The device's capacity for this workload: what its resident tensors leave room for."""
-    held = resident_tensors(workload.module, workload.optimizer, *workload.reached)
-    return device.capacity_bytes(held, workload.wrapper_bytes)
+def _capacity(workload: Workload, target: Target, candidates: int) -> int:
+    """The device's capacity for this workload: what its resident tensors leave room for. A search
+    over ``candidates`` sizes on the CPU standing in for a larger device is refused where the host
+    cannot give its budget (``check_host_room``); one size (``check``) runs, as its trial needs
+    only its own peak, and stops saying so where the host runs out."""
+    held = list(resident_tensors(workload.module, workload.optimizer, *workload.reached))
+    capacity = target.device.capacity_bytes(held, workload.wrapper_bytes)
+    if candidates > 1:
+        check_host_room(target.device, capacity, target.memory_fraction, held, workload.wrapper_bytes)
+    return capacity
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,13 @@ from typing import Any
 
 import torch
 
+from batchfit.checks import check_positive_int
 from batchfit.errors import DoesNotFitError
 from batchfit.find import find_on
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.trial import Mode, Trial
 from batchfit.progress import OnProgress
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
@@ -83,6 +85,8 @@ def check(
     its answer (its confirming steps on CUDA), with the margin to the budget. It raises nothing
     for a batch that does not fit: ``FitCheck.fits`` says so, and ``summary()`` by how much and
     what to do. The model, optimizer and RNG are left as they were."""
+    check_entry("check", workload, on_progress, trials=(trials, Trials))
+    check_positive_int("batch_size", batch_size)
     target = Target.of(Where(device, memory_limit, memory_fraction))
     named = mode_named(mode)
     exactly = BatchSizes(batch_size, batch_size)

@@ -14,13 +14,21 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from batchfit.errors import OptimizerStepOutOfMemoryError
+from batchfit.errors import NonFiniteError, OptimizerStepOutOfMemoryError
 from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchShrink, merge_outcomes
 from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
 from batchfit.runtime.distributed.lockstep import Lockstep
+from batchfit.runtime.steps.finite import WHAT_TO_CHECK
 from batchfit.runtime.steps.micro_batch_checks import check_arguments
+from batchfit.runtime.steps.micro_batch_finite import (
+    NonFinite,
+    all_finite,
+    scaler_in_charge,
+    what_is_not_finite,
+)
+from batchfit.runtime.steps.micro_batch_reduction import Reduction, resolve_reduction
 from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
 from batchfit.runtime.steps.noise_monitoring import StepNoise, report_line
 from batchfit.runtime.workloads.default_step import model_loss, scalar_loss
@@ -36,6 +44,8 @@ T = TypeVar("T")
 #: ("forward" or "backward") and the error's first line, or None; after the last micro-batch of a
 #: DistributedDataParallel model, which parameters hold a gradient.
 Status = tuple[int, tuple[str, str] | None, tuple[bool, ...] | None]
+#: A micro-batch's loss times its weight, detached, by its index in the step's split.
+Losses = list[tuple[int, torch.Tensor]]
 
 
 class MicroBatchStep:
@@ -47,14 +57,26 @@ class MicroBatchStep:
             loss = step((inputs, targets))      # one optimizer step; the batch's mean loss
 
     The batch is a pytree: its tensors are cut along ``batch_dim`` (they must agree on its size),
-    its other leaves go to every micro-batch. Micro-batch i's loss, a mean over its n_i samples, is
-    backpropagated times n_i / N, so the accumulated gradient is that of the batch's mean loss, an
-    uneven last micro-batch included; the call returns that mean, detached. The loss is
-    ``loss_fn(model(inputs), target)`` on a batch ``(inputs, target)``, else the model's output (or
-    its ``.loss``/``["loss"]``), as in ``Workload``. ``compute_loss(model, micro_batch) -> loss`` (a
-    mean over the micro-batch) replaces that; unlike Workload's ``train_step(model, optimizer,
-    batch)`` it returns the loss instead of stepping, because the micro-batches' gradients must add
-    up before the one optimizer step.
+    its other leaves go to every micro-batch. The loss is ``loss_fn(model(inputs), target)`` on a
+    batch ``(inputs, target)``, else the model's output (or its ``.loss``/``["loss"]``), as in
+    ``Workload``. ``compute_loss(model, micro_batch) -> loss`` replaces that; unlike Workload's
+    ``train_step(model, optimizer, batch)`` it returns the loss instead of stepping, because the
+    micro-batches' gradients must add up before the one optimizer step.
+
+    Each micro-batch's loss is backpropagated times a weight that makes the accumulated gradient the
+    full batch's, as ``reduction`` says what one micro-batch's loss is: ``"mean"`` over its n_i of
+    the batch's N samples (weight n_i / N), ``"sum"`` over them (weight 1), ``"token_mean"`` over the
+    t_i elements of its target that are not ``ignore_index`` (weight t_i / T, T the batch's: a
+    cross-entropy over padded sequences; the target is a pair's second element or a mapping's
+    ``"labels"``, and a micro-batch with none runs no backward). None reads it from ``loss_fn`` when
+    that is a torch loss module (``nn.CrossEntropyLoss(reduction="sum")``, its ``ignore_index``),
+    else takes the mean. The call returns the full batch's loss, detached.
+
+    A loss or accumulated gradient that is not finite (NaN, inf) raises ``NonFiniteError`` naming the
+    optimizer step and the micro-batch, the gradients dropped and nothing stepped; with
+    ``non_finite="skip"`` the step is skipped instead, as a ``GradScaler`` skips one (gradients
+    dropped, optimizer and scheduler not stepped, logged at WARNING and counted in
+    ``skipped_steps``). With an enabled ``scaler``, its own inf handling is in charge.
 
     An out-of-memory in a forward or backward (``is_out_of_memory``) drops the batch's gradients,
     frees memory, halves the micro-batch that failed and runs the batch again from its first
@@ -106,8 +128,25 @@ class MicroBatchStep:
         grow_after: int | None = None,
         batch_dim: int = 0,
         noise_scale: NoiseScaleMonitor | None = None,
+        reduction: Reduction | None = None,
+        ignore_index: int | None = None,
+        non_finite: NonFinite = "raise",
     ) -> None:
-        check_arguments(model, optimizer, loss_fn, compute_loss, max_grad_norm, batch_dim)
+        check_arguments(
+            model,
+            optimizer,
+            loss_fn=loss_fn,
+            compute_loss=compute_loss,
+            scaler=scaler,
+            scheduler=scheduler,
+            max_grad_norm=max_grad_norm,
+            batch_dim=batch_dim,
+            noise_scale=noise_scale,
+            non_finite=non_finite,
+        )
+        self.reduction = resolve_reduction(reduction, ignore_index, loss_fn)
+        self.non_finite = non_finite
+        self.skipped_steps = 0  # steps skipped for a loss or gradient that was not finite
         self._policy = MicroBatchShrink(micro_batch_size, grow_after=grow_after)
         self.model = model
         self.optimizer = optimizer
@@ -141,14 +180,26 @@ class MicroBatchStep:
         return self._policy.history
 
     def __call__(self, batch: Any) -> torch.Tensor:
-        """One optimizer step on ``batch``; its mean loss over all its samples (detached)."""
+        """One optimizer step on ``batch``; the full batch's loss (detached)."""
         samples = count_samples(batch, self.batch_dim)
         self._drop_gradients()
         try:
-            loss, masks = self._accumulate(batch, samples)
+            losses, sizes, masks = self._accumulate(batch, samples)
+            loss = torch.stack([weighted for _, weighted in losses]).sum()
             reading = None if self._noise is None else self._noise.end_step()
             if self._ddp and self._lockstep is not None:
                 self._average_gradients(self._lockstep, masks)
+            cause = None if scaler_in_charge(self.scaler) else self._non_finite(losses, sizes)
+            if cause is not None and self.non_finite == "raise":
+                raise NonFiniteError(
+                    f"MicroBatchStep, optimizer step {self.optimizer_steps} (micro_batch_size "
+                    f"{self.micro_batch_size}): {cause}; the optimizer did not step and the batch's "
+                    f"gradients were dropped. Pass non_finite='skip' to skip such a step as a GradScaler "
+                    f"does. {WHAT_TO_CHECK}"
+                )
+            if cause is not None:
+                self._skip(cause)
+                return loss
             self._exchange(self._step_optimizer)
         except BaseException:
             self._drop_gradients()
@@ -170,20 +221,26 @@ class MicroBatchStep:
             self._log(change)
         return loss
 
-    def _accumulate(self, batch: Any, samples: int) -> tuple[torch.Tensor, list[tuple[bool, ...] | None]]:
+    def _accumulate(
+        self, batch: Any, samples: int
+    ) -> tuple[Losses, list[int], list[tuple[bool, ...] | None]]:
         """The gradients of the whole batch, accumulated micro-batch by micro-batch, at half the
-        micro-batch again after an out-of-memory on any rank; the loss and each rank's gradient mask."""
+        micro-batch again after an out-of-memory on any rank; the weighted losses, the micro-batches'
+        sizes and each rank's gradient mask."""
+        weigh = self.reduction.weights(batch, samples, self.batch_dim)
         while True:
             sizes = self._policy.sizes(samples)
+            weights = weigh(sizes)
             if self._noise is not None:
-                self._noise.begin(sizes)
-            losses: list[torch.Tensor] = []
+                self._noise.begin(sizes, even=len(set(weights)) == 1)
+            losses: Losses = []
             if isinstance(self.model, DistributedDataParallel):
                 self.model.require_forward_param_sync = True  # buffers broadcast at the first forward
             start = 0
             for index, size in enumerate(sizes):
                 last = index == len(sizes) - 1
-                work = functools.partial(self._micro_batch, batch, start, size, last, losses)
+                part = (index, start, size, weights[index])
+                work = functools.partial(self._micro_batch, batch, part, last, losses)
                 statuses = self._exchange(work)
                 outcomes = [(rank_samples, rank_failure) for rank_samples, rank_failure, _ in statuses]
                 failure = merge_outcomes(outcomes, ranks=self._lockstep is not None)
@@ -191,7 +248,7 @@ class MicroBatchStep:
                     break
                 start += size
             else:
-                return torch.stack(losses).sum(), [mask for _, _, mask in statuses]
+                return losses, sizes, [mask for _, _, mask in statuses]
             del losses, work
             self._drop_gradients()
             if self._noise is not None:
@@ -203,14 +260,23 @@ class MicroBatchStep:
                 torch.cuda.empty_cache()
 
     def _micro_batch(
-        self, batch: Any, start: int, size: int, last: bool, losses: list[torch.Tensor]
+        self, batch: Any, part: tuple[int, int, int, float], last: bool, losses: Losses
     ) -> Status:
-        """Forward and backward of samples ``start`` to ``start + size``; this rank's ``Status``."""
+        """Forward and backward of micro-batch ``part`` (its index, first sample, size and weight);
+        this rank's ``Status``. A micro-batch of weight 0 (no target token to count) adds nothing:
+        it runs no backward, and a forward only under DDP, whose first forward of a step broadcasts
+        the buffers, a collective every rank must run at the same micro-batch."""
         samples = count_samples(batch, self.batch_dim)
+        index, start, size, weight = part
         phase = "forward"
         try:
             with self._no_sync():
-                weighted = self._loss(micro_batch(batch, start, size, self.batch_dim)) * (size / samples)
+                if weight == 0:
+                    if self._ddp:
+                        with torch.no_grad():
+                            self._loss(micro_batch(batch, start, size, self.batch_dim))
+                    return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
+                weighted = self._loss(micro_batch(batch, start, size, self.batch_dim)) * weight
                 phase = "backward"
                 (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
                 if self._noise is not None:
@@ -219,13 +285,14 @@ class MicroBatchStep:
             if not is_out_of_memory(error):
                 raise
             return samples, (phase, first_line(error)), None  # a value: the other ranks must hear it
-        losses.append(weighted.detach())
+        losses.append((index, weighted.detach()))
         return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
 
     def _loss(self, micro_batch: Any) -> torch.Tensor:
         hint = (
-            "it must return the mean loss over the micro-batch (reduction='mean'), which MicroBatchStep "
-            "weights by the micro-batch's samples."
+            f"it must return one loss for the micro-batch, reduced as reduction says "
+            f"({self.reduction.reduction!r}, {self.reduction.source}): MicroBatchStep weights it so "
+            f"that the micro-batches add up to the full batch's loss."
         )
         if self.compute_loss is None:
             return model_loss(
@@ -237,6 +304,33 @@ class MicroBatchStep:
                 hint=hint,
             )
         return scalar_loss(self.compute_loss(self.model, micro_batch), "compute_loss", hint)
+
+    def _non_finite(self, losses: Losses, sizes: list[int]) -> str | None:
+        """What is not finite among the losses and gradients, on every rank that holds one (the
+        ranks decide together); None where all are finite."""
+
+        def here() -> str:
+            if all_finite([loss for _, loss in losses], self._parameters):
+                return ""
+            return what_is_not_finite(losses, sizes, list(self.model.named_parameters()))
+
+        found = self._exchange(here)
+        if not any(found):
+            return None
+        if self._lockstep is None:
+            return found[0]
+        return "; ".join(f"on rank {rank}, {cause}" for rank, cause in enumerate(found) if cause)
+
+    def _skip(self, cause: str) -> None:
+        """The step not taken, as a GradScaler skips one: gradients dropped, nothing stepped."""
+        self._drop_gradients()
+        self.skipped_steps += 1
+        if self._lockstep is None or self._lockstep.rank == 0:
+            logger.warning(
+                f"MicroBatchStep: skipped optimizer step {self.optimizer_steps}: {cause}; the gradients "
+                f"were dropped, and the optimizer and scheduler did not step ({self.skipped_steps} "
+                f"skipped so far)."
+            )
 
     def _average_gradients(self, lockstep: Lockstep, masks: list[tuple[bool, ...] | None]) -> None:
         prepared: list[GradientAverage] = []

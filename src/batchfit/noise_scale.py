@@ -18,6 +18,8 @@ from batchfit.noise_scale_result import NoiseScaleResult
 from batchfit.options import Sampling, Target, Where
 from batchfit.policy.noise_scale import GradientReading, estimate
 from batchfit.progress import Event, OnProgress, tell
+from batchfit.runtime.devices.host import host_memory
+from batchfit.runtime.devices.host_failure import host_ran_out
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.distributed.gradient_noise import DataParallelNoise
@@ -28,6 +30,7 @@ from batchfit.runtime.steps.micro_batches import micro_batch, plain
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.batches import check_batch_size, collated, on_host, to_device
 from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 
 __all__ = ["NoiseScaleResult", "noise_scale"]
@@ -57,6 +60,7 @@ def noise_scale(
     ``memory_limit`` the steps run under a cap at ``memory_fraction`` of it. ``on_progress`` hears
     each step's reading and the estimate so far.
     """
+    check_entry("noise_scale", workload, on_progress, sampling=(sampling, Sampling))
     target = Target.of(Where(device, memory_limit, memory_fraction))
     team = ranks()
     micro, accumulation = sampling.split(team.world_size)
@@ -247,10 +251,17 @@ def _capped(run: _Run, capped: bool) -> Iterator[None]:
     device, workload = run.target.device, run.workload
     resident = list(resident_tensors(workload.module, run.optimizer, *workload.reached))
     budget = int(run.target.memory_fraction * device.capacity_bytes(resident, workload.wrapper_bytes))
+    host, measured = host_memory(), []
     try:
-        with device.measure(resident, budget, wrapper_bytes=workload.wrapper_bytes):
+        with device.measure(resident, budget, wrapper_bytes=workload.wrapper_bytes) as measurement:
+            measured.append(measurement)  # its refusal is read when the block has closed
             yield
     except BaseException as error:
+        refused = measured and measured[0].refused  # the cap refused first: the budget's
+        where = "a micro-batch of the noise scale's step"
+        ran_out = None if refused else host_ran_out(error, device, budget, host, run.micro, where)
+        if ran_out is not None:  # the machine's memory, not the budget's: a smaller micro-batch is no cure
+            raise ran_out from error
         if not is_out_of_memory(error):
             raise
         raise DoesNotFitError(

@@ -15,7 +15,9 @@ import torch
 from batchfit.checks import (
     DEFAULT_MAX_BATCH_SIZE,
     check_batch_range,
+    check_flag,
     check_memory_fraction,
+    check_number,
     check_positive_int,
     check_positive_number,
     default_max_batch_size,
@@ -50,7 +52,10 @@ class Where:
         None, "cpu, cuda or cuda:N (default: cuda if available, else cpu)"
     )
     memory_limit: str | int | None = option(
-        None, "a capacity such as 2GiB: the device's memory is capped there (a smaller GPU, or a CPU as one)"
+        None,
+        "a capacity such as 2GiB: the device's memory is capped there (a smaller GPU, or a CPU as "
+        "one); KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti) are binary (1024^N bytes), kB, MB, GB, TB "
+        "decimal (1000^N), a bare number is bytes; a prefix alone (64M) is refused: write 64MB or 64MiB",
     )
     memory_fraction: float = option(0.8, "share of device memory a batch may use")
     #: The device named, as torch reads it (``cuda`` keeps no index: each rank's own under
@@ -152,6 +157,7 @@ class Trials:
 
     def __post_init__(self) -> None:
         check_positive_int("steps_per_trial", self.steps_per_trial)
+        check_flag("eval_with_training_state", self.eval_with_training_state)
         if self.warm_batch_size is not None:
             check_positive_int("warm_batch_size", self.warm_batch_size)
         if self.confirm_steps is not None:
@@ -206,6 +212,8 @@ class Goal:
         if self.noise_scale is not None:
             noise_scale_of(self.noise_scale)
         check_positive_number("sample_tolerance", self.sample_tolerance, allow_zero=True)
+        check_number("tolerance", self.tolerance)
+        check_number("confidence_target", self.confidence_target)
         recommend(  # the chooser's own checks
             (), tolerance=self.tolerance, objective=self.objective, confidence_target=self.confidence_target
         )
@@ -247,6 +255,7 @@ class Sampling:
             value = getattr(self, name)
             if value is not None:
                 check_positive_int(name, value)
+        check_flag("fixed_weights", self.fixed_weights)
 
     def split(self, world_size: int) -> tuple[int, int]:
         """``(micro_batch_size, accumulation_steps)`` on each of ``world_size`` ranks; a

@@ -29,6 +29,7 @@ from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.trace import TraceUnavailable, fake_copy, tracing, untraceable
+from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
 
@@ -61,6 +62,8 @@ def predict(
     CUDA added where it can be (cuBLAS's workspace, a foreach optimizer step) and named and banded
     where it cannot. The model, optimizer and RNG are left as they were.
     """
+    given = {"targets": (targets, Targets), "sizes": (sizes, BatchSizes), "trials": (trials, Trials)}
+    check_entry("predict", workload, None, **given)
     where = Where(device, None, memory_fraction)
     named = tuple(mode_named(mode) for mode in modes)
     target = resolve_device(where.torch_device, None)

@@ -131,7 +131,7 @@ def test_bad_configs_are_one_message(args: list[str], message: str, tmp_path: Pa
     syntax.write_text("DATA:\n  BATCH_SIZE: [1, 2\n")
     args = [str(CONFIG) if a == "CONFIG" else str(syntax) if a == "SYNTAX" else a for a in args]
     done = batchfit("analyze", *args, cwd=tmp_path)
-    assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.startswith(message), done.stderr
     if "SYNTAX" in args or str(syntax) in args:
         assert "is not valid YAML at line" in done.stderr

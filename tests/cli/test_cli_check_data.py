@@ -83,7 +83,7 @@ def test_an_example_without_a_dataset_is_one_clean_error(
     runs: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
     done = runs["example-without-data"]
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
         (
             "batchfit: error: check_data needs batches from a DataLoader, and workload 'mlp' makes "
@@ -129,7 +129,7 @@ def test_main_rejects_in_process(
     monkeypatch.delenv("BATCHFIT_DEBUG", raising=False)
     monkeypatch.chdir(TESTS)
     monkeypatch.setattr(sys, "path", list(sys.path))  # load_function adds the working directory
-    assert main(["check-data", *args, "--device", "cpu"]) == 1
+    assert main(["check-data", *args, "--device", "cpu"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"batchfit: error: {message}\n{HINT}\n"

@@ -60,7 +60,7 @@ def test_compare_prints_rows_as_json_and_a_line_per_setting() -> None:
 
 def test_a_bad_technique_is_one_message() -> None:
     done = run(*ARGS, "--techniques", "amp,turbo")
-    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("batchfit: error: technique 'turbo': 'turbo' is not one of amp,")
 
 

@@ -90,7 +90,7 @@ def test_csv_and_bad_input() -> None:
         "about "
     )
     bad = explore("--world-size", "8", "--global-batch-size", "1001")
-    assert bad.returncode == 1 and bad.stderr.startswith(
+    assert bad.returncode == 2 and bad.stderr.startswith(
         "batchfit: error: global_batch_size (1001) is not divisible by world_size (8); "
         "1000 or 1008 would work."
     )
@@ -148,7 +148,7 @@ def test_a_noise_scale_adds_the_goodput_table_and_a_bad_one_is_refused_before_an
         "scale of 3 or more steps gives one)"
     )
     bad = explore("--noise-scale", "-1")
-    assert bad.returncode == 1 and bad.stderr.startswith(
+    assert bad.returncode == 2 and bad.stderr.startswith(
         "batchfit: error: noise_scale must be a positive number of samples (inf: the noise hid the "
         "signal), got -1.0;"
     )

@@ -59,10 +59,12 @@ class Run:
 
 @dataclass(frozen=True)
 class Bad:
-    """A bad invocation and the fragments its one error line must hold, in order."""
+    """A bad invocation, the fragments its one error line must hold, in order, and its exit code
+    (2: a usage or configuration error; 1: the run's negative answer)."""
 
     run: Run
     message: tuple[str, ...]
+    code: int = 2
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,10 @@ def _mlp_parameter_bytes() -> str:
     return format_bytes(sum(p.untyped_storage().nbytes() for p in model.parameters()))
 
 
-def _bad(*args: str, message: tuple[str, ...], in_tests: bool = False) -> Bad:
+def _bad(*args: str, message: tuple[str, ...], in_tests: bool = False, code: int = 2) -> Bad:
     """A bad ``find`` on the CPU, unless the arguments name a device."""
     device = () if "--device" in args else ("--device", "cpu")
-    return Bad(Run(("find", *args, *device), in_tests=in_tests), message)
+    return Bad(Run(("find", *args, *device), in_tests=in_tests), message, code)
 
 
 BAD_INPUTS: dict[str, Bad] = {
@@ -176,7 +178,7 @@ BAD_INPUTS: dict[str, Bad] = {
     ),
     "memory-limit-lots": _bad(
         "--example", "mlp", "--memory-limit", "lots",
-        message=("memory_limit='lots' is not a size: write a number with an optional unit",),
+        message=("memory_limit='lots' is not a size: write a number and a unit, such as '2GiB'",),
     ),
     "does-not-fit": _bad(
         "--example", "mlp", "--memory-limit", "1MiB",
@@ -187,6 +189,7 @@ BAD_INPUTS: dict[str, Bad] = {
             "against a budget of 819.20 KiB (0.8 x 1.00 MiB).",
             f"The fixed part alone, parameters and buffers, takes {_mlp_parameter_bytes()} before",
         ),
+        code=1,
     ),
     "confirm-steps-0": _bad(
         "--example", "mlp", "--confirm-steps", "0",
@@ -205,7 +208,8 @@ BAD_INPUTS: dict[str, Bad] = {
         "--workload", "no_such_module_for_batchfit:tiny",
         message=(
             "--workload 'no_such_module_for_batchfit:tiny': cannot import 'no_such_module_for_batchfit'",
-            " (No module named 'no_such_module_for_batchfit').",
+            (" (No module named 'no_such_module_for_batchfit'); run batchfit from the folder that holds it, "
+            "or add that folder to PYTHONPATH."),
         ),
         in_tests=True,
     ),
@@ -392,15 +396,18 @@ def test_find_output_file(cli: dict[str, Done | None]) -> None:
 
 
 def test_find_output_file_in_a_missing_directory_is_a_clean_error(cli: dict[str, Done | None]) -> None:
+    # Refused before any trial: a usage error (exit 2), not a search that ran and could not be saved.
     done = finished(cli, "output-missing-dir")
     output = done.tmp / "missing" / "result.json"
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stdout == ""
-    assert "Traceback" not in done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("batchfit: error:")]
-    assert len(errors) == 1, done.stderr
-    assert "No such file or directory" in errors[0] and str(output) in errors[0]
-    assert done.stderr.splitlines()[-1] == HINT
+    assert done.stderr.splitlines() == [
+        (
+            f"batchfit: error: --output {output}: the folder {output.parent} does not exist; create it "
+            f"first (mkdir -p {output.parent}) or write elsewhere."
+        ),
+        HINT,
+    ]
     assert not output.parent.exists()
 
 
@@ -472,7 +479,7 @@ def test_find_measures_a_compiled_workload_and_the_profiler_is_quiet(
     assert "measured as it runs, from the CPU allocator's events." in done.stderr
 
 
-# -- errors: exit code 1, one clean line on stderr -------------------------------------------------
+# -- errors: exit 2 (usage, configuration) or 1 (does not fit), one clean line on stderr ----------
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
@@ -480,7 +487,7 @@ def test_bad_input_is_one_clean_error(name: str, cli: dict[str, Done | None]) ->
     if name == "device-cuda-absent" and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     done = finished(cli, name)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == BAD_INPUTS[name].code, done.stderr
     assert done.stdout == ""
     assert "Traceback" not in done.stderr
     lines = done.stderr.splitlines()
@@ -506,7 +513,7 @@ def test_does_not_fit_names_the_smallest_batch_it_tried(cli: dict[str, Done | No
 
 def test_debug_variable_shows_the_traceback(cli: dict[str, Done | None]) -> None:
     done = finished(cli, "debug-traceback")
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stdout == ""
     assert "Traceback (most recent call last):" in done.stderr
     assert (
@@ -543,7 +550,12 @@ def test_debug_variable_shows_the_traceback(cli: dict[str, Done | None]) -> None
         ),
         pytest.param(
             ["--example", "mlp", "--device", "meta"],
-            "device='meta' is not supported: batchfit measures 'cpu' and 'cuda' devices.",
+            (
+                "device='meta' is not supported: batchfit measures 'cpu' and 'cuda' devices; a model "
+                "built on the meta device is predicted from its shapes with batchfit.predict(workload, "
+                "batchfit.Targets(capacities='24GiB'), device='cpu') (batchfit predict --device cpu "
+                "--capacities 24GiB)."
+            ),
             id="device-meta",
         ),
         pytest.param(
@@ -583,7 +595,7 @@ def test_main_rejects_in_process(
     monkeypatch.delenv("BATCHFIT_DEBUG", raising=False)
     monkeypatch.chdir(TESTS)
     monkeypatch.setattr(sys, "path", list(sys.path))  # load_workload adds the working directory
-    assert main(["find", *args, *(() if "--device" in args else ("--device", "cpu"))]) == 1
+    assert main(["find", *args, *(() if "--device" in args else ("--device", "cpu"))]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"batchfit: error: {message}\n{HINT}\n"
@@ -601,7 +613,7 @@ def test_debug_variable_off_values_show_no_traceback(
     value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BATCHFIT_DEBUG", value)
-    assert main(["find", "--example", "mlp", "--device", "cpu", "--memory-fraction", "2"]) == 1
+    assert main(["find", "--example", "mlp", "--device", "cpu", "--memory-fraction", "2"]) == 2
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -641,7 +653,7 @@ def test_explore_errors_name_its_parameters(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("BATCHFIT_DEBUG", raising=False)
-    assert main(["explore", "--example", "mlp", "--device", "cpu", *args]) == 1
+    assert main(["explore", "--example", "mlp", "--device", "cpu", *args]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"batchfit: error: {message}\n{HINT}\n"

@@ -72,7 +72,7 @@ def test_json_holds_every_reading(tmp_path: Path) -> None:
 
 def test_a_micro_batch_as_large_as_the_batch_is_one_clean_error() -> None:
     done = noise_scale("--batch-size", "32", "--micro-batch-size", "32")
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith(
         "batchfit: error: micro_batch_size (32) equals batch_size (32), so the small batch is the big one"
     )

@@ -73,3 +73,13 @@ def fails_on_rank_1() -> batchfit.Workload:
 def needs_arguments(size: int) -> batchfit.Workload:
     """A factory batchfit cannot call: it needs an argument."""
     raise AssertionError("batchfit must not call a factory that needs arguments")
+
+
+def tiny_on_meta() -> batchfit.Workload:
+    """``tiny`` with its model built on the meta device: shapes, no memory (what batchfit's advice
+    sends to ``predict --device cpu``)."""
+    workload = tiny()
+    with torch.device("meta"):
+        workload.model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    workload.name = "tiny-on-meta"
+    return workload

@@ -43,7 +43,7 @@ def lightning_trains_at_its_plan(
             return DataLoader(self.data, batch_size=self.batch_size, shuffle=True)
 
     accelerator = "gpu" if device == "cuda" else "cpu"
-    callback = BatchfitCallback(memory_limit=limit)
+    callback = BatchfitCallback(memory_limit=limit, keep_global_batch_size=False)  # the largest that fits
     module = Module()
     with tempfile.TemporaryDirectory() as folder:
         trainer = pl.Trainer(

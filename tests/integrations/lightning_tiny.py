@@ -154,3 +154,73 @@ def evaluates(eval_batch_size: int, cap_bytes: int, stage: str, batches: int = 2
     except torch.OutOfMemoryError:
         return False
     return capped.validated == batches
+
+
+class Regressor(pl.LightningModule):
+    """A tanh MLP (no BatchNorm unless ``batch_norm``) on ``samples`` random float64 samples, trained
+    by SGD on the mean squared error; its loader reads ``hparams.batch_size``, or trains at
+    ``fixed_batch_size`` whatever that says. The loss is logged as the epoch's mean."""
+
+    def __init__(
+        self,
+        batch_size: int = 4,
+        samples: int = 64,
+        fixed_batch_size: int | None = None,
+        batch_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        torch.manual_seed(0)
+        norm: nn.Module = nn.BatchNorm1d(64) if batch_norm else nn.Identity()
+        self.net = nn.Sequential(nn.Linear(16, 64), norm, nn.Tanh(), nn.Linear(64, 1))
+        generator = torch.Generator().manual_seed(0)
+        inputs = torch.randn(samples, 16, generator=generator, dtype=torch.float64)
+        self.data = TensorDataset(inputs, torch.randn(samples, 1, generator=generator, dtype=torch.float64))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        inputs, target = batch
+        loss = nn.functional.mse_loss(self.net(inputs), target)
+        self.log("loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.data, batch_size=self.hparams.fixed_batch_size or self.hparams.batch_size)
+
+
+class FirstStep(pl.Callback):
+    """The sizes of the micro-batches of the first optimizer step, and its gradients as the
+    optimizer is about to take them (the search's trial steps, before training starts, aside)."""
+
+    def __init__(self) -> None:
+        self.gradients: list[torch.Tensor] = []
+        self.micro_batches: list[int] = []
+        self._training = False
+
+    def on_train_start(self, *_: Any) -> None:
+        self._training = True
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *_: Any
+    ) -> None:
+        if self._training and not self.gradients:
+            self.micro_batches.append(len(batch[0]))
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
+        if self._training and not self.gradients:
+            self.gradients = [parameter.grad.clone() for parameter in pl_module.parameters()]
+
+
+def one_step(
+    model: Regressor, callbacks: list[pl.Callback], accumulation: int = 1
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, list[int]]:
+    """One float64 optimizer step of ``model`` (its dataset one global batch: the epoch is that
+    step): the gradients before it, the parameters after it, the logged loss, and the sizes of the
+    micro-batches it accumulated."""
+    step = FirstStep()
+    run = trainer([*callbacks, step], max_steps=1, precision="64-true", accumulate_grad_batches=accumulation)
+    run.fit(model)
+    parameters = [parameter.detach().clone() for parameter in model.parameters()]
+    return step.gradients, parameters, run.callback_metrics["loss"], step.micro_batches

@@ -19,6 +19,8 @@ from batchfit.units import parse_bytes
 
 #: Optimizer steps each rank trains after the search, under its own cap.
 STEPS = 5
+#: Each rank's loader batch, as the module is configured: a global batch of 2 x 512 to keep.
+BATCH_SIZE = 512
 #: FSDP2's ``fully_shard`` runs on the CPU from torch 2.7.
 FULLY_SHARD = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 7)
 
@@ -44,10 +46,10 @@ def _fit(limit: str, world_size: int, sharded: bool) -> dict[str, Any]:
     callback = BatchfitCallback(memory_limit=limit, sizes=BatchSizes(max_batch_size=1024))
     capped = Capped(int(0.8 * parse_bytes(limit)))
     strategy: str | Strategy = "ddp"
-    model = Classifier(optimizers="tuple")
+    model = Classifier(batch_size=BATCH_SIZE, optimizers="tuple")
     if sharded:
         strategy = ModelParallelStrategy(data_parallel_size=world_size, tensor_parallel_size=1)
-        model = ShardedClassifier(optimizers="tuple")
+        model = ShardedClassifier(batch_size=BATCH_SIZE, optimizers="tuple")
     run = trainer([callback, capped], strategy=strategy, devices=world_size, max_steps=STEPS)
     run.fit(model)
     found = callback.results["train"]
@@ -60,5 +62,6 @@ def _fit(limit: str, world_size: int, sharded: bool) -> dict[str, Any]:
         "outcomes": [trial.outcome for trial in found.trials],
         "details": [trial.detail for trial in found.trials],
         "steps": capped.steps,
+        "accumulate_grad_batches": run.accumulate_grad_batches,
         "loader_batch_size": run.train_dataloader.batch_size,  # type: ignore[union-attr]
     }

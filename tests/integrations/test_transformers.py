@@ -11,7 +11,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,16 +29,6 @@ from batchfit.integrations.transformers import PLAN_FILE, BatchfitTrainer, Train
 from batchfit.units import parse_bytes
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # Tiny models' ops are over before a second thread is of use, and on a shared machine its
-    # spinning costs several times their work; the threads do not change what is allocated.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def arguments(tmp_path: Path, **changes: Any) -> TrainingArguments:

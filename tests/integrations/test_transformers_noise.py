@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,6 @@ from batchfit import BatchSchedule, BatchSizes, NoiseScaleMonitor
 from batchfit.errors import ConfigurationError
 from batchfit.integrations.transformers import BatchfitTrainer, NoiseScaleMixin, NoiseScaleTrainer
 from batchfit.policy.noise_scale import GradientReading, estimate
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class Steps(TrainerCallback):  # type: ignore[misc]

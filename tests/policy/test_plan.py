@@ -651,7 +651,7 @@ def test_cli_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_plan_error_is_one_line(
     flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([*CLI, *flags]) == 1
+    assert main([*CLI, *flags]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == [f"batchfit: error: {message}", HINT]

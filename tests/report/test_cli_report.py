@@ -57,7 +57,7 @@ def test_without_matplotlib_report_says_which_extra_to_install_before_any_search
     found = batchfit_run(tmp_path, *FIND, "--report", "r.html", prelude=absent)
     reported = batchfit_run(tmp_path, "report", "x.json", "-o", "r.html", prelude=absent)
     for run in (found, reported):
-        assert run.returncode == 1
+        assert run.returncode == 2  # a configuration error: the extra is missing
         assert run.stderr.splitlines()[0] == (
             "batchfit: error: the report needs matplotlib, which is not installed: "
             "pip install 'batchfit[report]'"
@@ -155,7 +155,7 @@ def test_without_matplotlib_every_report_flag_fails_before_any_work(tmp_path: Pa
     argv, _, overrides, _ = WITH_REPORT[command]
     absent = "sys.modules['matplotlib'] = None; "
     ran = batchfit_run(tmp_path, *argv, "--report", "r.html", *overrides, prelude=absent, pythonpath=TESTS)
-    assert ran.returncode == 1
+    assert ran.returncode == 2
     assert ran.stderr.splitlines()[0] == (
         "batchfit: error: the report needs matplotlib, which is not installed: pip install 'batchfit[report]'"
     )

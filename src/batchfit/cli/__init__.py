@@ -1,5 +1,7 @@
 """The ``batchfit`` command line: parse, call the public API, render. One module per subcommand,
-each with ``add_parser`` (its flags) and ``run`` (the call); the flags they share are in ``flags``."""
+each with ``add_parser`` (its flags) and ``run`` (the call); the flags they share are in ``flags``.
+Exit codes, as CI reads them: 0 ok, 1 a negative answer or a failed run, 2 a usage or configuration
+error (``exit_code``; ``--help`` says so: ``exit_status``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 import batchfit
-from batchfit import BatchfitError, ConfigurationError, RankFailedError
+from batchfit import BatchfitError, ConfigurationError, DeviceUnavailableError, RankFailedError
 from batchfit.cli import (
     advise,
     analyze,
@@ -27,6 +29,14 @@ from batchfit.cli import (
 from batchfit.cli.launch import exit_launched, launched_world_size
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
+#: The exit codes: the command's answer is yes (or it ran), no (or its run failed), or it could not
+#: start as asked (argparse's own usage errors exit 2 too).
+OK, NEGATIVE, USAGE = 0, 1, 2
+#: Each command's negative answer (exit 1), where it has one besides a failed run.
+NEGATIVE_ANSWER = {
+    "check": "a batch size does not fit",
+    "find": "not even --min-batch-size fits",
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,8 +58,26 @@ def parser() -> argparse.ArgumentParser:
         check,
         report,
     ):
-        command.add_parser(commands).set_defaults(run=command.run)
+        sub = command.add_parser(commands)
+        sub.epilog = exit_status(sub.prog.split()[-1])
+        sub.set_defaults(run=command.run)
+    root.epilog = exit_status(None)
     return root
+
+
+def exit_status(command: str | None) -> str:
+    """What ``--help`` says of the exit codes, for ``command`` (None: every command)."""
+    negative = NEGATIVE_ANSWER.get(command or "", "")
+    if command is None:
+        negative = f"check: a batch size does not fit; find: {NEGATIVE_ANSWER['find']}; any command: "
+    elif negative:
+        negative += ", or "
+    return (
+        f"exit status: 0 ok; 1 {negative}the run failed (an error raised by the workload's own "
+        f"code, a loss that is not finite, a result that could not be written); 2 a usage or "
+        f"configuration error: a bad flag or value, a --workload that cannot be imported or found, "
+        f"a device that is not there. Set {DEBUG_VARIABLE}=1 to see the traceback."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,17 +102,24 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as error:
         if not isinstance(error, BatchfitError) and _raised_by_user_code(error):
             _print_user_traceback(error, debug)
-            return 1
+            return NEGATIVE
         if not isinstance(error, (BatchfitError, OSError)):
             raise
         if isinstance(error, RankFailedError) and not _speaks(args):
-            return 1  # rank 0 names the rank that failed, and its error
+            return NEGATIVE  # rank 0 names the rank that failed, and its error
         if debug:
             traceback.print_exc()
         print(f"batchfit: error: {error}", file=sys.stderr)
         if not debug:
             print(f"(set {DEBUG_VARIABLE}=1 to see the traceback)", file=sys.stderr)
-        return 1
+        return exit_code(error)
+
+
+def exit_code(error: BaseException) -> int:
+    """2 for an error in what was asked (a flag, a value, the workload spec, a device that is not
+    there), which no run can fix; 1 for a run that failed (out of memory at the smallest size, a
+    loss that is not finite, a file that could not be written)."""
+    return USAGE if isinstance(error, (ConfigurationError, DeviceUnavailableError)) else NEGATIVE
 
 
 #: How batchfit's note on an error of the user's own code begins: ``raised by the train step at

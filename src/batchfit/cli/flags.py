@@ -143,11 +143,23 @@ def output_format(args: argparse.Namespace, formats: tuple[str, ...]) -> str:
 
 
 def check_report(args: argparse.Namespace) -> None:
-    """With ``--report``, fail before any work when the plotting extra is missing."""
+    """Before any work: with ``--report``, the plotting extra is installed, and the folders
+    ``--output`` and ``--report`` write into exist (else a ConfigurationError: exit 2)."""
     if getattr(args, "report", None) is not None:
         from batchfit.report import require_matplotlib
 
         require_matplotlib()
+    for flag in ("output", "report"):
+        check_folder(f"--{flag}", getattr(args, flag, None))
+
+
+def check_folder(flag: str, path: Path | None) -> None:
+    """A ConfigurationError where the folder ``path`` is to be written into does not exist."""
+    if path is not None and not path.parent.is_dir():
+        raise ConfigurationError(
+            f"{flag} {path}: the folder {path.parent} does not exist; create it first "
+            f"(mkdir -p {path.parent}) or write elsewhere."
+        )
 
 
 def run_launched(args: argparse.Namespace, where: Where, body: Callable[[], int]) -> int:

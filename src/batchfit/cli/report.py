@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from batchfit.cli.flags import check_folder
+from batchfit.errors import ConfigurationError
 from batchfit.report import read_result, require_matplotlib, write_report
 
 
@@ -27,5 +29,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     require_matplotlib()
+    missing = [str(path) for path in args.results if not path.is_file()]
+    if missing:
+        raise ConfigurationError(
+            f"no such result file: {', '.join(missing)}; pass what a command wrote with "
+            f"--format json --output FILE."
+        )
+    check_folder("--output", args.output)
     write_report([read_result(path) for path in args.results], args.output)
     return 0

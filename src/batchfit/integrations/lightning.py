@@ -13,12 +13,28 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.utilities.parsing import lightning_setattr
+from torch.utils.data import DataLoader
 
 import batchfit
 from batchfit.find import find_batch_size
-from batchfit.integrations.lightning_checks import check_attribute, check_fit, check_strategy, one_loader
+from batchfit.integrations.lightning_checks import (
+    LoaderBatchSizeError,
+    check_arguments,
+    check_attribute,
+    check_first_batch,
+    check_fit,
+    check_strategy,
+    configured_global_batch,
+    one_loader,
+    warn_batch_norm,
+)
 from batchfit.integrations.lightning_noise import NoiseScaleCallback
-from batchfit.integrations.lightning_plan import CHECKPOINT_KEY, LightningPlan
+from batchfit.integrations.lightning_plan import (
+    CHECKPOINT_KEY,
+    GlobalBatch,
+    LightningPlan,
+    split_global_batch,
+)
 from batchfit.integrations.lightning_steps import (
     MICRO_BATCHES_MEASURED,
     EvalHook,
@@ -27,7 +43,6 @@ from batchfit.integrations.lightning_steps import (
     scratch_logging,
 )
 from batchfit.options import BatchSizes, Trials, Where
-from batchfit.policy.micro_batch import chosen_micro_batch
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event
 from batchfit.runtime.devices.resolve import resolve_device
@@ -35,7 +50,13 @@ from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
 
-__all__ = ["CHECKPOINT_KEY", "BatchfitCallback", "LightningPlan", "NoiseScaleCallback"]
+__all__ = [
+    "CHECKPOINT_KEY",
+    "BatchfitCallback",
+    "LightningPlan",
+    "LoaderBatchSizeError",
+    "NoiseScaleCallback",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +78,23 @@ class BatchfitCallback(Callback):
         device, memory_limit, memory_fraction: as ``batchfit.find_batch_size`` takes them;
             ``device`` None is the Trainer's.
         sizes: the sizes searched; its ``global_batch_size`` is the batch of one optimizer step
-            over all ranks: the micro-batch is the largest divisor of its share per rank up to
-            the size found, and ``accumulate_grad_batches`` is set to make up the rest.
+            over all ranks (default: the train loader's batch size x ``accumulate_grad_batches``
+            x world size, as the Trainer is configured).
         trials: how a trial runs.
         batch_arg_name: the attribute the train (and, unless named apart, eval) loaders read.
         eval_batch_arg_name: the attribute the eval loaders read; ``fit`` searches the eval
             batch only when one is named.
+        keep_global_batch_size: True keeps the global batch: the micro-batch is the largest
+            divisor of each rank's share that fits, and ``accumulate_grad_batches`` makes up the
+            rest, so that one optimizer step trains what the configuration trains. False trains
+            the largest batch that fits at the Trainer's ``accumulate_grad_batches``: a global
+            batch of another size.
+
+    A global batch that splits into equal micro-batches only under half of the size that fits is
+    refused (Lightning weights every accumulated batch equally, so uneven ones would change the
+    step), and so is a train loader whose first batch is not the planned micro-batch
+    (``LoaderBatchSizeError``). A BatchNorm layer normalises over the micro-batch: a warning says
+    so when the micro-batch is not the loader's batch.
 
     ``plan`` (a ``LightningPlan``) and ``results`` (each mode's ``SearchResult``) say what it
     found. The plan goes into checkpoints (``checkpoint["batchfit"]``), and a run resumed from one
@@ -80,31 +112,46 @@ class BatchfitCallback(Callback):
         trials: Trials = Trials(),
         batch_arg_name: str = "batch_size",
         eval_batch_arg_name: str | None = None,
+        keep_global_batch_size: bool = True,
     ) -> None:
+        check_arguments(sizes, trials, batch_arg_name, eval_batch_arg_name, keep_global_batch_size)
         self.where = Where(device, memory_limit, memory_fraction)
         self.sizes, self.trials = sizes, trials
         self.batch_arg_name, self.eval_batch_arg_name = batch_arg_name, eval_batch_arg_name
+        self.keep_global_batch_size = keep_global_batch_size
         self.plan: LightningPlan | None = None
         self.results: dict[Mode, SearchResult] = {}
         self._saved: LightningPlan | None = None  # the plan of the checkpoint fit resumes from
+        self._unchecked: LightningPlan | None = None  # a plan whose first training batch is to come
 
     # -- Lightning's hooks ---------------------------------------------------------------
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        check_fit(trainer, pl_module, self.batch_arg_name, self.sizes)
+        check_fit(trainer, pl_module, self.batch_arg_name, self.sizes, self.keep_global_batch_size)
         saved, self._saved, self.results = self._saved, None, {}
         where = self._where(trainer)
         devices = tuple(ranks().run(lambda: resolve_device(where.torch_device, where.memory_limit).name))
-        changed = self._changes(saved, trainer, devices)
+        loader = one_loader(trainer.fit_loop._data_source)
+        target = self._global_batch(trainer, loader)
+        changed = self._changes(saved, trainer, devices, target)
         if saved is not None and not changed:
-            self._apply_fit(trainer, pl_module, saved)
+            self._apply_fit(trainer, pl_module, saved, loader.batch_size)
             self._say(trainer, f"resumed with the checkpoint's plan: {saved.summary()}")
             return
         if saved is not None:
             self._say(trainer, f"searching again, the checkpoint's plan no longer applies: {changed}")
-        plan = self._search_fit(trainer, where, devices)
-        self._apply_fit(trainer, pl_module, plan)
+        plan = self._search_fit(trainer, where, devices, loader, target)
+        self._apply_fit(trainer, pl_module, plan, loader.batch_size)
         self._say(trainer, plan.summary())
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        plan, self._unchecked = self._unchecked, None
+        if plan is not None and plan.micro_batch_size is not None:
+            check_first_batch(
+                trainer, pl_module, self.batch_arg_name, batch, plan.micro_batch_size, plan.accumulation_steps
+            )
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == "validate" and not trainer.sanity_checking:
@@ -136,24 +183,37 @@ class BatchfitCallback(Callback):
 
     # -- fit -----------------------------------------------------------------------------
 
-    def _search_fit(self, trainer: pl.Trainer, where: Where, devices: tuple[str, ...]) -> LightningPlan:
+    def _global_batch(self, trainer: pl.Trainer, loader: DataLoader[Any]) -> GlobalBatch | None:
+        """The global batch the fit keeps: the one passed, else the configured one; None where
+        ``keep_global_batch_size=False`` lets it change."""
+        if self.sizes.global_batch_size is not None:
+            size = self.sizes.global_batch_size
+            return GlobalBatch(size, f"sizes.global_batch_size={size}", configured=False)
+        return configured_global_batch(trainer, loader) if self.keep_global_batch_size else None
+
+    def _search_fit(
+        self,
+        trainer: pl.Trainer,
+        where: Where,
+        devices: tuple[str, ...],
+        loader: DataLoader[Any],
+        target: GlobalBatch | None,
+    ) -> LightningPlan:
         """The train search (and the eval search, when its attribute is named), then the split
-        of the global batch, when one is asked for."""
-        target, world_size = self.sizes.global_batch_size, trainer.world_size
+        of the global batch kept, if one is."""
+        world_size = trainer.world_size
         # Under a global batch the accumulation follows the answer: measured as two micro-batches
         # (the most any accumulation holds), which holds for one too.
         accumulation = MICRO_BATCHES_MEASURED if target is not None else trainer.accumulate_grad_batches
         steps = LightningSteps(trainer, trainer.precision_plugin, accumulation, "validation_step", True)
         optimizer = trainer.optimizers[0]
-        loader = one_loader(trainer.fit_loop._data_source)
-        sizes = self.sizes if target is None else _up_to(self.sizes, target // world_size)
+        sizes = self.sizes if target is None else _up_to(self.sizes, target.samples // world_size)
         found = self._search(
             trainer, where, lightning_workload(trainer, loader, steps, optimizer), "train", sizes
         )
         micro, accumulation = found.batch_size, trainer.accumulate_grad_batches
         if target is not None:
-            micro = chosen_micro_batch(target, world_size, found.batch_size)
-            accumulation = target // (world_size * micro)
+            micro, accumulation = split_global_batch(target, world_size, found.batch_size)
         eval_size = None
         source = trainer.fit_loop.epoch_loop.val_loop._data_source
         if self.eval_batch_arg_name is not None and source.is_defined() and trainer.limit_val_batches != 0:
@@ -162,19 +222,34 @@ class BatchfitCallback(Callback):
         fraction, version = where.memory_fraction, batchfit.__version__
         return LightningPlan(micro, accumulation, world_size, eval_size, devices, fraction, version)
 
-    def _apply_fit(self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: LightningPlan) -> None:
+    def _apply_fit(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        plan: LightningPlan,
+        loader_batch_size: int | None,
+    ) -> None:
         """The plan's sizes set where the loaders read them and its accumulation on the Trainer;
-        the fit loop's loaders dropped, so that it builds them anew at these sizes."""
+        the fit loop's loaders dropped, so that it builds them anew at these sizes, and the first
+        batch they make checked against the plan."""
         if plan.micro_batch_size is not None:
             lightning_setattr(pl_module, self.batch_arg_name, plan.micro_batch_size)
+            if trainer.is_global_zero:
+                warn_batch_norm(pl_module, loader_batch_size, plan.micro_batch_size)
         if plan.eval_batch_size is not None and self.eval_batch_arg_name is not None:
             lightning_setattr(pl_module, self.eval_batch_arg_name, plan.eval_batch_size)
         trainer.accumulate_grad_batches = plan.accumulation_steps
         trainer.fit_loop._combined_loader = None
         trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
-        self.plan = plan
+        self.plan, self._unchecked = plan, plan
 
-    def _changes(self, saved: LightningPlan | None, trainer: pl.Trainer, devices: tuple[str, ...]) -> str:
+    def _changes(
+        self,
+        saved: LightningPlan | None,
+        trainer: pl.Trainer,
+        devices: tuple[str, ...],
+        target: GlobalBatch | None,
+    ) -> str:
         """What differs from when the checkpoint's plan was found (empty: nothing), the same on
         every rank: the devices are every rank's."""
         if saved is None:
@@ -183,10 +258,10 @@ class BatchfitCallback(Callback):
             "world_size": trainer.world_size,
             "devices": list(devices),
             "memory_fraction": self.where.memory_fraction,
-            # Under a global batch, the one asked for; else the accumulation that was measured.
-            "global_batch_size": self.sizes.global_batch_size or saved.global_batch_size,
+            # Under a global batch kept, that one; else the accumulation that was measured.
+            "global_batch_size": saved.global_batch_size if target is None else target.samples,
             "accumulation_steps": (
-                saved.accumulation_steps if self.sizes.global_batch_size else trainer.accumulate_grad_batches
+                saved.accumulation_steps if target is not None else trainer.accumulate_grad_batches
             ),
         }
         then = {**saved.to_dict(), "devices": list(saved.devices)}

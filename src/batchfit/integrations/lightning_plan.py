@@ -1,9 +1,13 @@
-"""The plan ``BatchfitCallback`` sets and keeps in checkpoints: the sizes and what they were found for."""
+"""The plan ``BatchfitCallback`` sets and keeps in checkpoints (the sizes and what they were found
+for), and the split of the global batch it keeps into equal micro-batches."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from batchfit.errors import ConfigurationError
+from batchfit.policy.micro_batch import chosen_micro_batch
 
 #: The checkpoint's key for the plan: ``torch.load(path)["batchfit"]``.
 CHECKPOINT_KEY = "batchfit"
@@ -46,3 +50,50 @@ class LightningPlan:
         if self.eval_batch_size is not None:
             parts.append(f"eval_batch_size {self.eval_batch_size}")
         return f"{'; '.join(parts)} (memory_fraction {self.memory_fraction:g} of {', '.join(self.devices)})"
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """The global batch a fit keeps: its samples, and in words where it comes from (the loader's
+    batch size x ``accumulate_grad_batches`` x world size, or ``sizes.global_batch_size``)."""
+
+    samples: int
+    source: str
+    configured: bool  # the Trainer's own configuration, not a global_batch_size passed
+
+
+def split_global_batch(target: GlobalBatch, world_size: int, largest: int) -> tuple[int, int]:
+    """``(micro_batch_size, accumulation_steps)``: ``target`` in equal micro-batches of at most
+    ``largest`` samples (the largest divisor of each rank's share), as ``plan`` splits one.
+
+    Lightning divides every accumulated batch's loss by ``accumulate_grad_batches``: the step is the
+    full batch's mean only where the micro-batches are equal, so an uneven split is never made; a
+    split into micro-batches under half of ``largest`` is refused, with global batches that split."""
+    try:
+        micro = chosen_micro_batch(target.samples, world_size, largest)
+    except ConfigurationError as error:
+        raise ConfigurationError(_unsplittable(target, world_size, largest)) from error
+    return micro, target.samples // (world_size * micro)
+
+
+def _unsplittable(target: GlobalBatch, world_size: int, largest: int) -> str:
+    per_device = target.samples // world_size
+    divisor = max(size for size in range(1, largest + 1) if per_device % size == 0)
+    step = world_size * largest
+    below, above = target.samples // step * step, (target.samples // step + 1) * step
+    nearby = f"{below} or {above}" if below else f"{above}"
+    what = f"the configured global batch, {target.samples}" if target.configured else target.source
+    where = f" ({target.source})" if target.configured else ""
+    instead = (
+        f", or keep_global_batch_size=False to train the {largest} that fit at the Trainer's "
+        f"accumulate_grad_batches (a global batch of {largest} x accumulate_grad_batches x world_size)"
+        if target.configured
+        else ""
+    )
+    return (
+        f"{what}{where} is {per_device} samples per device, and the largest micro-batch that divides "
+        f"it up to the {largest} that fit is {divisor} ({per_device // divisor} accumulation steps), "
+        f"under half of {largest}. Lightning weights every accumulated batch equally, so micro-batches "
+        f"of another size would change the step. Pass sizes=batchfit.BatchSizes(global_batch_size=N) "
+        f"with N a multiple of world_size x {largest} ({nearby}){instead}."
+    )

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from batchfit.checks import check_positive_int, check_positive_number, option
+from batchfit.checks import check_flag, check_positive_int, check_positive_number, option
 from batchfit.errors import ConfigurationError
 
 #: Above this share of a training step spent waiting for data, the loader is the bottleneck. Below
@@ -49,6 +49,8 @@ class LoaderSetting:
             or self.num_workers < 0
         ):
             raise ConfigurationError(f"num_workers must be an integer >= 0, got {self.num_workers!r}.")
+        check_flag("pin_memory", self.pin_memory)
+        check_flag("persistent_workers", self.persistent_workers)
         if self.prefetch_factor is not None and (
             isinstance(self.prefetch_factor, bool)
             or not isinstance(self.prefetch_factor, int)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from batchfit.checks import check_positive_int
+from batchfit.checks import check_option, check_positive_int
 from batchfit.errors import ConfigurationError
 from batchfit.policy.micro_batch import chosen_micro_batch, forced_micro_batch
 from batchfit.policy.plan_options import Baseline, Scaling, ScalingRule, TrainingFacts
@@ -136,6 +136,12 @@ def plan(
     warm-up, unless given, is 100 optimizer steps per 1x of scale-up, at most 5 epochs. Rules and
     sources: docs/plan.md.
     """
+    for name, value, kind in (
+        ("baseline", baseline, Baseline),
+        ("scaling", scaling, Scaling),
+        ("training", training, TrainingFacts),
+    ):
+        check_option("plan", name, value, kind)
     _check_split(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
     _check_weight_decay(baseline, scaling)
     micro = _micro_batch(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -132,3 +134,87 @@ def test_a_trace_refuses_a_sparse_tensor_it_cannot_size() -> None:
             StorageTracker(fake=True),
         ):
             embedding(indices).sum().backward()
+
+
+#: A tensor made before the block: 1024 rows of 1024 float32, 4 MiB.
+def four_mib() -> torch.Tensor:
+    return torch.arange(1024 * 1024, dtype=torch.float32).view(1024, 1024)
+
+
+@pytest.mark.parametrize(
+    ("take", "cost_bytes"),
+    [
+        pytest.param(lambda big, data: big[3], 0, id="a row"),
+        pytest.param(lambda big, data: big[10:20], 0, id="a slice"),
+        pytest.param(lambda big, data: big.view(-1)[:5].reshape(5, 1), 0, id="views of views"),
+        pytest.param(lambda big, data: data[7], 0, id="a TensorDataset item"),
+        pytest.param(lambda big, data: data[100:164], 0, id="a TensorDataset slice"),
+        # ``to`` may return a view (nothing to change) or a copy: the copy is a new storage.
+        pytest.param(lambda big, data: big.to(torch.float32), 0, id="to its own dtype"),
+        pytest.param(lambda big, data: big[:2].to(torch.float64), 2 * 8192, id="two rows to float64"),
+        pytest.param(lambda big, data: big[3].clone(), 4096, id="a clone of a row"),
+        # The index list becomes a tensor in the block (16 bytes), as it is copied to a GPU.
+        pytest.param(lambda big, data: big[[1, 2]], 8192 + 16, id="an indexed copy of two rows"),
+        pytest.param(lambda big, data: torch.stack([data[0][0], data[1][0]]), 8192, id="a collated pair"),
+        # Writing into a storage made before the block counts it from then on (DDP's buckets).
+        pytest.param(lambda big, data: big[0].add_(1), 4 * 2**20, id="an in-place write"),
+    ],
+)
+def test_memory_limit_counts_what_a_gpu_would_allocate(take: Any, cost_bytes: int) -> None:
+    big = four_mib()
+    data = torch.utils.data.TensorDataset(big, torch.arange(1024))
+    with batchfit.memory_limit("1GiB") as measurement:
+        kept = take(big, data)
+    assert measurement.peak_bytes == cost_bytes
+    del kept
+
+
+def test_a_row_of_a_tensor_made_before_the_block_fits_a_limit_smaller_than_the_tensor() -> None:
+    big = four_mib()
+    with batchfit.memory_limit("1MiB") as measurement:
+        row = big[5]
+        batch = torch.utils.data.TensorDataset(big)[:64][0]
+        assert torch.equal(row, torch.arange(5 * 1024, 6 * 1024, dtype=torch.float32))
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            batch.clone()  # 64 rows: 256 KiB, fits
+            big[:300].clone()  # 300 rows: 1.17 MiB, does not
+    assert str(info.value) == (
+        "out of memory: DefaultCPUAllocator: can't allocate memory: you tried to allocate 1228800 "
+        "bytes (1.17 MiB) with 0 bytes (0 B) in use and a limit of 1048576 bytes (1.00 MiB) set by batchfit."
+    )
+    assert measurement.peak_bytes == 64 * 4096
+
+
+def test_a_copy_that_to_makes_of_an_inference_tensor_counts_and_the_input_it_returns_does_not() -> None:
+    # Under inference mode ``to`` reaches the tracker whole (``aten.to``, which may return its input,
+    # so torch calls it a view), where elsewhere it is ``_to_copy``: as Lightning's validation loop
+    # hands a batch to the device. A copy is a new storage all the same.
+    with torch.inference_mode():
+        big = four_mib()
+        with batchfit.memory_limit("1GiB") as measurement:
+            same = big.to("cpu")
+            copy = big[:2].to("cpu", copy=True)
+            assert copy.untyped_storage().data_ptr() != big.untyped_storage().data_ptr()
+    assert measurement.peak_bytes == 8192
+    del same, copy
+
+
+def test_find_answers_the_same_on_a_dataset_whose_items_are_views_as_on_copies() -> None:
+    # A TensorDataset's items are views of its 1 MiB + 32 KiB of tensors, made before the search;
+    # the answer on a 1 MiB device is the one found on the same samples made apart (copies).
+    torch.manual_seed(0)
+    features, labels = torch.randn(4096, 64), torch.randint(0, 10, (4096,))
+    sources: dict[str, dict[str, Any]] = {
+        "views": {"dataset": torch.utils.data.TensorDataset(features, labels)},
+        "copies": {"make_batch": lambda n: (features[:n].clone(), labels[:n].clone())},
+    }
+    answers = {}
+    for name, source in sources.items():
+        model = torch.nn.Linear(64, 10)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        workload = batchfit.Workload(model, optimizer, loss_fn=torch.nn.functional.cross_entropy, **source)
+        sizes = batchfit.BatchSizes(max_batch_size=4096)
+        answers[name] = batchfit.find_batch_size(
+            workload, device="cpu", memory_limit="1MiB", sizes=sizes
+        ).batch_size
+    assert answers["views"] == answers["copies"] > 1000

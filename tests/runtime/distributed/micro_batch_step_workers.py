@@ -79,6 +79,37 @@ def error_on_one_rank(rank: int) -> dict[str, Any]:
     return {"error": None}
 
 
+def non_finite_on_one_rank(rank: int) -> dict[str, Any]:
+    """Rank 1's sample 70 is NaN (its micro-batch 2 of 4 at 64): both ranks raise; then, skipping,
+    both skip that batch and step together on the next."""
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = rank_batch(step, rank)
+        if rank == 1 and step == 0:
+            inputs[70] = float("nan")
+        return inputs, targets
+
+    model = DistributedDataParallel(make_model())
+    step = MicroBatchStep(model, adam(model), loss_fn=nn.functional.cross_entropy, micro_batch_size=64)
+    try:
+        step(batch(0))
+        raised = None
+    except Exception as error:
+        raised = f"{type(error).__name__}: {error}"
+    skipping = MicroBatchStep(
+        model, adam(model), loss_fn=nn.functional.cross_entropy, micro_batch_size=64, non_finite="skip"
+    )
+    skipping(batch(0))
+    skipped = (skipping.skipped_steps, skipping.optimizer_steps)
+    skipping(batch(1))
+    return {
+        "raised": raised,
+        "skipped": skipped,
+        "after": (skipping.skipped_steps, skipping.optimizer_steps),
+        "weights": [param.detach().sum().item() for param in model.parameters()],
+    }
+
+
 def gradient_average(rank: int) -> dict[str, Any]:
     """GradientAverage alone, with buckets of 8 float64 (64 bytes): two small gradients share a bucket,
     a third takes another, a large one is reduced in place, a float32 one has its own buffer; one
@@ -109,6 +140,7 @@ def main(rank: int, world_size: int, store: str, cap: int, out: str) -> None:
     for name, scenario in (
         ("out_of_memory", lambda: out_of_memory_on_one_rank(rank, cap, Path(out))),
         ("error", lambda: error_on_one_rank(rank)),
+        ("non_finite", lambda: non_finite_on_one_rank(rank)),
         ("average", lambda: gradient_average(rank)),
     ):
         try:

@@ -1,6 +1,6 @@
 """MicroBatchStep under real DDP on 2 gloo ranks: an out-of-memory on one rank in backward switches both
 ranks to the same smaller micro-batch without a hang, and the weights equal one process's full-batch
-steps; an error on one rank stops both (marker ``distributed``)."""
+steps; an error or a non-finite loss on one rank stops (or skips) both (marker ``distributed``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 import torch
 from micro_batch_helpers import adam, backward_oom_cap, full_batch_step, make_model
 from two_ranks import run_ranks
+
+from batchfit.runtime.steps.finite import WHAT_TO_CHECK
 
 pytestmark = pytest.mark.distributed
 
@@ -73,6 +75,30 @@ def test_an_error_on_one_rank_stops_every_rank(reports: tuple[list[dict[str, Any
     )
     assert [result["calls"] for result in results] == [2, 2]  # rank 0 stopped after the same micro-batch
     assert all(result["gradients_left"] == 0 and result["seconds"] < 20 for result in results), results
+
+
+def test_a_non_finite_loss_on_one_rank_stops_or_skips_every_rank(
+    reports: tuple[list[dict[str, Any]], Path],
+) -> None:
+    """Rank 1's micro-batch 2 holds a NaN: both ranks raise NonFiniteError naming it (the averaged
+    gradients are NaN on both); skipping, both skip it and step together on the next batch."""
+    ranks, _ = reports
+    results = [rank["non_finite"] for rank in ranks]
+    assert all("unexpected" not in result for result in results), results
+    rest = (
+        "; the optimizer did not step and the batch's gradients were dropped. Pass non_finite='skip' to "
+        "skip such a step as a GradScaler does. "
+    )
+    for result in results:
+        assert result["raised"] == (
+            "NonFiniteError: MicroBatchStep, optimizer step 0 (micro_batch_size 64): on rank 0, the "
+            "gradients of 'module.0.weight', "
+            "'module.0.bias', 'module.2.weight' and 1 more are not finite (NaN or inf) after the step's 4 "
+            "micro-batches, whose losses are finite; on rank 1, the loss of micro-batch 2 of 4 (samples 64 "
+            "to 127 of 200) is nan" + rest + WHAT_TO_CHECK
+        )
+        assert result["skipped"] == [1, 0] and result["after"] == [1, 1]
+    assert results[0]["weights"] == results[1]["weights"]
 
 
 def test_gradients_are_averaged_in_bounded_buckets_as_ddp_averages(

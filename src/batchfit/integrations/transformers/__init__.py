@@ -5,6 +5,7 @@ batch through an out-of-memory, and records its plan in each checkpoint; ``Noise
 ``NoiseScaleTrainer``) logs the gradient noise scale as it trains (docs/integrations.md)."""
 
 from batchfit.integrations.transformers.fitting import PLAN_FILE, TrainerPlan
+from batchfit.integrations.transformers.loss_weights import LossReductionError
 from batchfit.integrations.transformers.noise_scale import NoiseScaleMixin, NoiseScaleTrainer
 from batchfit.integrations.transformers.trainer import BatchfitMixin, BatchfitTrainer
 
@@ -12,6 +13,7 @@ __all__ = [
     "PLAN_FILE",
     "BatchfitMixin",
     "BatchfitTrainer",
+    "LossReductionError",
     "NoiseScaleMixin",
     "NoiseScaleTrainer",
     "TrainerPlan",

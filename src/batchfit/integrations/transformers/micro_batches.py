@@ -1,6 +1,7 @@
 """An out-of-memory in the Trainer's loop, handled without changing what trains: in training the
-loader's batch runs again as micro-batches of half the size (twice the accumulation), so the
-effective batch, the optimizer steps and the learning-rate schedule stay as they were; in
+loader's batch runs again as micro-batches of half the size, each loss weighted as the user's own
+batches weigh it (``LossWeights``), so the optimizer step and the learning-rate schedule stay as
+they were; in
 evaluation the failure is told to every rank, so all of them shrink the eval batch together."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from batchfit.integrations.transformers.loss_weights import LossWeights, weighted_loss
 from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchShrink, Outcome, merge_outcomes
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
@@ -32,7 +34,8 @@ class RankOutOfMemory(torch.OutOfMemoryError):
 
 class TrainingMicroBatches:
     """The micro-batches each of the loop's batches runs as: all of it (``micro_batch_size``), or
-    halves of it after an out-of-memory, each weighted by its share of the batch.
+    halves of it after an out-of-memory, each weighted (``weights``) so that the optimizer step is
+    the one the user's own per-device batch and accumulation give.
 
     The loop calls ``step`` once per batch, as it calls ``training_step``; the batches of the
     optimizer step so far are kept (the loop holds them anyway), so after an out-of-memory the
@@ -49,11 +52,16 @@ class TrainingMicroBatches:
         micro_batch_size: int,
         training_step: Callable[..., torch.Tensor],
         on_change: Callable[[MicroBatchChange], None],
+        weights: LossWeights,
     ) -> None:
         self.policy = MicroBatchShrink(micro_batch_size)
         self.training_step = training_step
         self.on_change = on_change
-        self.pending: list[tuple[Any, Any]] = []  # (batch, num_items_in_batch) of this optimizer step
+        self.weights = weights
+        #: (batch, num_items_in_batch, its first sample's place in the optimizer step) of this step.
+        self.pending: list[tuple[Any, Any, int]] = []
+        #: The samples of this optimizer step on this device (``get_batch_samples`` counts them).
+        self.group_samples = 0
         self.pending_step = -1  # the optimizer step (global_step) they belong to
         self.lockstep = Lockstep.current()
 
@@ -68,7 +76,10 @@ class TrainingMicroBatches:
         if self.pending_step != trainer.state.global_step:  # an optimizer step left unfinished
             self.pending.clear()
         self.pending_step = trainer.state.global_step
-        self.pending.append((inputs, num_items_in_batch))
+        start = sum(count_samples(batch, 0) for batch, _, _ in self.pending)
+        self.pending.append((inputs, num_items_in_batch, start))
+        if self.group_samples < start + samples:  # called outside the Trainer's loop
+            self.group_samples = samples * int(trainer.current_gradient_accumulation_steps)
         todo = self.pending[-1:]
         while True:
             failure, loss = self._run(trainer, model, todo)
@@ -87,32 +98,48 @@ class TrainingMicroBatches:
             self.policy.stepped(trainer.state.global_step, samples)
         return loss
 
-    def _run(self, trainer: Any, model: nn.Module, todo: list[tuple[Any, Any]]) -> tuple[Any, torch.Tensor]:
+    def _run(
+        self, trainer: Any, model: nn.Module, todo: list[tuple[Any, Any, int]]
+    ) -> tuple[Any, torch.Tensor]:
         """Each batch of ``todo`` as micro-batches; where one ran out of memory on any rank (None:
         nowhere), and the loss of the last batch."""
         if isinstance(model, DistributedDataParallel) and todo[0] is self.pending[0]:
             model.require_forward_param_sync = True  # buffers broadcast at the step's first forward
         losses: list[torch.Tensor] = []
-        for batch, num_items_in_batch in todo:
+        for batch, num_items_in_batch, start in todo:
             losses = []
-            failure = self._batch(trainer, model, batch, num_items_in_batch, losses)
+            failure = self._batch(trainer, model, batch, num_items_in_batch, start, losses)
             if failure is not None:
                 return failure, torch.zeros(())
         return None, torch.stack(losses).sum()
 
     def _batch(
-        self, trainer: Any, model: nn.Module, batch: Any, num_items_in_batch: Any, losses: list[torch.Tensor]
+        self,
+        trainer: Any,
+        model: nn.Module,
+        batch: Any,
+        num_items_in_batch: Any,
+        first: int,
+        losses: list[torch.Tensor],
     ) -> tuple[str, str] | None:
         samples, start = count_samples(batch, 0), 0
+        micro = self.policy.micro_batch_size
+        context = (
+            f"micro_batch_size {micro}, halved after an out-of-memory in training"
+            if micro < samples
+            else f"the loader's batch of {samples}"
+        )
         for size in self.policy.sizes(samples):
-            part = batch if size == samples else micro_batch(batch, start, size, 0)
-            work = functools.partial(
-                self._micro_batch, trainer, model, part, num_items_in_batch, samples / size, losses
-            )
-            failure = merge_outcomes(self._exchange(work), ranks=self.lockstep is not None)
-            if failure is not None:
-                return failure
-            start += size
+            for piece in self.weights.cut(first + start, size, self.group_samples):
+                part = batch if piece == samples else micro_batch(batch, start, piece, 0)
+                scale = self.weights.scale(first + start, piece, self.group_samples, context)
+                work = functools.partial(
+                    self._micro_batch, trainer, model, part, num_items_in_batch, scale, losses
+                )
+                failure = merge_outcomes(self._exchange(work), ranks=self.lockstep is not None)
+                if failure is not None:
+                    return failure
+                start += piece
         return None
 
     def _micro_batch(
@@ -121,15 +148,19 @@ class TrainingMicroBatches:
         model: nn.Module,
         part: Any,
         num_items_in_batch: Any,
-        parts: float,
+        scale: tuple[int, float],
         losses: list[torch.Tensor],
     ) -> Outcome:
-        """The Trainer's step on ``part``, one ``parts``-th of a batch (its mean loss weighted so: the
-        loop divides by its accumulation); this rank's outcome, an out-of-memory as a value."""
+        """The Trainer's step on ``part``, with ``scale``: the accumulation steps the Trainer divides
+        by where its rule divides (the user's batches in the optimizer step), and the weight of its
+        loss; this rank's outcome, an out-of-memory as a value."""
         accumulation = trainer.current_gradient_accumulation_steps
-        trainer.current_gradient_accumulation_steps = accumulation * parts
+        trainer.current_gradient_accumulation_steps, weight = scale
         try:
-            with model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext():
+            with (
+                model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext(),
+                weighted_loss(trainer, weight),
+            ):
                 losses.append(self.training_step(model, part, num_items_in_batch))
         except BaseException as error:
             if not is_out_of_memory(error):

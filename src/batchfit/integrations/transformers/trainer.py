@@ -17,12 +17,17 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from batchfit.errors import DoesNotFitError
 from batchfit.integrations.transformers.fitting import TrainerPlan, apply, fit
+from batchfit.integrations.transformers.keywords import check_keywords
+from batchfit.integrations.transformers.loss_weights import LossWeights, read_reduction
 from batchfit.integrations.transformers.micro_batches import TrainingMicroBatches, predict_in_lockstep
+from batchfit.integrations.transformers.workload import LongestBatches, loader_data
 from batchfit.options import BatchSizes, Trials, Where
 from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.progress import Event
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.lockstep import Lockstep
+from batchfit.runtime.steps.micro_batches import count_samples
+from batchfit.runtime.steps.saved import RngState
 from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -30,12 +35,17 @@ logger = logging.getLogger(__name__)
 
 class BatchfitMixin:
     """What batchfit adds to a Trainer class: put it first, ``class MyTrainer(BatchfitMixin,
-    SFTTrainer)``, or use ``BatchfitTrainer``. The keywords are ``find_batch_size``'s, the rest go
-    to the Trainer. ``device`` defaults to the Trainer's (``args.device``)."""
+    SFTTrainer)``, or use ``BatchfitTrainer``. The keywords are ``find_batch_size``'s (their types
+    checked here), the rest go to the Trainer. ``device`` defaults to the Trainer's (``args.device``).
+
+    Where the plan splits the per-device batch the arguments ask otherwise (or an out-of-memory
+    halves it), each micro-batch's loss is weighted so that the optimizer step is the one those
+    arguments give; a loss that no weight keeps so is refused (``LossReductionError``)."""
 
     args: Any
     state: Any
     add_callback: Any
+    train_dataset: Any
 
     def __init__(
         self,
@@ -47,28 +57,36 @@ class BatchfitMixin:
         trials: Trials = Trials(),
         **kwargs: Any,
     ) -> None:
+        check_keywords(device, memory_limit, memory_fraction, sizes, trials)
         self.batchfit_where = Where(device, memory_limit, memory_fraction)  # checked before any work
         self.batchfit_sizes, self.batchfit_trials = sizes, trials
         #: The sizes in force: None until ``fit_batch_sizes`` (or ``train``) sets them.
         self.batchfit_plan: TrainerPlan | None = None
         self._micro_batches: TrainingMicroBatches | None = None
         super().__init__(*args, **kwargs)
+        #: The per-device batch the arguments ask, whose optimizer step every plan keeps.
+        self.batchfit_asked_batch_size = int(self.args.per_device_train_batch_size)
         self.add_callback(_PlanRecorder(lambda: self.batchfit_plan))
 
     def fit_batch_sizes(self) -> TrainerPlan:
         """Search the largest micro-batch the Trainer's step trains at and the largest eval batch,
         set ``per_device_train_batch_size`` and ``gradient_accumulation_steps`` to a split of the
         global batch the arguments ask, and ``per_device_eval_batch_size``; ``train`` calls it
-        when no plan is in force. The model, optimizer and random state are left as they were."""
+        when no plan is in force. The model, optimizer and random state (torch's, CUDA's, numpy's,
+        Python's) are left as they were."""
         parent = super()
-        fitted = fit(
-            self,
-            self.batchfit_where,
-            self.batchfit_sizes,
-            self.batchfit_trials,
-            (parent.training_step, parent.prediction_step),  # type: ignore[attr-defined]
-            self._tell,
-        )
+        rng = RngState.capture()  # the datasets' __getitem__ may draw (augmentation)
+        try:
+            fitted = fit(
+                self,
+                self.batchfit_where,
+                self.batchfit_sizes,
+                self.batchfit_trials,
+                (parent.training_step, parent.prediction_step),  # type: ignore[attr-defined]
+                self._tell,
+            )
+        finally:
+            rng.restore()
         for result in (fitted.train, fitted.eval):
             if result is not None:
                 self._tell(Event("fit", "note", message=result.summary()))  # it names the mode
@@ -101,6 +119,12 @@ class BatchfitMixin:
             return super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc, no-any-return]
         return self._micro_batches.step(self, model, inputs, num_items_in_batch)
 
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list[Any], Any]:
+        batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
+        if self._micro_batches is not None:  # the optimizer step's samples, as its micro-batches weigh them
+            self._micro_batches.group_samples = sum(count_samples(batch, 0) for batch in batches)
+        return batches, num_items_in_batch
+
     def prediction_step(
         self, model: torch.nn.Module, inputs: Any, prediction_loss_only: bool, ignore_keys: Any = None
     ) -> Any:
@@ -121,11 +145,33 @@ class BatchfitMixin:
                 self._halve_eval_batch(error)
 
     def _use(self, plan: TrainerPlan) -> None:
+        weights = self._loss_weights(plan)
         apply(self, plan)
         self.batchfit_plan = plan
         parent = super().training_step  # type: ignore[misc]
-        self._micro_batches = TrainingMicroBatches(plan.micro_batch_size, parent, self._micro_batch_changed)
+        self._micro_batches = TrainingMicroBatches(
+            plan.micro_batch_size, parent, self._micro_batch_changed, weights
+        )
         self._tell(Event("fit", "note", message=f"plan from the {plan.source}: {plan.summary()}"))
+
+    def _loss_weights(self, plan: TrainerPlan) -> LossWeights:
+        """How the loss adds up over a batch (read on two training examples, the random state put
+        back); raises ``LossReductionError`` where ``plan`` splits the batch asked and it cannot
+        be weighted."""
+        rng = RngState.capture()
+        try:
+            examples = LongestBatches(*loader_data(self, self.train_dataset, "training"))(2)
+        finally:
+            rng.restore()
+        asked = self.batchfit_asked_batch_size
+        weights = LossWeights(asked, *read_reduction(self, examples))
+        split = {plan.per_device_train_batch_size, plan.micro_batch_size} != {asked}
+        if weights.reduction is None and split:
+            raise weights.refusal(
+                f"batchfit's plan trains micro_batch_size {plan.micro_batch_size} x accumulation_steps "
+                f"{plan.accumulation_steps} where per_device_train_batch_size is {asked}"
+            )
+        return weights
 
     def _micro_batch_changed(self, change: MicroBatchChange) -> None:
         plan = self.batchfit_plan

@@ -71,6 +71,7 @@ class CachingDevice:
     complete; the measurements are its allocated and reserved peaks and its retries."""
 
     exact = True  # release() empties the cache: a failed trial leaves nothing behind
+    host_is_capacity = False  # a GPU's memory, or a CPU's standing in for one of limit_bytes
     confirm_steps: int | None = CONFIRM_STEPS
     soft_workspaces = False  # the CPU's kernels take no workspace from the allocator
     # The modelled allocator sees the storages a dispatch mode sees, and Dynamo runs a step eagerly

@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 import torch
 
 from batchfit.policy.allocation_record import Recording
-from batchfit.runtime.devices.host import host_available_bytes, malloc_trim
+from batchfit.runtime.devices.host import data_limited, host_available_bytes, malloc_trim
 from batchfit.runtime.devices.measurement import Measurement, profiled
 from batchfit.runtime.devices.tracker import StorageTracker, resident_oom_message
 from batchfit.units import format_bytes
@@ -62,6 +62,10 @@ class Device(Protocol):
     fake: bool
     #: How its training trials hold a DDP's gradient buckets (``BucketHolding``).
     bucket_holding: BucketHolding
+    #: Its memory is the host's own (the CPU with no ``memory_limit``): the host's allocator
+    #: failing is this device running out. Elsewhere it is the machine running out, not the
+    #: budget (``runtime.devices.host_failure``).
+    host_is_capacity: bool
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         """Bytes the workload may use in all, counting the ``resident`` tensors it already holds
@@ -114,9 +118,13 @@ class CpuDevice:
     measures_compiled = True  # from the allocator's events, read by the profiler (runtime.steps.compiled)
     min_window_steps = 1  # nothing runs ahead of the host: a step is a step
     bucket_holding: BucketHolding = "counted"  # live bytes decide: where a bucket lands does not
+    host_is_capacity = True  # the host's memory, as much as it can give
 
-    def __init__(self, *, fake: bool = False) -> None:
+    def __init__(self, *, fake: bool = False, views_of_existing_free: bool = False) -> None:
         self.fake = fake  # measure fake tensors: a trace, not a run
+        # A view of a storage alive when the block begins costs nothing (``batchfit.memory_limit``:
+        # noting them walks every object, once per block, too slow for a search's trials).
+        self.views_of_existing_free = views_of_existing_free
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         held = sum(tensor.untyped_storage().nbytes() for tensor in unique_storages(resident))
@@ -137,13 +145,19 @@ class CpuDevice:
             return
         tracker = StorageTracker(capacity_bytes=cap_bytes, fake=self.fake)
         tracker.track(unique_storages(resident))
+        if self.views_of_existing_free:
+            tracker.note_existing()
         tracker.hold(wrapper_bytes)  # allocated where no tensor shows them: counted, as on a GPU
         del resident  # counted: a tensor the steps replace (L-BFGS's history) must be free to go
         if cap_bytes is not None and tracker.live_bytes > cap_bytes:
             raise torch.OutOfMemoryError(resident_oom_message(tracker.live_bytes, cap_bytes))
         measurement = Measurement(_probe=_TrackerProbe(tracker))
+        # Past what the host has free (its RAM, its cgroup's room, RLIMIT_AS's), an allocation
+        # fails in the host's allocator, which a search can tell from the cap's refusal, instead
+        # of the kernel killing the process (a cgroup's limit); a trace allocates nothing.
+        room = 0 if self.fake else host_available_bytes()
         try:
-            with tracker:
+            with data_limited(room), tracker:
                 yield measurement
         finally:
             measurement.finish()
@@ -168,6 +182,7 @@ class CappedCpuDevice(CpuDevice):
     """The CPU with a fixed capacity, ``limit_bytes``: it stands in for a GPU of that size."""
 
     exact = True
+    host_is_capacity = False  # a device of limit_bytes, which the host must be able to give
 
     def __init__(self, limit_bytes: int) -> None:
         super().__init__()

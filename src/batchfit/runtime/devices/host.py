@@ -11,7 +11,10 @@ import platform
 import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
+
+from batchfit.units import format_bytes
 
 
 @functools.cache
@@ -71,16 +74,51 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+@dataclass(frozen=True)
+class HostMemory:
+    """What this process can still allocate, by source, in bytes (None where a source sets no
+    limit or cannot be read): free RAM (``MemAvailable``), the room its cgroup's limit leaves
+    (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``, less the usage, its ancestors' too) and
+    the room ``RLIMIT_AS`` leaves over the address space it already maps (``ulimit -v``)."""
+
+    free_ram_bytes: int | None
+    cgroup_room_bytes: int | None
+    rlimit_room_bytes: int | None
+
+    @property
+    def available_bytes(self) -> int:
+        """The least of the three: an allocation past it fails in the host's own allocator."""
+        known = [value for value in self._sources().values() if value is not None]
+        if not known:  # nothing readable (not Linux): the machine's RAM
+            pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+            return int(pages * os.sysconf("SC_PAGE_SIZE")) if pages else 0
+        return max(0, min(known))
+
+    def describe(self) -> str:
+        """``the least of free RAM 23.10 GiB and RLIMIT_AS's room 180.00 MiB``: where the figure
+        comes from, for a message."""
+        sources = self._sources().items()
+        known = [f"{name} {format_bytes(max(0, value))}" for name, value in sources if value is not None]
+        if len(known) < 2:
+            return known[0] if known else "the machine's RAM"
+        return f"the least of {', '.join(known[:-1])} and {known[-1]}"
+
+    def _sources(self) -> dict[str, int | None]:
+        return {
+            "free RAM": self.free_ram_bytes,
+            "the cgroup's room": self.cgroup_room_bytes,
+            "RLIMIT_AS's room": self.rlimit_room_bytes,
+        }
+
+
+def host_memory() -> HostMemory:
+    """What this process can still allocate now (``HostMemory``)."""
+    return HostMemory(_meminfo_available(), _cgroup_headroom(), _rlimit_as_headroom())
+
+
 def host_available_bytes() -> int:
     """Bytes this process can still allocate: the least of free RAM, cgroup and RLIMIT_AS room."""
-    candidates = [_meminfo_available()]
-    candidates.append(_cgroup_headroom())
-    candidates.append(_rlimit_as_headroom())
-    known = [value for value in candidates if value is not None]
-    if not known:
-        pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
-        return int(pages * os.sysconf("SC_PAGE_SIZE")) if pages else 0
-    return max(0, min(known))
+    return host_memory().available_bytes
 
 
 def _read(path: str) -> str | None:
@@ -101,14 +139,49 @@ def _meminfo_available() -> int | None:
     return None
 
 
-def _cgroup_headroom() -> int | None:
-    limit, usage = _read("/sys/fs/cgroup/memory.max"), _read("/sys/fs/cgroup/memory.current")
-    if limit is None:  # cgroup v1
-        limit = _read("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-        usage = _read("/sys/fs/cgroup/memory/memory.usage_in_bytes")
-    if limit is None or usage is None or limit == "max" or int(limit) >= 2**60:
-        return None
-    return int(limit) - int(usage)
+#: Where the cgroup hierarchies are mounted, and each version's limit and usage files.
+CGROUP_ROOT = "/sys/fs/cgroup"
+_CGROUP_FILES = {
+    "v2": ("memory.max", "memory.current"),
+    "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+}
+
+
+def _cgroup_headroom(root: str = CGROUP_ROOT, membership: str | None = None) -> int | None:
+    """The least room the memory limits of this process's cgroup and its ancestors leave (None
+    where none is set): ``membership`` is ``/proc/self/cgroup``'s text, ``root`` the mount."""
+    membership = _read("/proc/self/cgroup") if membership is None else membership
+    rooms = [
+        int(limit) - int(usage)
+        for limit, usage in (
+            (_read(f"{folder}/{limit_file}"), _read(f"{folder}/{usage_file}"))
+            for folder, (limit_file, usage_file) in _cgroup_folders(root, membership or "")
+        )
+        if limit is not None and usage is not None and limit != "max" and int(limit) < 2**60
+    ]
+    return min(rooms) if rooms else None
+
+
+def _cgroup_folders(root: str, membership: str) -> list[tuple[str, tuple[str, str]]]:
+    """The memory cgroup folders that bound this process, its own first, then its ancestors up to
+    the mount (in a cgroup namespace its own is the mount itself: ``/``)."""
+    found: list[tuple[str, tuple[str, str]]] = []
+    for line in membership.splitlines():
+        hierarchy, _, path = line.partition(":")[2].partition(":")
+        if hierarchy == "":  # v2's one hierarchy: "0::/path"
+            version, mount = "v2", root
+        elif "memory" in hierarchy.split(","):  # v1's memory controller: "4:memory:/path"
+            version, mount = "v1", f"{root}/memory"
+        else:
+            continue
+        parts = [part for part in path.split("/") if part]
+        for depth in range(len(parts), -1, -1):
+            folder = "/".join([mount, *parts[:depth]])
+            if os.path.isdir(folder):
+                found.append((folder, _CGROUP_FILES[version]))
+    if not found:  # no membership to read: the mount's own files
+        found = [(root, _CGROUP_FILES["v2"]), (f"{root}/memory", _CGROUP_FILES["v1"])]
+    return found
 
 
 def _rlimit_as_headroom() -> int | None:

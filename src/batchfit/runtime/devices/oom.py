@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import re
 
 import torch
@@ -37,6 +38,32 @@ def is_out_of_memory(error: BaseException) -> bool:
         return False
     message = str(error).lower()
     return any(fragment in message for fragment in OOM_MESSAGES)
+
+
+#: Fragments of the messages of the host's own allocator failing (lower-cased): torch's CPU
+#: allocator, errno 12's text, C++'s ``std::bad_alloc``.
+HOST_MESSAGES: tuple[str, ...] = (
+    "defaultcpuallocator: can't allocate memory",
+    "cannot allocate memory",
+    "bad_alloc",
+)
+#: How batchfit's own cap ends its out-of-memory messages (``runtime.devices.tracker``), which
+#: follow the CPU allocator's so that tools matching on it recognise them.
+CAP_MARK = "set by batchfit"
+
+
+def is_host_out_of_memory(error: BaseException) -> bool:
+    """True when ``error`` is the host's own allocator failing: Python's ``MemoryError``, an
+    ``OSError`` of errno ENOMEM, or torch's CPU allocator or C++'s ``std::bad_alloc`` in a
+    ``RuntimeError``; not batchfit's cap, whose messages follow the CPU allocator's."""
+    if isinstance(error, MemoryError):
+        return True
+    if isinstance(error, OSError):
+        return error.errno == errno.ENOMEM
+    if not isinstance(error, RuntimeError):
+        return False
+    message = str(error).lower()
+    return CAP_MARK not in message and any(fragment in message for fragment in HOST_MESSAGES)
 
 
 def first_line(error: BaseException) -> str:

@@ -27,6 +27,13 @@ def name_device(device: str | torch.device) -> torch.device:
         raise ConfigurationError(
             f"device={shown!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'."
         ) from error
+    if parsed.type == "meta":
+        raise ConfigurationError(
+            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices; a "
+            f"model built on the meta device is predicted from its shapes with batchfit.predict("
+            f"workload, batchfit.Targets(capacities='24GiB'), device='cpu') (batchfit predict "
+            f"--device cpu --capacities 24GiB)."
+        )
     if parsed.type not in ("cpu", "cuda"):
         raise ConfigurationError(
             f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
@@ -78,10 +85,14 @@ def memory_limit(
     On the CPU, tensors allocated inside the block count, plus those of ``resident`` (modules,
     optimizers, tensors) that already exist, and any other a step writes into (a
     ``DistributedDataParallel`` built before the block counts its gradient buckets from its first
-    backward, which writes into them). On CUDA (``device="cuda"``), the caching
-    allocator of the whole process is capped, and the fraction in force before is put back after.
+    backward, which writes into them); a view of a tensor alive when the block begins costs
+    nothing, as on a GPU (a dataset's row is free, a copy of it costs its bytes). On CUDA
+    (``device="cuda"``), the caching allocator of the whole process is capped, and the fraction in
+    force before is put back after.
     The yielded measurement's ``peak_bytes`` is filled in when the block exits.
     """
     target = resolve_device(device, None)
+    if isinstance(target, CpuDevice):
+        target = CpuDevice(views_of_existing_free=True)
     with target.measure(resident_tensors(*resident), parse_bytes(limit, name="limit")) as measurement:
         yield measurement

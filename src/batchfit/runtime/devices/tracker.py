@@ -1,13 +1,16 @@
 """Live tensor-storage accounting on the CPU, and an optional capacity enforced on it.
 
 A ``TorchDispatchMode`` sees every aten op's outputs; each new storage is counted once, and a
-weak reference on it takes its bytes back off when it is freed. The peak is exact to the byte.
-With a capacity, an op whose new storages would take live bytes past it raises
-``torch.OutOfMemoryError`` at that op, as a GPU allocator would.
+weak reference on it takes its bytes back off when it is freed. A storage made outside the
+dispatcher (a collective's buffer) counts when an op first shows it; where the tracker noted the
+storages alive when it began (``note_existing``), a view of one of them costs nothing. The peak is
+exact to the byte. With a capacity, an op whose new storages would take live bytes past
+it raises ``torch.OutOfMemoryError`` at that op, as a GPU allocator would.
 """
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -16,6 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from batchfit.runtime.devices.oom import CAP_MARK
 from batchfit.units import format_bytes
 
 
@@ -93,6 +97,29 @@ class StorageTracker(TorchDispatchMode):
         self.refused = ""  # the message of the last allocation the capacity refused
         self._sizes: dict[int, int] = {}  # storage key -> bytes counted for it
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        # Storages alive when the block began, and their bytes then (``note_existing``).
+        self._existing: dict[int, int] = {}
+        self._existing_refs: list[weakref.ref[torch.UntypedStorage]] = []
+
+    def note_existing(self) -> None:
+        """Note every storage alive now that the tracker would count: a view of one made in the
+        block costs nothing, as a GPU allocates nothing for a view (a dataset's row), while one
+        made later, or grown since, counts when an op shows it. Walks the garbage collector's
+        objects: for a block run once (``batchfit.memory_limit``), not for every trial."""
+        for obj in gc.get_objects():  # type(), not isinstance: a proxy's __class__ may warn
+            if issubclass(type(obj), torch.Tensor) and self._counts(obj):
+                for part in dense_parts(obj):
+                    storage = part.untyped_storage()
+                    key = storage._cdata
+                    if key not in self._existing:
+                        self._existing[key] = storage.nbytes()
+                        self._existing_refs.append(weakref.ref(storage, self._forget(key)))
+
+    def _forget(self, key: int) -> Any:
+        def forget(_: object) -> None:
+            self._existing.pop(key, None)
+
+        return forget
 
     def track(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count storages that already exist (a model's parameters, optimizer state...)."""
@@ -131,6 +158,8 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         storages = output_storages(out, self.device_type, self.fake)
+        if func.is_view and self._existing:  # a view of a storage alive before the block: free
+            storages = {key: each for key, each in storages.items() if not self._older(key, each)}
         added = {key: self._new_bytes(storage) for key, storage in storages.items()}
         requested = sum(added.values())
         if (
@@ -147,6 +176,10 @@ class StorageTracker(TorchDispatchMode):
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
         return out
+
+    def _older(self, key: int, storage: torch.UntypedStorage) -> bool:
+        """Whether ``storage`` is one alive when the block began, uncounted and no larger."""
+        return key not in self._sizes and storage.nbytes() <= self._existing.get(key, -1)
 
     def _counts(self, tensor: torch.Tensor) -> bool:
         return counted(tensor, self.device_type, self.fake)
@@ -184,7 +217,7 @@ def resident_oom_message(resident: int, capacity: int) -> str:
     return (
         f"out of memory: DefaultCPUAllocator: can't allocate memory: the tensors already held "
         f"(parameters, gradients, optimizer state) take {resident} bytes ({format_bytes(resident)}), "
-        f"over the limit of {capacity} bytes ({format_bytes(capacity)}) set by batchfit."
+        f"over the limit of {capacity} bytes ({format_bytes(capacity)}) {CAP_MARK}."
     )
 
 
@@ -193,5 +226,5 @@ def oom_message(requested: int, live: int, capacity: int) -> str:
     return (
         f"out of memory: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
         f"{requested} bytes ({format_bytes(requested)}) with {live} bytes ({format_bytes(live)}) "
-        f"in use and a limit of {capacity} bytes ({format_bytes(capacity)}) set by batchfit."
+        f"in use and a limit of {capacity} bytes ({format_bytes(capacity)}) {CAP_MARK}."
     )

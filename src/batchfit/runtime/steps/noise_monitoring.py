@@ -43,9 +43,11 @@ class StepNoise:
         self.reading = False  # whether this attempt's micro-batches are read
         self.warned = False  # that a batch of one micro-batch gives no reading
 
-    def begin(self, sizes: list[int]) -> None:
-        """An attempt at the step starts, as micro-batches of ``sizes``."""
-        self.reading = len(sizes) >= 2 and len(set(sizes)) == 1
+    def begin(self, sizes: list[int], *, even: bool = True) -> None:
+        """An attempt at the step starts, as micro-batches of ``sizes``; ``even``: their losses are
+        weighted alike (a token mean whose micro-batches hold different numbers of tokens is not,
+        and a reading of it would weight them as if it were)."""
+        self.reading = len(sizes) >= 2 and len(set(sizes)) == 1 and even
         if len(sizes) == 1 and not self.warned:
             self.warned = True
             if self.lockstep is None or self.lockstep.rank == 0:

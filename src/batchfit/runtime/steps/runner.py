@@ -12,6 +12,8 @@ from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import verdict
 from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.host import host_memory
+from batchfit.runtime.devices.host_failure import host_ran_out
 from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.steps.finite import LossLog, check_finite
@@ -68,6 +70,7 @@ class TrialRunner:
         # Where its fitting trials leave their requests: a store of the caller's, shared by the
         # runners of one search (and of searches at other fractions), or one of its own.
         self.records: dict[int, AllocationRecord] = {} if records is None else records
+        self.host = host_memory()  # what the host can give the trials, named where it runs out
 
     @classmethod
     def on(
@@ -106,7 +109,14 @@ class TrialRunner:
         return self.spec.mode
 
     def run(self, batch_size: int) -> Trial:
-        host_batch = self.spec.workload.host_batch(batch_size)  # outside the measurement: data-loader memory
+        try:  # outside the measurement: data-loader memory
+            host_batch = self.spec.workload.host_batch(batch_size)
+        except Exception as error:
+            device = self.spec.device
+            host = host_ran_out(error, device, self.budget_bytes, self.host, batch_size, "making its batch")
+            if host is None:
+                raise
+            raise host from error
         scalers = self.spec.scalers
         scales = [scaler.get_scale() for scaler in scalers]
         trial, stepped = self._attempt(batch_size, host_batch)
@@ -134,6 +144,7 @@ class TrialRunner:
         try:
             _, step_seconds = run_steps(spec, spec.workload.build_optimizer(), host_batch, started, losses)
         except BaseException as error:
+            self._stop_where_the_host_ran_out(error, batch_size, started)
             out_of_memory = _out_of_memory(error, started)
             if out_of_memory is None:
                 if isinstance(error, Exception):  # not a Ctrl-C: that interrupts, it is not raised by a step
@@ -156,6 +167,23 @@ class TrialRunner:
         if record is not None and trial.fits:
             self.records[batch_size] = record
         return replace(trial, steps=measurement.steps, steady_from=measurement.steady_from), stepped
+
+    def _stop_where_the_host_ran_out(
+        self, error: BaseException, batch_size: int, started: list[Measurement]
+    ) -> None:
+        """Raise ``HostOutOfMemoryError`` where the steps failed in the host's own allocator before
+        batchfit's cap refused anything, on a device whose budget is not the host's memory: the
+        machine ran out, and no verdict on the budget can be read from it."""
+        if started and started[0].refused:
+            return  # the cap refused first: the budget's out-of-memory, whatever followed it
+        step, spec = (started[0].steps if started else 0), self.spec
+        of = f" of {spec.steps}" if step <= spec.steps else ""
+        where = f"{spec.mode} step {max(step, 1)}{of}"
+        if step == 0 and spec.mode == "eval" and spec.warm_batch is not None:
+            where = f"the train step that makes the training state, batch_size={spec.warm_batch}"
+        host = host_ran_out(error, self.spec.device, self.budget_bytes, self.host, batch_size, where)
+        if host is not None:
+            raise host from error
 
     def _raised_at(self, batch_size: int, step: int) -> str:
         """The note on an error the steps raised: the trial's batch size, and the step that raised."""

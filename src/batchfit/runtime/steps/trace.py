@@ -28,6 +28,8 @@ from batchfit.policy.search import Candidates, SearchOutcome, search
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.runtime.devices.device import CpuDevice, Device
+from batchfit.runtime.devices.host import host_memory
+from batchfit.runtime.devices.host_failure import host_ran_out
 from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import judge
 from batchfit.runtime.steps.saved import ScalerState
@@ -222,12 +224,19 @@ def forecast_search(
     # (unless a trial is a single, first step). Eval: as the real trial does.
     warm = candidates.first if mode == "train" and steps > 1 else warm_batch
     tracer = FakeTracer(workload, mode, budget, warm)
+    host = host_memory()
 
     def trace(batch_size: int) -> Trial:
         reused = cache.lookup_predicted(batch_size, budget) if cache is not None else None
         if reused is not None:
             return reused
-        trial = tracer(batch_size)
+        try:
+            trial = tracer(batch_size)
+        except Exception as error:  # the host batch is real: the host's memory can run out
+            ran_out = host_ran_out(error, device, budget, host, batch_size, "making its batch for the trace")
+            if ran_out is None:
+                raise
+            raise ran_out from error
         if cache is not None:
             cache.predicted[batch_size] = trial
             cache.traces += 1

@@ -32,6 +32,14 @@ def load_workload(
     (``function(device=torch.device(...))``), so the same workload serves every device; it wraps
     its model itself. ``source`` names where the spec came from, in errors.
     """
+    if not isinstance(spec, str):
+        made = getattr(spec, "__name__", "<lambda>")
+        hint = "" if made == "<lambda>" else f" (workload = {made}())"
+        hint = f"call it yourself{hint}, or pass" if callable(spec) else "pass"
+        raise ConfigurationError(
+            f"load_workload expects a spec 'module:function' or 'example:NAME' (a str), got "
+            f"{type(spec).__name__}; {hint} a spec such as load_workload('my_train:workload')."
+        )
     if spec.startswith("example:"):
         return example_as_trained(spec.partition(":")[2], device)
     function = load_function(spec, source)
@@ -66,11 +74,29 @@ def load_function(spec: str, source: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigurationError(f"{source} {spec!r}: cannot import {module_name!r} ({error}).") from error
+        raise ConfigurationError(
+            f"{source} {spec!r}: cannot import {module_name!r} ({error}); run batchfit from the "
+            f"folder that holds it, or add that folder to PYTHONPATH."
+        ) from error
+    except Exception as error:  # the module's own code failed as it was imported
+        raise ConfigurationError(
+            f"{source} {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
+            f"{_where_raised(error)}; fix the module so that `python -c 'import {module_name}'` runs."
+        ) from error
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ConfigurationError(f"{source} {spec!r}: {module_name} has no function {function_name!r}.")
     return function  # type: ignore[no-any-return]
+
+
+def _where_raised(error: BaseException) -> str:
+    """`` (at FILE:LINE)``, the innermost frame that raised ``error`` (a SyntaxError's own place)."""
+    if isinstance(error, SyntaxError):
+        return ""  # its message names the file and line
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return "" if frame is None else f" (at {frame.tb_frame.f_code.co_filename}:{frame.tb_lineno})"
 
 
 def _check_callable_alone(function: Callable[..., Any], spec: str, source: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from batchfit.checks import check_callback, check_positive_int, shown, type_name
 from batchfit.errors import ConfigurationError
 from batchfit.runtime.distributed.buckets import BucketLayout, bucket_layout
 from batchfit.runtime.distributed.data_parallel import DataParallelStandIn, bucket_bytes, unwrapped
@@ -18,6 +19,15 @@ from batchfit.runtime.steps.micro_batches import plain
 from batchfit.runtime.workloads.batches import check_batch_size, collated, largest_first, on_host
 from batchfit.runtime.workloads.default_step import call_model, model_loss, optimizer_step
 
+#: The Workload's functions, and what each is called with (what its errors say it takes).
+_FUNCTIONS = {
+    "make_batch": "a batch size n and returning n samples",
+    "collate_fn": "a list of dataset items",
+    "size_key": "a dataset item",
+    "loss_fn": "(output, target)",
+    "train_step": "(model, optimizer, batch)",
+    "eval_step": "(model, batch)",
+}
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 #: What hears a step's return value (or its loss), as the step returns it: ``runtime.steps.finite``.
 OnLoss = Callable[[Any], None]
@@ -63,8 +73,19 @@ class Workload:
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigurationError(
-                f"Workload.model must be a torch.nn.Module, got {type(self.model).__name__}."
+                f"Workload.model must be a torch.nn.Module, got {type_name(self.model)}."
             )
+        for name, takes in _FUNCTIONS.items():
+            check_callback(f"Workload.{name}", getattr(self, name), takes)
+        if isinstance(self.batch_dim, bool) or not isinstance(self.batch_dim, int):
+            raise ConfigurationError(
+                f"Workload.batch_dim must be an int (the dimension of a batch's tensors that holds "
+                f"its samples), got {type_name(self.batch_dim)} ({shown(self.batch_dim)})."
+            )
+        if self.tokens_per_sample is not None:
+            check_positive_int("Workload.tokens_per_sample", self.tokens_per_sample)
+        if not isinstance(self.name, str):
+            raise ConfigurationError(f"Workload.name must be a str, got {type_name(self.name)}.")
         if (self.make_batch is None) == (self.dataset is None):
             raise ConfigurationError(
                 "Workload needs exactly one source of batches: make_batch=callable(n) or "
@@ -79,8 +100,9 @@ class Workload:
             isinstance(self.optimizer, torch.optim.Optimizer) or callable(self.optimizer)
         ):
             raise ConfigurationError(
-                "Workload.optimizer must be a torch.optim.Optimizer or a factory "
-                "params -> Optimizer (e.g. lambda params: torch.optim.AdamW(params, lr=1e-3))."
+                f"Workload.optimizer must be a torch.optim.Optimizer or a factory params -> Optimizer "
+                f"(e.g. lambda params: torch.optim.AdamW(params, lr=1e-3)), got "
+                f"{type_name(self.optimizer)} ({shown(self.optimizer)})."
             )
         if isinstance(getattr(self.model, "_orig_mod", None), DistributedDataParallel):
             raise ConfigurationError(
@@ -239,6 +261,13 @@ def _told(loss: torch.Tensor, on_loss: OnLoss | None) -> torch.Tensor:
     return loss
 
 
+#: Where a model built on the meta device is measured: ``predict`` traces its step on the CPU alone.
+META_ADVICE = (
+    "batchfit.predict(workload, batchfit.Targets(capacities='24GiB'), device='cpu') "
+    "(batchfit predict --device cpu --capacities 24GiB)"
+)
+
+
 def check_model_on(model: torch.nn.Module, device: torch.device, *, meta: bool = False) -> None:
     """Every parameter and buffer of ``model`` has its shape (no lazy module waits for its first
     batch) and is on ``device`` (or, with ``meta``, on the meta device), or a ConfigurationError
@@ -255,6 +284,12 @@ def check_model_on(model: torch.nn.Module, device: torch.device, *, meta: bool =
     for name, tensor in tensors:
         if meta and tensor.is_meta:
             continue
+        if tensor.is_meta:
+            raise ConfigurationError(
+                f"the model's {name} is on the meta device, which holds shapes but no memory, so no "
+                f"step runs on {device}; predict its batch sizes from the shapes alone with "
+                f"{META_ADVICE}, or build the model on {device.type} to measure it there."
+            )
         if tensor.device.type != device.type or (device.index is not None and tensor.device != device):
             raise ConfigurationError(
                 f"the model's {name} is on {tensor.device}, but batchfit runs on {device}; move "
