@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event
+from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event, ranked
 from batchfit.policy.allocator_blocks import Block, BlockState, Segments, rounded
 from batchfit.policy.caching_allocator import CachingAllocator
 
@@ -166,7 +166,8 @@ class ModelRun:
 def model_run(history: History) -> ModelRun:
     """Replay ``history``'s requests on the model (see ``ModelRun``)."""
     start = start_of(history)
-    allocator = CachingAllocator.starting_from(start.segments)
+    made = [address for action, address, _ in history.events if action == "segment_alloc"]
+    allocator = CachingAllocator.starting_from(start.segments, places=ranked([*start.bases, *made]))
     model_bases = [address for address, _ in allocator.layout()]  # the start's segments, in order
     cuda_bases = list(start.bases)  # CUDA's segments as the model's ordinals number them
     held: dict[int, Block] = {}
@@ -223,4 +224,7 @@ def record_of(history: History) -> AllocationRecord:
             step.append((ALLOC, size))
         elif action == "free_completed":
             step.append((FREE, ordinals.pop(address)))
-    return AllocationRecord(history.batch_size, start_of(history).segments, tuple(map(tuple, steps)))
+    start = start_of(history)
+    made = [address for action, address, _ in history.events if action == "segment_alloc"]
+    places = ranked([*start.bases, *made])
+    return AllocationRecord(history.batch_size, start.segments, tuple(map(tuple, steps)), places=places)

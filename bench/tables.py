@@ -572,6 +572,41 @@ def predict_histories_table(files: list[dict[str, Any]]) -> str:
     return "\n\n".join([*tables, skipped, provenance(data)])
 
 
+def standin_agreement_table(files: list[dict[str, Any]]) -> str:
+    """``bench/standin_agreement.py``: per truth row, the sizes probed, those the model agrees on,
+    where it does not, and each truth edge beside the model's nearest."""
+    (data,) = files
+    lines = []
+    for row in data["rows"]:
+        missed = [int(size) for size, both in row["sizes"].items() if both["truth"] != both["model"]]
+        edges = "; ".join(
+            f"{edge['truth']}: {'none' if edge['off'] is None else edge['off']}" for edge in row["edges"]
+        )
+        lines.append(
+            [
+                row["workload"],
+                f"{row['truth_kind']}, {Path(row['truth_file']).parent.name}",
+                f"{row['cap_bytes'] / 2**20:.1f}",
+                str(row["scanned"]),
+                str(row["agreeing"]),
+                f"{row['agreeing'] / row['scanned']:.0%}",
+                spans(missed) or "-",
+                edges or "-",
+            ]
+        )
+    total = data["summary"]
+    headers = ["workload", "truth", "cap (MiB)", "sizes probed", "agree", "agreement", "disagree at"]
+    headers += ["truth edge: model's nearest, samples off"]
+    said = (
+        f"In all: {total['agreeing']} of {total['scanned']} sizes agree "
+        f"({total['agreeing'] / total['scanned']:.1%}); {total['edges_within']} of {total['edges']} "
+        f"truth edges have a model edge within {data['target']['edge']}. Target "
+        f"({data['target']['agreement']:.0%} of sizes, every edge within {data['target']['edge']}): "
+        f"{'met' if total['met'] else 'not met'}."
+    )
+    return f"{markdown(headers, lines, (0, 1, 6, 7))}\n\n{said}\n\n{provenance(data)}"
+
+
 def predict_trace_table(files: list[dict[str, Any]]) -> str:
     """``bench/predict_trace.py``: each workload's and mode's recording by a fake-tensor trace and by
     real trials on the CPU: their seconds, whether their requests are equal, and the answers of both."""
@@ -612,6 +647,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "allocator-history": (allocator_history_table, True, False),
     "predict-histories": (predict_histories_table, True, False),
     "predict-trace": (predict_trace_table, True, False),
+    "standin-agreement": (standin_agreement_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),

@@ -24,16 +24,13 @@ MiB = 2**20
 
 @pytest.mark.parametrize("workload", _histories.WORKLOADS)
 def test_the_model_takes_cuda_s_segments_for_cuda_s_requests(workload: str) -> None:
-    for batch_size, history in _histories.histories(workload).items():
+    for history in _histories.histories(workload).values():
         run = _histories.model_run(history)
         # The seeded start holds the resident state: torch's peak, to about 2 MiB of unsplit remainders.
         assert abs(run.peak_allocated_bytes - history.peak_allocated_bytes) <= 4 * MiB
-        if (workload, batch_size) == ("vit-b16", 8):
-            # A tie between two free blocks of one size, broken by CUDA by its addresses (which the
-            # model cannot know) at request 128, ends in 3 segments more: 48 MiB, 2.1%.
-            assert run.first_apart == 128
-            assert run.reserved_bytes - history.reserved_bytes == 48 * MiB
-            continue
+        # ViT-B/16 at 8 took 3 segments more (48 MiB) while new segments lay above the start's: a
+        # tie between two free blocks of one size, which CUDA breaks by address. They lie as CUDA
+        # placed them now (the record's places).
         assert sorted(run.segment_sizes) == sorted(history.segment_sizes)
         assert run.reserved_bytes == run.peak_reserved_bytes == history.reserved_bytes
 
@@ -46,9 +43,9 @@ def test_the_model_takes_cuda_s_segments_for_cuda_s_requests(workload: str) -> N
         ("mlp", 0.0, 0.0),
         ("cnn", 0.0, 0.0),
         ("transformer", -0.005, 0.0),
-        ("resnet50", 0.010, -0.050),
+        ("resnet50", 0.010, -0.017),
         ("resnet50-amp", 0.017, 0.0),
-        ("vit-b16", -0.005, 0.008),
+        ("vit-b16", -0.007, 0.004),
     ],
 )
 def test_the_replay_of_2_and_4_at_8_against_cuda(workload: str, allocated: float, reserved: float) -> None:

@@ -37,6 +37,9 @@ class Program:
     # Before activation i, at every step: a workspace of ``per_sample x (batch - from)`` bytes, made
     # and freed at once, and not requested at all where that is not positive.
     workspace: tuple[int, int, int] | None = None  # i, per_sample, from
+    # Before activation i, at every step from ``from`` samples on: a reduction split over blocks, its
+    # staging buffer of ``per_sample x batch`` bytes and a 16-byte semaphore made and freed together.
+    scratch: tuple[int, int, int] | None = None  # i, per_sample, from
     expandable: bool = False  # the allocator's segments: expandable, or CUDA's default
 
     def start(self) -> tuple[CachingAllocator, list[Block]]:
@@ -84,6 +87,11 @@ class Program:
                             except AllocatorOutOfMemory:
                                 if not soft_workspace:  # cuDNN runs an algorithm that needs less
                                     raise
+                    scratch = self.scratch
+                    if scratch is not None and scratch[0] == index and batch_size >= scratch[2]:
+                        buffer = malloc(scratch[1] * batch_size)
+                        free(malloc(16))  # the semaphores, freed before the buffer
+                        free(buffer)
                     if step == 1 and self.once is not None and self.once[0] == index:
                         made.append(malloc(self.once[1]))
                     for block, at in zip(gradients, self.zero_at, strict=False):  # none at the first step
@@ -294,6 +302,29 @@ def test_a_workspace_requested_at_one_size_only_still_aligns(seed: int, per_samp
         for steps in (2, 10):
             expected = program.run(batch_size, steps, limit) is not None
             assert replay.fits(batch_size, limit, steps) == expected
+
+
+def test_a_reduction_s_staging_buffer_from_one_size_on_grows_with_the_batch() -> None:
+    # A reduction long enough to be split over blocks (PyTorch's Reduce.cuh) requests a staging
+    # buffer and its semaphores, made and freed together, from some batch on: the record at 8 has
+    # them, the one at 4 not. The buffer goes on the line through nothing at no batch, the
+    # semaphores keep their size, and the replay places every size from 8 on as the program does.
+    decided = 0
+    for seed in range(8):
+        plain = random_program(seed)
+        program = replace(plain, scratch=(seed % len(plain.activations), 512 * KiB, 8))
+        four, eight = program.record(4, 2), program.record(8, 2)
+        assert four.steps != eight.steps
+        replay = AllocationReplay.of(four, eight)
+        assert replay is not None and replay.repeatable and replay.steps == eight.steps
+        limit = _reserved(program, 64)
+        for batch_size in range(8, 129, 4):
+            for steps in (2, 10):
+                expected = program.run(batch_size, steps, limit) is not None
+                # Not a workspace: the step fails where the buffer is not placed.
+                assert replay.fits(batch_size, limit, steps, soft_workspaces=True) == expected
+                decided += expected != (plain.run(batch_size, steps, limit) is not None)
+    assert decided > 0  # the buffer decided somewhere
 
 
 @pytest.mark.parametrize("seed", range(8))

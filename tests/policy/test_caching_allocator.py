@@ -259,3 +259,22 @@ def test_random_requests_keep_every_invariant_and_take_the_best_fit(seed: int, e
     allocator.empty_cache()
     assert allocator.reserved_bytes == 0 and allocator.segments() == (((), ()) if expandable else ())
     assert allocator.retries >= failures and (failures == 0 or allocator.limit_bytes is not None)
+
+
+def test_segments_lie_in_the_order_their_places_rank_them() -> None:
+    # The best fit breaks a tie between two free blocks of one size by address: the segment placed
+    # lower takes the request. CUDA's driver places a new segment where it finds room, often below
+    # the start's; a record's ``places`` say where, and the model follows them.
+    first = ((10 * MiB, True), (10 * MiB, False))
+    second = ((2 * MiB, True), (10 * MiB, False), (8 * MiB, True))
+    taken_first = ((10 * MiB, True), (10 * MiB, True)), second
+    taken_second = ((2 * MiB, True), (10 * MiB, True), (8 * MiB, True)), first
+    for places, expected in (((), taken_first), ((0, 1), taken_first), ((1, 0), taken_second)):
+        allocator = CachingAllocator.starting_from((first, second), places=places)
+        allocator.malloc(10 * MiB)
+        assert allocator.segments()[:2] == expected
+    for places, new_first in (((0, 1), False), ((1, 0), True)):
+        allocator = CachingAllocator.starting_from((first,), places=places)
+        allocator.malloc(12 * MiB)  # no free block holds it: a segment of its own, placed second
+        own = ((12 * MiB, True),)
+        assert allocator.segments() == ((own, first) if new_first else (first, own))

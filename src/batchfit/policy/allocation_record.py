@@ -17,12 +17,17 @@ Event = tuple[int, int]
 class AllocationRecord:
     """What one trial asked of a caching allocator: the segments it started from, and its requests
     and frees, step by step (``steps[0]``: what ran before the first step, such as an eval trial's
-    training step; often nothing); ``expandable``: the allocator ran with expandable segments."""
+    training step; often nothing); ``expandable``: the allocator ran with expandable segments;
+    ``places``: each segment's rank in address order, the start's and then those the trial took, in
+    the order taken (empty where not recorded). The allocator breaks ties between free blocks of one
+    size by address, and CUDA places a new segment where the driver finds room, often below the
+    start's: the replay places them so (``policy.allocator_blocks.BlockLists``)."""
 
     batch_size: int
     start: Segments
     steps: tuple[tuple[Event, ...], ...]
     expandable: bool = False
+    places: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,7 +45,17 @@ class AllocationRecord:
             for blocks in data["start"]
         )
         steps = tuple(tuple((int(kind), int(value)) for kind, value in events) for events in data["steps"])
-        return cls(int(data["batch_size"]), start, steps, bool(data.get("expandable", False)))
+        places = tuple(int(rank) for rank in data.get("places", ()))
+        return cls(int(data["batch_size"]), start, steps, bool(data.get("expandable", False)), places)
+
+
+def ranked(addresses: list[int]) -> tuple[int, ...]:
+    """Each segment's rank in address order (``AllocationRecord.places``), from their addresses in
+    the order the record lists them; empty where one repeats (a segment given back and taken again)."""
+    if len(set(addresses)) != len(addresses):
+        return ()
+    ranks = {address: rank for rank, address in enumerate(sorted(addresses))}
+    return tuple(ranks[address] for address in addresses)
 
 
 class Recording:
@@ -53,6 +68,7 @@ class Recording:
         self.steps: list[list[Event]] = [[]]
         self.requests = 0
         self.complete = True
+        self.places: tuple[int, ...] = ()  # the segments' order in addresses, where the device says
 
     def alloc(self, nbytes: int) -> int:
         """Take down a request of ``nbytes``; its ordinal, for ``free``."""
@@ -78,4 +94,4 @@ class Recording:
         if not self.complete:
             return None
         steps = tuple(tuple(events) for events in self.steps)
-        return AllocationRecord(batch_size, self.start, steps, self.expandable)
+        return AllocationRecord(batch_size, self.start, steps, self.expandable, self.places)

@@ -43,8 +43,10 @@ class AllocationReplay:
         steps: tuple[tuple[Event, ...], ...],
         lines: list[tuple[float, float]],
         expandable: bool = False,
+        places: tuple[int, ...] = (),
     ):
         self.start, self.steps, self.expandable = start, steps, expandable
+        self.places = places  # the segments' order in addresses, as the reference recorded it
         self.lines = lines  # each request's bytes: intercept, bytes per sample
         self.handed_on = _handed_on(steps, lines)
         self.transient = _kinds(steps)[1]  # the workspaces: freed right after they are made
@@ -57,9 +59,13 @@ class AllocationReplay:
         the start. Two differences are allowed. The other record may have made requests it never
         freed beyond the reference's: what a workload makes once, at its first use (a GradScaler's
         scale, cuBLAS's workspace), which later trials start with in place; those are left out. And
-        either may have a request freed right after it is made that the other lacks (a kernel's
-        workspace, which is not requested at all where the chosen algorithm needs none): the
-        reference's takes the line through nothing at the other's batch, the other's is left out.
+        either may have requests made and freed with nothing else between that the other lacks (the
+        other's are left out): a kernel's workspace alone, not requested at all where the chosen
+        algorithm needs none, takes the line through nothing at the other's batch; a reduction's
+        staging buffer and its semaphores, requested where a reduction is long enough to be split
+        over blocks (PyTorch's ``Reduce.cuh``), take the line through nothing at no batch for the
+        buffer (its outputs times the blocks each is split over, which grow with the reduced
+        length, the batch) and their sizes for the semaphores (one a block of outputs).
         Any other difference (a request or a free more, a free out of place, records of an allocator
         with expandable segments and of one without) leaves them unaligned.
         """
@@ -79,12 +85,16 @@ class AllocationReplay:
         sizes = [value for events in reference.steps for kind, value in events if kind == ALLOC]
         other_sizes = [value for events in other.steps for kind, value in events if kind == ALLOC]
         span = reference.batch_size - other.batch_size
-        lines = []
+        scratch, groups = _kinds(reference.steps)[2], _groups(reference.steps)
+        lines: list[tuple[float, float]] = []
         for ordinal, size in enumerate(sizes):
             match = matched[ordinal]
+            if match is None and ordinal in scratch:  # a staging buffer (a group's first), semaphores
+                lines.append((0.0, size / reference.batch_size) if ordinal in groups else (size, 0.0))
+                continue
             slope = (size - (0 if match is None else other_sizes[match])) / span
             lines.append((size - slope * reference.batch_size, slope))
-        return cls(reference.start, reference.steps, lines, reference.expandable)
+        return cls(reference.start, reference.steps, lines, reference.expandable, reference.places)
 
     @property
     def repeatable(self) -> bool:
@@ -112,7 +122,7 @@ class AllocationReplay:
         if steps > recorded and not self.repeatable:
             return None
         sizes = [max(1, math.ceil(fixed + slope * batch_size)) for fixed, slope in self.lines]
-        allocator = CachingAllocator.starting_from(self.start, limit_bytes, self.expandable)
+        allocator = CachingAllocator.starting_from(self.start, limit_bytes, self.expandable, self.places)
         player = _Player(allocator, sizes)
         if soft_workspaces:
             player.soft = self.transient
@@ -185,20 +195,56 @@ def _requests(steps: tuple[tuple[Event, ...], ...]) -> int:
     return sum(1 for events in steps for kind, _ in events if kind == ALLOC)
 
 
-def _kinds(steps: tuple[tuple[Event, ...], ...]) -> tuple[set[int], set[int]]:
-    """The requests never freed, and those freed right after they are made (transient)."""
-    freed: set[int] = set()
+def _kinds(steps: tuple[tuple[Event, ...], ...]) -> tuple[set[int], set[int], set[int]]:
+    """The requests never freed; those made and freed alone, with nothing between (transient: a
+    workspace); and those made and freed together with others (scratch: a reduction's staging
+    buffer and its semaphores)."""
+    freed = {value for events in steps for kind, value in events if kind == FREE}
     transient: set[int] = set()
+    scratch: set[int] = set()
+    for first, count in _groups(steps).items():
+        (transient if count == 1 else scratch).update(range(first, first + count))
+    return set(range(_requests(steps))) - freed, transient, scratch
+
+
+#: The most requests a kernel makes and frees together (a staging buffer and its semaphores).
+MAX_GROUP = 8
+
+
+def _groups(steps: tuple[tuple[Event, ...], ...]) -> dict[int, int]:
+    """The requests made and freed together with nothing else between, by the ordinal of each
+    group's first request: how many it holds (1: a workspace alone)."""
+    found: dict[int, int] = {}
     ordinal = 0
     for events in steps:
-        for position, (kind, value) in enumerate(events):
-            if kind == FREE:
-                freed.add(value)
+        position = 0
+        while position < len(events):
+            if events[position][0] != ALLOC:
+                position += 1
                 continue
-            if position + 1 < len(events) and events[position + 1] == (FREE, ordinal):
-                transient.add(ordinal)
-            ordinal += 1
-    return set(range(ordinal)) - freed, transient
+            count = _group_at(events[position : position + 2 * MAX_GROUP], ordinal)
+            if count:
+                found[ordinal] = count
+            ordinal, position = ordinal + max(count, 1), position + max(2 * count, 1)
+    return found
+
+
+def _group_at(events: tuple[Event, ...], ordinal: int) -> int:
+    """How many requests the group that begins ``events`` (with request ``ordinal``) holds; 0: none
+    (a free of another request comes first, or more than ``MAX_GROUP`` are open)."""
+    open_requests: set[int] = set()
+    made = 0
+    for kind, value in events:
+        if kind == ALLOC:
+            open_requests.add(ordinal + made)
+            made += 1
+        elif value in open_requests:
+            open_requests.remove(value)
+            if not open_requests:
+                return made
+        else:
+            return 0
+    return 0
 
 
 def _align(
@@ -207,8 +253,8 @@ def _align(
     """For each request of ``reference``, the ordinal of its match in ``other`` (None: a transient
     request ``other`` lacks), step by step; None where they do not align (see ``AllocationReplay.of``).
     A matched pair is alike in how it is freed: at matching frees, right after, or never."""
-    kept_ref, transient_ref = _kinds(reference)
-    kept_other, transient_other = _kinds(other)
+    kinds_ref, kinds_other = _kinds(reference), _kinds(other)
+    groups_ref, groups_other = _groups(reference), _groups(other)
     matched: list[int | None] = []
     to_reference: dict[int, int] = {}
     ref_ordinal = other_ordinal = 0
@@ -217,21 +263,22 @@ def _align(
         while j < len(ref_events) or i < len(other_events):
             ref_kind, ref_value = ref_events[j] if j < len(ref_events) else (None, None)
             kind, value = other_events[i] if i < len(other_events) else (None, None)
-            if ref_kind == kind == ALLOC and (ref_ordinal in kept_ref, ref_ordinal in transient_ref) == (
-                other_ordinal in kept_other,
-                other_ordinal in transient_other,
-            ):
+            if ref_kind == kind == ALLOC and [ref_ordinal in k for k in kinds_ref] == [
+                other_ordinal in k for k in kinds_other
+            ]:
                 matched.append(other_ordinal)
                 to_reference[other_ordinal] = ref_ordinal
                 ref_ordinal, other_ordinal, j, i = ref_ordinal + 1, other_ordinal + 1, j + 1, i + 1
             elif ref_kind == kind == FREE and value is not None and to_reference.get(value) == ref_value:
                 j, i = j + 1, i + 1
-            elif kind == ALLOC and other_ordinal in transient_other:  # a workspace only ``other`` has
-                other_ordinal, i = other_ordinal + 1, i + 2
-            elif ref_kind == ALLOC and ref_ordinal in transient_ref:  # one only ``reference`` has
-                matched.append(None)
-                ref_ordinal, j = ref_ordinal + 1, j + 2
-            elif kind == ALLOC and other_ordinal in kept_other:  # made once, by the first trial
+            elif kind == ALLOC and other_ordinal in groups_other:  # a workspace only ``other`` has
+                count = groups_other[other_ordinal]
+                other_ordinal, i = other_ordinal + count, i + 2 * count
+            elif ref_kind == ALLOC and ref_ordinal in groups_ref:  # one only ``reference`` has
+                count = groups_ref[ref_ordinal]
+                matched.extend([None] * count)
+                ref_ordinal, j = ref_ordinal + count, j + 2 * count
+            elif kind == ALLOC and other_ordinal in kinds_other[0]:  # made once, by the first trial
                 other_ordinal, i = other_ordinal + 1, i + 1
             else:
                 return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 MIN_BLOCK = 512
@@ -74,13 +75,17 @@ def listed(head: Block) -> list[tuple[int, BlockState]]:
 class BlockLists:
     """One allocator's blocks: the first block of each segment (by address), each pool's free blocks
     sorted by size then address (the best fit's order), and each pool's unmapped blocks sorted by
-    address. ``small`` picks the pool (True: the small pool)."""
+    address. ``small`` picks the pool (True: the small pool). Each segment has its own stretch of
+    addresses, in the order ``places`` ranks the first ones (as a recording saw them), the rest above."""
 
-    def __init__(self) -> None:
+    def __init__(self, places: Sequence[int] = ()) -> None:
         self.heads: dict[int, Block] = {}  # address -> first block of each segment
         self.free: dict[bool, list[tuple[int, int, Block]]] = {True: [], False: []}  # by size, address
         self.unmapped: dict[bool, list[tuple[int, Block]]] = {True: [], False: []}  # by address
-        self._addresses = itertools.count(start=1 << 48, step=1 << 48)  # segments never overlap
+        ranked = [(rank + 1) << 48 for rank in places]  # segments never overlap
+        self._addresses = itertools.chain(
+            ranked, itertools.count(start=(len(ranked) + 1) << 48, step=1 << 48)
+        )
 
     def new_address(self) -> int:
         """Where a new segment begins."""

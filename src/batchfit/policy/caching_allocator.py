@@ -19,6 +19,7 @@ fragmentation over steps) runs where there is no GPU.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 from batchfit.policy.allocator_blocks import (
     MIN_BLOCK,
@@ -47,28 +48,35 @@ class AllocatorOutOfMemory(Exception):
 
 class CachingAllocator:
     """One device's caching allocator. ``limit_bytes`` caps what it reserves (None: no cap);
-    ``expandable``: with expandable segments (``policy.expandable_segments``).
+    ``expandable``: with expandable segments (``policy.expandable_segments``); ``places``: the
+    segments' order in addresses (``AllocationRecord.places``; without expandable segments).
 
     Statistics as ``torch.cuda.memory_stats`` keeps them: allocated and reserved bytes now and at
     their peaks since ``reset_peaks``, and ``retries`` (``num_alloc_retries``).
     """
 
-    def __init__(self, limit_bytes: int | None = None, expandable: bool = False) -> None:
+    def __init__(
+        self, limit_bytes: int | None = None, expandable: bool = False, places: Sequence[int] = ()
+    ) -> None:
         self.limit_bytes = limit_bytes
         self.expandable = expandable
         self.allocated_bytes = self.reserved_bytes = 0
         self.peak_allocated_bytes = self.peak_reserved_bytes = 0
         self.retries = 0
-        self._blocks = BlockLists()
+        self._blocks = BlockLists(() if expandable else places)
         self._expandable = ExpandableSegments(self._blocks) if expandable else None
 
     @classmethod
     def starting_from(
-        cls, segments: Segments, limit_bytes: int | None = None, expandable: bool = False
+        cls,
+        segments: Segments,
+        limit_bytes: int | None = None,
+        expandable: bool = False,
+        places: Sequence[int] = (),
     ) -> CachingAllocator:
         """An allocator whose segments are ``segments`` (as ``segments()`` lists them): the state a
         trial starts from, its resident blocks allocated and the rest of their segments free."""
-        allocator = cls(limit_bytes, expandable)
+        allocator = cls(limit_bytes, expandable, places)
         if expandable and len(segments) != 2:
             raise ValueError(f"an expandable allocator has 2 segments (its pools'), not {len(segments)}")
         for position, blocks in enumerate(segments):

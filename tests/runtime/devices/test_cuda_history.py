@@ -146,3 +146,17 @@ def test_under_settings_the_model_does_not_have_the_cuda_device_takes_no_record(
     with caplog.at_level("DEBUG", logger="batchfit.runtime.devices.cuda"), allocator.recording() as recording:
         assert recording is None
     assert "does not have max_split_size_mb:128" in caplog.text
+
+
+def test_the_record_places_a_segment_the_trial_took_below_the_start_s_where_cuda_did() -> None:
+    # HISTORY's segment lies at 0x1000, below a start's segment at 0x100000: ranked 1, then 0.
+    recording = Recording((((2 << 20, False),),))
+    read_trace(HISTORY[:8], [1, 5], recording, bases=[0x100000])
+    record = recording.record(4)
+    assert record is not None and record.places == (1, 0)
+    assert AllocationRecord.from_dict(record.to_dict()) == record
+    # A segment given back during the trial may come back anywhere: no places.
+    recording = Recording((((2 << 20, False),),))
+    read_trace([*HISTORY[:8], entry("segment_free", 0x1000, 2 << 20)], [1, 5], recording, bases=[0x100000])
+    record = recording.record(4)
+    assert record is not None and record.places == ()

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from batchfit.errors import DeviceUnavailableError
-from batchfit.policy.allocation_record import Recording
+from batchfit.policy.allocation_record import Recording, ranked
 from batchfit.policy.allocator_blocks import Segments
 from batchfit.runtime.devices.allocator_settings import expandable_segments, unmodelled_settings
 from batchfit.runtime.devices.caching_device import CachingDevice
@@ -149,7 +149,8 @@ class _CudaAllocator:
         if not _history_free():
             yield None
             return
-        start = _start(torch.cuda.memory_snapshot(), self.device.index, expandable_segments())
+        snapshot = torch.cuda.memory_snapshot()
+        start = _start(snapshot, self.device.index, expandable_segments())
         if start is None:
             yield None
             return
@@ -166,7 +167,11 @@ class _CudaAllocator:
             yield recording
             entries = _history(index)[recording.begin :]
             starts = [position - recording.begin for position in recording.starts]
-            read_trace(entries, starts, recording, MAX_TRACE_ENTRIES - recording.begin)
+            # Where the start's segments lie: the record places the trial's new ones among them.
+            bases = (
+                None if start[1] else [s["address"] for s in _device_segments(snapshot, self.device.index)]
+            )
+            read_trace(entries, starts, recording, MAX_TRACE_ENTRIES - recording.begin, bases)
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
 
@@ -206,12 +211,18 @@ def _history(index: int) -> list[Any]:
 
 
 def read_trace(
-    entries: list[Any], step_starts: list[int], recording: Recording, max_entries: int = MAX_TRACE_ENTRIES
+    entries: list[Any],
+    step_starts: list[int],
+    recording: Recording,
+    max_entries: int = MAX_TRACE_ENTRIES,
+    bases: list[int] | None = None,
 ) -> None:
     """Feed a CUDA allocator history (``_snapshot()["device_traces"][i]``) to ``recording``: each
     ``alloc`` a request, each ``free_completed`` (the block back in the pool) its free, a step begun
     at each of ``step_starts``. A history that reached ``max_entries`` lost its oldest events: the
-    recording is marked incomplete."""
+    recording is marked incomplete. ``bases``: the addresses of the segments the recording started
+    from, in address order (None: not known, or expandable); with them, the recording's ``places``
+    rank those and each ``segment_alloc``'s by address, where no ``segment_free`` came between."""
     if len(entries) >= max_entries:
         recording.complete = False
     ordinals: dict[int, int] = {}  # address -> the ordinal of the request that holds it
@@ -227,6 +238,10 @@ def read_trace(
             recording.free(ordinals.pop(address, None))
     for _ in starts:
         recording.next_step()
+    actions = [entry.get("action") for entry in entries]
+    if bases is not None and "segment_free" not in actions:
+        made = [int(entry["addr"]) for entry in entries if entry.get("action") == "segment_alloc"]
+        recording.places = ranked([*bases, *made])
 
 
 def _start(snapshot: Any, index: int | None, expandable: bool) -> tuple[Segments, bool] | None:
