@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from batchfit import ConfigurationError
 from batchfit.cli.flags import check_folder
-from batchfit.errors import ConfigurationError
 from batchfit.report import read_result, require_matplotlib, write_report
 
 
