@@ -150,6 +150,25 @@ def large_batch_workspace(per_sample: int, small: bool = False) -> Workload:
     return Workload(model, optimizer, make_batch=classification_batch((width,)), train_step=train_step)
 
 
+def segment_crossing(dataset: bool = False) -> Workload:
+    """Two 1024-wide layers whose activations (4 KiB a sample) cross 10 MiB at 2,560 samples: below,
+    CUDA's caching allocator puts two of them in one 20 MiB segment; above, each takes a segment of
+    its own rounded to 2 MiB. Under a 60 MiB cap that allocator fits every size up to 2,048 and from
+    2,560 to 3,072, not 2,049-2,559: which sizes fit is not monotone. ``dataset``: batches from a
+    map-style dataset of 4,096 samples (whose last batch can be any size) instead of ``make_batch``."""
+    torch.manual_seed(0)
+    width = 1024
+    model = nn.Sequential(nn.Linear(width, width, bias=False), nn.ReLU(), nn.Linear(width, 10, bias=False))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if not dataset:
+        return Workload(
+            model, optimizer, make_batch=classification_batch((width,)), loss_fn=nn.functional.cross_entropy
+        )
+    inputs, targets = classification_batch((width,))(4096)
+    samples = torch.utils.data.TensorDataset(inputs, targets)
+    return Workload(model, optimizer, dataset=samples, loss_fn=nn.functional.cross_entropy)
+
+
 def lbfgs_mlp() -> Workload:
     """The tiny MLP trained by L-BFGS for three steps: its history of directions is full."""
     torch.manual_seed(0)

@@ -8,18 +8,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from batchfit.errors import DoesNotFitError
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
+from batchfit.policy.safe_band import SafeBand, hold_below
 from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
-from batchfit.policy.trial import Mode, Trial
+from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
-from batchfit.runtime.devices.host_failure import check_host_room
-from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.distributed.buckets import opening_steps, reproduced
 from batchfit.runtime.distributed.data_parallel import note_unwrapped
-from batchfit.runtime.distributed.lockstep import Alone, Lockstep, ranks
+from batchfit.runtime.distributed.lockstep import Alone, Lockstep, LockstepForecast, ranks
 from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec
@@ -27,10 +25,10 @@ from batchfit.runtime.steps.trace import Forecast, forecast_search
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.search_capacity import does_not_fit, search_capacity
 from batchfit.search_result import SearchResult
 from batchfit.starting_evidence import StartFrom, StartingEvidence
 from batchfit.trial_oracle import TrialOracle
-from batchfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -99,26 +97,14 @@ def find_on(
     try:
         snapshot.set_gradients_aside()
         # With several ranks the answer must fit the smallest device: one budget for all.
-        capacity = min(team.run(lambda: _capacity(workload, target, sizes.candidates(mode).count)))
+        capacity = min(team.run(lambda: search_capacity(workload, target, sizes.candidates(mode).count)))
         search = _Search(workload, mode, target, sizes, trials, capacity, team, cache, on_progress, start)
         seed = team.shared(search.seed)  # where a saved prediction places the first trial
-        outcome, forecast, replays = search.run(snapshot, seed)
+        outcome, forecast, replays, band = search.run(snapshot, seed)
     finally:
         snapshot.restore(gradients=True)
         target.device.release()
-    return search.result(outcome, forecast, replays, time.perf_counter() - started, seed)
-
-
-def _capacity(workload: Workload, target: Target, candidates: int) -> int:
-    """The device's capacity for this workload: what its resident tensors leave room for. A search
-    over ``candidates`` sizes on the CPU standing in for a larger device is refused where the host
-    cannot give its budget (``check_host_room``); one size (``check``) runs, as its trial needs
-    only its own peak, and stops saying so where the host runs out."""
-    held = list(resident_tensors(workload.module, workload.optimizer, *workload.reached))
-    capacity = target.device.capacity_bytes(held, workload.wrapper_bytes)
-    if candidates > 1:
-        check_host_room(target.device, capacity, target.memory_fraction, held, workload.wrapper_bytes)
-    return capacity
+    return search.result(outcome, forecast, replays, time.perf_counter() - started, seed, band)
 
 
 @dataclass(frozen=True)
@@ -175,10 +161,19 @@ class _Search:
         steps = self.confirming or self.opening_steps
         return self.start.seed(self.target.device, self.budget, steps, self.candidates)
 
-    def run(self, snapshot: TrainingSnapshot, seed: int | None = None) -> tuple[SearchOutcome, Forecast, int]:
+    @property
+    def must_fit_from(self) -> int:
+        """The smallest batch the run will see: a dataset's last batch can be any size."""
+        if self.sizes.must_fit_from is not None:
+            return self.sizes.must_fit_from
+        return 1 if self.workload.dataset is not None else self.candidates.first
+
+    def run(
+        self, snapshot: TrainingSnapshot, seed: int | None = None
+    ) -> tuple[SearchOutcome, Forecast, int, SafeBand | None]:
         """The search's outcome, the fake-tensor forecast that placed it (CPU devices) or why none
-        did, and the sizes the replay of recorded allocator requests was asked about (caching
-        allocators)."""
+        did, the sizes the replay of recorded allocator requests was asked about, and the band below
+        the answer that fits (caching allocators: ``policy.safe_band``)."""
         device, budget, confirming = self.target.device, self.budget, self.confirming
         # Behind a caching allocator the trials record their requests into one store (the
         # cache's, when searches share one): replayed at other sizes, the opening's place the
@@ -215,7 +210,38 @@ class _Search:
             exact=device.exact,
             forecast=replay,
         )
-        return outcome, forecast, 0 if replay is None else replay.replays_run
+        replays = 0 if replay is None else replay.replays_run  # the search's (the band's are its own)
+        band = None
+        if longer is not None and replay is not None and outcome.batch_size is not None:
+            outcome, band = self.hold_below(outcome, outcome.batch_size, longer, replay)
+        return outcome, forecast, replays, band
+
+    def hold_below(
+        self,
+        outcome: SearchOutcome,
+        answer: int,
+        longer: TrialOracle,
+        replay: ReplayForecast | LockstepForecast,
+    ) -> tuple[SearchOutcome, SafeBand]:
+        """The answer lowered to the top of the band that holds every smaller batch the run may
+        see, where a size below it fails (which sizes fit is not monotone behind a caching
+        allocator); the search's answer stays beside it as the band's ``isolated`` size."""
+        # Every rank checks in lockstep, as it searched: its trials agree through ``longer``.
+        band, ran = hold_below(
+            answer,
+            self.must_fit_from,
+            self.candidates,
+            outcome.trials,
+            longer,
+            replay.play,
+            self.budget,
+            self.capacity,
+            self.confirming or 0,
+        )
+        trials = outcome.trials + ran
+        if band.high is None or band.high == outcome.batch_size:
+            return replace(outcome, trials=trials), band
+        return SearchOutcome(band.high, trials, outcome.memory_model, "smaller_size_failed", True), band
 
     def oracle(self, runner: TrialRunner, cache: TrialCache | None) -> TrialOracle:
         return TrialOracle(runner, self.team, self.mode, self.budget, self.on_progress, cache)
@@ -240,10 +266,12 @@ class _Search:
         replays: int,
         seconds: float,
         started_from: int | None = None,
+        band: SafeBand | None = None,
     ) -> SearchResult:
         """The answer and its evidence; ``DoesNotFitError`` where even the smallest failed."""
         if outcome.batch_size is None:
-            raise self.does_not_fit(min(outcome.trials, key=lambda trial: trial.batch_size))
+            smallest = min(outcome.trials, key=lambda trial: trial.batch_size)
+            raise does_not_fit(self.workload, self.mode, self.target, self.capacity, smallest)
         answer = [trial for trial in outcome.trials if trial.batch_size == outcome.batch_size][-1]
         traced = forecast.outcome
         return SearchResult(
@@ -271,30 +299,5 @@ class _Search:
             rebuilt_buckets=reproduced(self.workload.buckets, self.target.device.bucket_holding, self.mode),
             forecast_skipped=forecast.skipped,
             started_from=started_from,
-        )
-
-    def does_not_fit(self, trial: Trial) -> DoesNotFitError:
-        """Even the smallest candidate failed: what it measured, and what to change."""
-        workload, fraction = self.workload, self.target.memory_fraction
-        weights = sum(t.untyped_storage().nbytes() for t in resident_tensors(workload.module))
-        buckets = (
-            f" (and DDP's gradient buckets {format_bytes(workload.wrapper_bytes)} beside them)"
-            if workload.wrapper_bytes
-            else ""
-        )
-        measured = (
-            f"it ran out of memory ({trial.detail})"
-            if trial.outcome == "oom"
-            else f"its peak was {format_bytes(trial.peak_bytes)}"
-        )
-        return DoesNotFitError(
-            f"the {self.mode} step does not fit even at batch_size={trial.batch_size} on "
-            f"{self.target.device.name}: {measured}, against a budget of {format_bytes(self.budget)} "
-            f"({fraction:g} x {format_bytes(self.capacity)}). The fixed part alone, parameters and "
-            f"buffers, takes {format_bytes(weights)}{buckets} before gradients, optimizer state and "
-            f"activations. Raise memory_limit, or memory_fraction={fraction:g} toward 1, or shrink "
-            f"the fixed part (mixed precision, a lighter optimizer, activation checkpointing).",
-            trial=trial,
-            budget_bytes=self.budget,
-            capacity_bytes=self.capacity,
+            band=band,
         )

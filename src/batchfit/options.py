@@ -102,10 +102,16 @@ class BatchSizes:
     world_size: int | None = option(
         None, "devices the global batch is split over (default: the ranks under torchrun, else 1)"
     )
+    must_fit_from: int | None = option(
+        None,
+        "every batch from N up to the answer must fit: the smallest batch the run sees (a last "
+        "batch, an eval batch, a restart); default: 1 for a workload with a dataset (its last batch "
+        "can be any size), else min_batch_size; a size at or above the answer checks it alone",
+    )
 
     def __post_init__(self) -> None:
         check_positive_int("min_batch_size", self.min_batch_size)
-        for name in ("max_batch_size", "multiple_of", "global_batch_size", "world_size"):
+        for name in ("max_batch_size", "multiple_of", "global_batch_size", "world_size", "must_fit_from"):
             value = getattr(self, name)
             if value is not None:
                 check_positive_int(name, value)

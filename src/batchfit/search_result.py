@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from batchfit.policy.safe_band import SafeBand
 from batchfit.policy.search import SearchStopReason
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.runtime.devices.oom import fragmented
@@ -44,6 +45,9 @@ class SearchResult:
     forecast_skipped: str = ""
     # Where a saved prediction's records placed the first trial (find --start-from), or None.
     started_from: int | None = None
+    # Every size from band.low up to the answer checked to fit (behind a caching allocator, where
+    # which sizes fit is not monotone); None where the device's memory grows with the batch.
+    band: SafeBand | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +59,7 @@ class SearchResult:
         why = {
             "boundary": "the next larger candidate did not fit",
             "max_batch_size": f"max_batch_size={self.max_batch_size} was reached",
+            "smaller_size_failed": "a smaller batch failed below the search's larger answer",
         }.get(self.stop_reason, self.stop_reason)
         traced = (
             f" (placed by {format_count(len(self.predicted_trials), 'fake-tensor trace')})"
@@ -104,7 +109,44 @@ class SearchResult:
             f"{format_bytes(self.capacity_bytes)} on {self.device}{ranks}); "
             f"{format_count(len(self.trials), 'trial')}"
             f"{traced}{confirmed} in {self.search_seconds:.2f} s; stopped because {why}."
-            f"{self._fragmentation()}{retried}{compiled}{unforecast}"
+            f"{self._fragmentation()}{retried}{compiled}{unforecast}{self._band()}"
+        )
+
+    def _band(self) -> str:
+        """What the check below the answer found: the band that fits, and the larger answer that
+        sizes below it put at risk, with what makes it safe."""
+        band = self.band
+        if band is None:
+            return ""
+        reached = (
+            ""
+            if band.whole
+            else f" by the replay, which reached {band.checked_to} (below it nothing was checked)"
+        )
+        trials = ", ".join(map(str, band.confirmed_at))
+        confirmed = f", confirmed by real trials at {trials}" if band.confirmed_at else ""
+        if band.isolated is None:
+            return (
+                f" Every batch from {band.low} to {self.batch_size} fits{reached}: replayed at "
+                f"{format_count(band.replayed, 'size')}{confirmed}."
+            )
+        failing = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in band.failing)
+        held = (
+            f"every batch from {band.low} to {band.high} fits{reached}, replayed at "
+            f"{format_count(band.replayed, 'size')}{confirmed}, so the answer is {band.high}"
+            if band.high is not None
+            else f"no size the search may answer lies from {band.low} below {band.failing[0][0]}, "
+            f"so the answer stays {band.isolated}"
+        )
+        needed = band.memory_fraction_for_isolated
+        fraction = (
+            "" if needed is None else f", or memory_fraction={needed:.2f}, where the replay places them all"
+        )
+        return (
+            f" Batch {band.isolated} fits, but {failing} below it fail{'s' if failing.isdigit() else ''}: "
+            f"{held}. At {band.isolated}, a last batch, an eval batch or a restart in {failing} runs out "
+            f"of memory; to train at {band.isolated}, drop the last batch (drop_last=True) or pad it to "
+            f"{band.isolated}, and pass must_fit_from={band.isolated}{fraction}."
         )
 
     def _fragmentation(self) -> str:

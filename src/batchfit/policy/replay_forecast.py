@@ -4,7 +4,7 @@ replay's verdict at a batch size."""
 from __future__ import annotations
 
 from batchfit.policy.allocation_record import AllocationRecord
-from batchfit.policy.allocation_replay import AllocationReplay
+from batchfit.policy.allocation_replay import AllocationReplay, Played
 
 
 class ReplayForecast:
@@ -66,3 +66,12 @@ class ReplayForecast:
             return None
         self.replays_run += 1
         return replay.fits(batch_size, self.limit_bytes, self.steps, self.soft_workspaces)
+
+    def play(self, batch_size: int, limit_bytes: int) -> Played | None:
+        """The replay at ``batch_size`` under ``limit_bytes`` (another budget than the search's),
+        with its peaks; None where no pair aligns or the records cannot be played that far."""
+        replay = self.replay()
+        if replay is None:
+            return None
+        self.replays_run += 1
+        return replay.play(batch_size, limit_bytes, self.steps, self.soft_workspaces)

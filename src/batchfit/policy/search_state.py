@@ -12,7 +12,9 @@ from batchfit.checks import check_batch_range, check_positive_int
 from batchfit.errors import ConfigurationError
 from batchfit.policy.trial import MemoryModel, Trial
 
-SearchStopReason = Literal["boundary", "max_batch_size", "min_batch_size_failed", "predicted"]
+SearchStopReason = Literal[
+    "boundary", "max_batch_size", "min_batch_size_failed", "predicted", "smaller_size_failed"
+]
 
 
 @dataclass(frozen=True)

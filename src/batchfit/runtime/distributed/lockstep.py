@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from batchfit.errors import RankFailedError
+from batchfit.policy.allocation_replay import Played
 from batchfit.policy.ranks import merge_trials
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.trial import Trial
@@ -130,6 +131,19 @@ class LockstepForecast:
     def evidence(self) -> tuple[tuple[int, int] | None, ...]:
         """Every rank's pair of records, in rank order (so every rank sees the same change)."""
         return tuple(self.lockstep.run(self.local.evidence))
+
+    def play(self, batch_size: int, limit_bytes: int) -> Played | None:
+        """Every rank's replay at ``batch_size``: it fits where it fits every rank, with the
+        largest rank's peaks (None where any rank cannot say)."""
+        played = self.lockstep.run(lambda: self.local.play(batch_size, limit_bytes))
+        if any(one is None for one in played):
+            return None
+        known = [one for one in played if one is not None]
+        return Played(
+            all(one.fits for one in known),
+            max(one.peak_allocated_bytes for one in known),
+            max(one.peak_reserved_bytes for one in known),
+        )
 
 
 class LockstepMeter:
