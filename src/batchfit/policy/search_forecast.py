@@ -51,6 +51,11 @@ def try_forecast(state: SearchState) -> bool:
     if index <= predicted:  # the forecast's answer failed: the boundary is close below
         batch = candidates.batch(index)
         state.predicted = None
+        if state.seeded and state.revisions < state.tuning.revisions:
+            state.predicted = below_refuted(state, index)
+        if state.predicted is not None:  # the forecast's band below the refuted one: its top next
+            state.revisions += 1
+            return True
         state.descent = max(1, round(batch * state.tuning.first_descent / candidates.step))
         state.floor = candidates.index_at_most(batch * (1 - state.tuning.descent))
     return True
@@ -99,3 +104,22 @@ def forecast_boundary(forecast: Forecast, candidates: Candidates, low: int, high
             return None
         fitting, failing = (index, failing) if fits else (fitting, index)
     return fitting
+
+
+def below_refuted(state: SearchState, index: int) -> int | None:
+    """Where the forecast's answer at ``index`` failed and the forecast puts a band of failures
+    just below it, the top of the band it fits below those (the band it placed the answer in is
+    refuted, not the one below); None where it fits every size down to ``DESCENT`` below the
+    answer (or to ``low``), there the forecast is off by a shift and the descent finds it, or
+    where it cannot say."""
+    forecast, candidates = state.forecast, state.candidates
+    if forecast is None:
+        return None
+    floor = max(state.low + 1, candidates.index_at_most(candidates.batch(index) * (1 - state.tuning.descent)))
+    below, verdict = index - 1, None
+    for wanted in (True, False):  # down the refuted band, then down the failures below it
+        while below >= floor and (verdict := forecast.fits(candidates.batch(below))) is wanted:
+            below -= 1
+        if below < floor or verdict is None:
+            return None
+    return below

@@ -94,6 +94,9 @@ class SearchState:
     longer: Callable[[int], Trial] | None = None  # the confirming trial: more steps
     forecast: Forecast | None = None
     forecast_only: bool = False  # ``run`` is a predictor: stop where real trials would only confirm
+    # The forecast replays a saved prediction's records, which hold a batch large enough to make
+    # every request (a reduction's staging buffers): its bands of failures are the curve's.
+    seeded: bool = False
 
     # The trials.
     trials: list[Trial] = field(default_factory=list)  # in the order they ran
