@@ -10,7 +10,7 @@ def ask_forecast(state: SearchState) -> None:
     """Ask the forecast for its answer (``predicted``) once the opening has run."""
     if state.forecast is not None and not state.forecast_only:
         state.evidence = state.forecast.evidence()
-        state.predicted = forecast_boundary(state.forecast, state.candidates, state.low, state.high)
+        state.predicted = forecast_boundary(state.forecast, state.candidates, state.low, _top(state))
 
 
 def revise_forecast(state: SearchState) -> None:
@@ -27,7 +27,7 @@ def revise_forecast(state: SearchState) -> None:
     now = forecast.evidence()
     if now != state.evidence:
         state.evidence, state.revisions = now, state.revisions + 1
-        state.predicted = forecast_boundary(forecast, state.candidates, state.low, state.high)
+        state.predicted = forecast_boundary(forecast, state.candidates, state.low, _top(state))
 
 
 def try_forecast(state: SearchState) -> bool:
@@ -46,6 +46,8 @@ def try_forecast(state: SearchState) -> bool:
         state.low = index
         if index > predicted:  # it fitted past the forecast: the forecast was low
             state.predicted, state.low_forecast = None, True
+            if state.refuted is not None:  # refuted above and below: bisect, asking it no more
+                state.revisions, state.descent = state.tuning.revisions, -1
         return True
     state.high = index
     if index <= predicted:  # the forecast's answer failed: the boundary is close below
@@ -122,4 +124,14 @@ def below_refuted(state: SearchState, index: int) -> int | None:
             below -= 1
         if below < floor or verdict is None:
             return None
+        refuted = below + 1  # the refuted band's lowest index: the forecast is not asked above it
+    state.refuted = refuted
     return below
+
+
+def _top(state: SearchState) -> int | None:
+    """The first index the forecast is not asked about: the smallest known failure, or the lowest of
+    a band of its that a real trial refuted (``below_refuted``), where that is lower."""
+    if state.refuted is None or (state.high is not None and state.high <= state.refuted):
+        return state.high
+    return state.refuted

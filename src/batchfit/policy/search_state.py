@@ -116,6 +116,7 @@ class SearchState:
     low_forecast: bool = False  # the candidate after its answer fitted: its answer was low
     descent: int = 0  # below its failed answer: candidates below the last failure to try (-1: bisect)
     floor: int = 0  # the lowest index the descent tries
+    refuted: int | None = None  # the lowest index of the forecast's band a real trial refuted
 
     # The line's (``policy.search_line``).
     model: MemoryModel | None = None
