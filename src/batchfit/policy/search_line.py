@@ -36,17 +36,17 @@ def open_search(state: SearchState, seed: int | None) -> bool:
     return fitting is not None
 
 
-def _replayed_below(state: SearchState, seed: int) -> bool:
-    """After a seed (a saved prediction's answer) that failed, where a forecast replays the
-    prediction's records: its answer below the seed (the top of the band below the refuted one, or
-    its largest fit below the seed), run in place of the opening, whose small trials the records
-    already hold. True where it fitted (``low`` set); where it failed, ``high`` is it."""
+def _replayed_below(state: SearchState, failed: int) -> bool:
+    """After the seed (a saved prediction's answer, at index ``failed``) failed, where a forecast
+    replays the prediction's records: its answer below the seed (the top of the band below the
+    refuted one, or its largest fit below the seed), run in place of the opening, whose small trials
+    the records already hold. True where it fitted (``low`` set); where it failed, ``high`` is it."""
     forecast = state.forecast
-    if forecast is None or not state.seeded or state.forecast_only or seed == 0:
+    if forecast is None or not state.seeded or state.forecast_only or failed == 0:
         return False
-    index = below_refuted(state, seed)
+    index = below_refuted(state, failed)
     if index is None:
-        index = forecast_boundary(forecast, state.candidates, -1, seed)
+        index = forecast_boundary(forecast, state.candidates, -1, failed)
     if index is None or index < 0:
         return False
     if state.probe(index).fits:
