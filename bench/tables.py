@@ -607,6 +607,28 @@ def standin_agreement_table(files: list[dict[str, Any]]) -> str:
     return f"{markdown(headers, lines, (0, 1, 6, 7))}\n\n{said}\n\n{provenance(data)}"
 
 
+def trials_replay_table(files: list[dict[str, Any]]) -> str:
+    """``bench/trials_replay.py`` before and after a change to the search: per case, the truth's
+    largest fitting size and the top of its band from below, the saved prediction's answer, the
+    search's answer, and its real trials (x: out of memory) in each file."""
+    before, after = files
+    lines = []
+    for old, new in zip(before["rows"], after["rows"], strict=True):
+        tried = [" ".join(f"{size}{'' if outcome == 'ok' else 'x'}" for size, _, outcome in row["trials"])
+                 for row in (old, new)]  # fmt: skip
+        lines.append([new["workload"], f"{new['truth_kind']}, {new['cap_bytes'] / 2**20:.1f}",
+                      str(new["truth_largest"]), str(new["truth_band_top"]), str(new["seed"]),
+                      str(new["answer"]), f"{old['real_trials']}: {tried[0]}",
+                      f"{new['real_trials']}: {tried[1]}"])  # fmt: skip
+    headers = ["workload", "truth, cap (MiB)", "largest fit", "band top", "prediction", "answer",
+               "trials before", "trials after"]  # fmt: skip
+    said = (
+        f"At most {after['target']} real trials on every case: {'met' if after['met'] else 'not met'} "
+        f"(before: {'met' if before['met'] else 'not met'})."
+    )
+    return "\n\n".join([markdown(headers, lines, (0, 1, 6, 7)), said, provenance(before), provenance(after)])
+
+
 def predict_trace_table(files: list[dict[str, Any]]) -> str:
     """``bench/predict_trace.py``: each workload's and mode's recording by a fake-tensor trace and by
     real trials on the CPU: their seconds, whether their requests are equal, and the answers of both."""
@@ -648,6 +670,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "predict-histories": (predict_histories_table, True, False),
     "predict-trace": (predict_trace_table, True, False),
     "standin-agreement": (standin_agreement_table, True, False),
+    "trials-replay": (trials_replay_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),

@@ -8,6 +8,7 @@ from typing import Any
 
 from batchfit.policy.safe_band import SafeBand
 from batchfit.policy.search import SearchStopReason
+from batchfit.policy.search_account import trials_account
 from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.runtime.devices.oom import fragmented
 from batchfit.units import format_bytes, format_count
@@ -103,6 +104,7 @@ class SearchResult:
             unforecast += (
                 f" The first trial was at batch_size={self.started_from}, where the saved prediction put it."
             )
+        unforecast += self._trials_needed()
         return (
             f"{self.mode}: batch_size={self.batch_size} (peak {format_bytes(self.peak_bytes)} of a "
             f"{format_bytes(self.budget_bytes)} budget = {self.memory_fraction:g} x "
@@ -166,6 +168,11 @@ class SearchResult:
             f"(fragmentation). Expandable segments may fit more: `batchfit compare --techniques "
             f"expandable-segments` measures them."
         )
+
+    def _trials_needed(self) -> str:
+        """From a saved prediction: the real trials the search still needed, and why (a sentence)."""
+        account = trials_account(self.trials, self.batch_size, self.started_from)
+        return f" {account[0].upper()}{account[1:]}" if account else ""
 
     @property
     def answer(self) -> Trial:

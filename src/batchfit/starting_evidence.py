@@ -64,8 +64,15 @@ class StartingEvidence:
         """Where the search's first trial goes: the largest candidate the records' replay places
         under the search's budget over ``steps`` steps (None: not even the smallest). Records from
         the CPU alone replayed for CUDA keep cuBLAS's workspaces beside them (Hopper's, the larger)."""
-        kept = cublas_workspaces(hopper=True) if self._foreign(device) else ()
-        predictor = CapacityPredictor(self.records, steps, device.soft_workspaces, kept)
+        return self.placed(budget_bytes, steps, candidates, device.soft_workspaces, self._foreign(device))
+
+    def placed(
+        self, budget_bytes: int, steps: int, candidates: Candidates, soft_workspaces: bool, foreign: bool
+    ) -> int | None:
+        """``seed`` without a device: its kernels' workspaces ``soft_workspaces`` (CUDA's cuDNN's),
+        and ``foreign`` where the records come from the CPU alone and the search runs on CUDA."""
+        kept = cublas_workspaces(hopper=True) if foreign else ()
+        predictor = CapacityPredictor(self.records, steps, soft_workspaces, kept)
         return predictor.largest(budget_bytes, candidates)
 
     def shared_records(self, device: Device) -> dict[int, AllocationRecord]:

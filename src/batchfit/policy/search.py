@@ -126,6 +126,7 @@ def search(
     )
     state.known = {candidates.index_at_most(t.batch_size): t for t in prior if t.outcome != "oom"}
     state.aiming = seed is not None  # the seed, a predicted answer, may be the answer
+    state.seeded = seed is not None and forecast is not None  # a saved prediction's seed and replay
     if not open_search(state, seed):
         return state.outcome("min_batch_size_failed")
     state.aiming = True  # every trial past the opening aims at the answer

@@ -10,7 +10,7 @@ def ask_forecast(state: SearchState) -> None:
     """Ask the forecast for its answer (``predicted``) once the opening has run."""
     if state.forecast is not None and not state.forecast_only:
         state.evidence = state.forecast.evidence()
-        state.predicted = forecast_boundary(state.forecast, state.candidates, state.low, state.high)
+        state.predicted = forecast_boundary(state.forecast, state.candidates, state.low, _top(state))
 
 
 def revise_forecast(state: SearchState) -> None:
@@ -27,7 +27,7 @@ def revise_forecast(state: SearchState) -> None:
     now = forecast.evidence()
     if now != state.evidence:
         state.evidence, state.revisions = now, state.revisions + 1
-        state.predicted = forecast_boundary(forecast, state.candidates, state.low, state.high)
+        state.predicted = forecast_boundary(forecast, state.candidates, state.low, _top(state))
 
 
 def try_forecast(state: SearchState) -> bool:
@@ -46,11 +46,18 @@ def try_forecast(state: SearchState) -> bool:
         state.low = index
         if index > predicted:  # it fitted past the forecast: the forecast was low
             state.predicted, state.low_forecast = None, True
+            if state.refuted is not None:  # refuted above and below: bisect, asking it no more
+                state.revisions, state.descent = state.tuning.revisions, -1
         return True
     state.high = index
     if index <= predicted:  # the forecast's answer failed: the boundary is close below
         batch = candidates.batch(index)
         state.predicted = None
+        if state.seeded and state.revisions < state.tuning.revisions:
+            state.predicted = below_refuted(state, index)
+        if state.predicted is not None:  # the forecast's band below the refuted one: its top next
+            state.revisions += 1
+            return True
         state.descent = max(1, round(batch * state.tuning.first_descent / candidates.step))
         state.floor = candidates.index_at_most(batch * (1 - state.tuning.descent))
     return True
@@ -99,3 +106,32 @@ def forecast_boundary(forecast: Forecast, candidates: Candidates, low: int, high
             return None
         fitting, failing = (index, failing) if fits else (fitting, index)
     return fitting
+
+
+def below_refuted(state: SearchState, index: int) -> int | None:
+    """Where the forecast's answer at ``index`` failed and the forecast puts a band of failures
+    just below it, the top of the band it fits below those (the band it placed the answer in is
+    refuted, not the one below); None where it fits every size down to ``DESCENT`` below the
+    answer (or to ``low``), there the forecast is off by a shift and the descent finds it, or
+    where it cannot say."""
+    forecast, candidates = state.forecast, state.candidates
+    if forecast is None:
+        return None
+    floor = max(state.low + 1, candidates.index_at_most(candidates.batch(index) * (1 - state.tuning.descent)))
+    below, verdict = index - 1, None
+    for wanted in (True, False):  # down the refuted band, then down the failures below it
+        while below >= floor and (verdict := forecast.fits(candidates.batch(below))) is wanted:
+            below -= 1
+        if below < floor or verdict is None:
+            return None
+        refuted = below + 1  # the refuted band's lowest index: the forecast is not asked above it
+    state.refuted = refuted
+    return below
+
+
+def _top(state: SearchState) -> int | None:
+    """The first index the forecast is not asked about: the smallest known failure, or the lowest of
+    a band of its that a real trial refuted (``below_refuted``), where that is lower."""
+    if state.refuted is None or (state.high is not None and state.high <= state.refuted):
+        return state.high
+    return state.refuted

@@ -3,6 +3,7 @@ sample) through the trials, and the safe step (bisection, a gallop) where the li
 
 from __future__ import annotations
 
+from batchfit.policy.search_forecast import below_refuted, forecast_boundary
 from batchfit.policy.search_state import Candidates, SearchState
 from batchfit.policy.trial import MemoryModel, Trial
 
@@ -23,6 +24,8 @@ def open_search(state: SearchState, seed: int | None) -> bool:
             return True
         state.high = index
         state.known = dict(state.at)
+        if _replayed_below(state, index):
+            return True
     count = candidates.count if state.high is None else state.high
     below = Candidates(candidates.first, candidates.step, count)
     if below.count == 0:  # the seed was the smallest candidate
@@ -31,6 +34,26 @@ def open_search(state: SearchState, seed: int | None) -> bool:
     state.low = -1 if fitting is None else fitting
     state.high = state.high if failing is None else failing
     return fitting is not None
+
+
+def _replayed_below(state: SearchState, failed: int) -> bool:
+    """After the seed (a saved prediction's answer, at index ``failed``) failed, where a forecast
+    replays the prediction's records: its answer below the seed (the top of the band below the
+    refuted one, or its largest fit below the seed), run in place of the opening, whose small trials
+    the records already hold. True where it fitted (``low`` set); where it failed, ``high`` is it."""
+    forecast = state.forecast
+    if forecast is None or not state.seeded or state.forecast_only or failed == 0:
+        return False
+    index = below_refuted(state, failed)
+    if index is None:
+        index = forecast_boundary(forecast, state.candidates, -1, failed)
+    if index is None or index < 0:
+        return False
+    if state.probe(index).fits:
+        state.low = index
+        return True
+    state.high = index
+    return False
 
 
 def _opening(state: SearchState, below: Candidates) -> tuple[int | None, int | None]:

@@ -96,6 +96,9 @@ class SearchState:
     longer: Callable[[int], Trial] | None = None  # the confirming trial: more steps
     forecast: Forecast | None = None
     forecast_only: bool = False  # ``run`` is a predictor: stop where real trials would only confirm
+    # The forecast replays a saved prediction's records, which hold a batch large enough to make
+    # every request (a reduction's staging buffers): its bands of failures are the curve's.
+    seeded: bool = False
 
     # The trials.
     trials: list[Trial] = field(default_factory=list)  # in the order they ran
@@ -115,6 +118,7 @@ class SearchState:
     low_forecast: bool = False  # the candidate after its answer fitted: its answer was low
     descent: int = 0  # below its failed answer: candidates below the last failure to try (-1: bisect)
     floor: int = 0  # the lowest index the descent tries
+    refuted: int | None = None  # the lowest index of the forecast's band a real trial refuted
 
     # The line's (``policy.search_line``).
     model: MemoryModel | None = None
