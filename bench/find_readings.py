@@ -54,6 +54,7 @@ def read_file(path: str) -> tuple[list[dict[str, Any]], str | None]:
                 "cap": tables._cap(row),
                 "truth_kind": "scan" if "fits" in row["truth"] else "bisection",
                 "truth": tables._truth_cell(row, window if "fits" in row["truth"] else None),
+                "trials": len(row["batchfit"]["sizes"]),
                 "methods": methods,
             }
         )

@@ -255,29 +255,46 @@ _READINGS = {
 
 
 def _reading_line(rows: list[dict[str, Any]], field: str) -> str:
+    """A reading's count, the rows that read no (grouped by why) and the rows it could not read."""
     what, why_field, why = _READINGS[field]
     ours = [row["methods"]["batchfit"] for row in rows]
     yes = sum(found[field] is True for found in ours)
     unread = sum(found[field] is None for found in ours)
-    noes = []
+    noes: dict[str, list[str]] = {}
     for row, found in zip(rows, ours, strict=True):
         if found[field] is False:
-            reason = found[why_field] if why_field and found[why_field] else ""
-            reason = f"{reason} {why}" if reason else ("it fails 10 steps" if field == "largest" else why)
-            noes.append(f"{row['workload']}'s {found['answer']}: {reason}")
+            sizes = found[why_field] if why_field else ""
+            reason = f"{sizes} {why}" if sizes else ("it fails 10 steps" if field == "largest" else why)
+            noes.setdefault(reason, []).append(f"{row['workload']}'s {found['answer']}")
     text = f"{what} in {yes} of {len(rows)}"
-    text += f" (not {'; '.join(noes)})" if noes else ""
+    if noes:
+        text += " (not " + "; ".join(f"{', '.join(names)}: {reason}" for reason, names in noes.items()) + ")"
     return text + (f", not measured in {unread}" if unread else "")
 
 
 def find_readings_summary(files: list[dict[str, Any]]) -> str:
-    """``bench/find_readings.py``'s rows of one recorded file (the second), read strictly: each
-    reading's count with the rows that read no, and the rows reading yes three ways."""
-    readings, recorded = files
-    rows = [row for row in readings["rows"] if row["file"] == recorded["path"]]
+    """``bench/find_readings.py``'s rows of the recorded files after it, read strictly: each reading's
+    count with the rows that read no, the rows reading yes three ways, and batchfit's trials."""
+    readings, *recorded = files
+    paths = {data["path"] for data in recorded}
+    rows = [row for row in readings["rows"] if row["file"] in paths]
     strict = sum(row["methods"]["batchfit"]["strict"] is True for row in rows)
     said = "; ".join(_reading_line(rows, field) for field in _READINGS)
-    return f"{said}; all three in {strict} of {len(rows)} rows"
+    trials = [row["trials"] for row in rows]
+    spread = f"{min(trials)}" if min(trials) == max(trials) else f"{min(trials)}-{max(trials)}"
+    weak = [row for row in rows if row["methods"]["batchfit"]["weak_exact"]]
+    called = [f"{row['workload']}'s {row['methods']['batchfit']['answer']}" for row in weak]
+    called = [
+        name
+        for row, name in zip(weak, called, strict=True)
+        if row["methods"]["batchfit"]["strict"] is not True
+    ]
+    differ = (
+        f" (the weak check, called exact before, held where they do not: {', '.join(called)})"
+        if called
+        else ""
+    )
+    return f"{said}; all three in {strict} of {len(rows)} rows{differ}, in {spread} trials"
 
 
 def find_readings_table(files: list[dict[str, Any]]) -> str:

@@ -8,11 +8,15 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import find_readings
 from _readings import read
+from _truth import Curve
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "data" / "cpu-2026-11-28" / "find-readings.json"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "data" / "cpu-2026-11-28" / "find-readings.json"
 SCAN = "bench/data/h200-2026-11-26-2/find-cuda-smoke-builtins.json"
 BISECTED = "bench/data/h200-2026-11-26/find-cuda-resnet50-amp-resnet50-mlp-cnn-transformer.json"
 
@@ -102,3 +106,32 @@ def test_the_results_file_is_what_the_reader_gives_and_the_docs_say() -> None:
     assert len(rows) == 20
     assert sum(row["methods"]["batchfit"]["weak_exact"] for row in rows) == 15
     assert [row["workload"] for row in rows if row["methods"]["batchfit"]["strict"] is True] == ["mlp"]
+
+
+def test_find_s_rows_and_summary_read_the_h200_transformer_s_bands_apart(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import find as find_bench
+
+    # The H200's transformer curve: the answer 156 tops a band above two failing ones.
+    recorded = json.loads((ROOT / SCAN).read_text())
+    curve = Curve.from_dict(recorded["rows"][2]["truth"])
+    ours = find_bench.MethodResult(156, [2, 4, 160, 155, 157, 156], 1.0, 1.0)
+    row = find_bench.Row(find_bench.Case("transformer", "ref:128"), 2**28, curve, ours, {})
+    assert row.verdict("batchfit") is not None and row.verdict("batchfit").exact  # type: ignore[union-attr]
+    readings = find_bench.row_dict(row)["readings"]["batchfit"]
+    assert (readings["largest"], readings["none_below_fails"], readings["trains"], readings["strict"]) == (
+        True,
+        False,
+        True,
+        False,
+    )
+    assert readings["failing_below"] == "141-144, 149-152" and readings["above"] == "157-175"
+    # A boundary check (--window 0) reads no yes from its few sizes.
+    assert find_bench.row_dict(row, window=0)["readings"]["batchfit"]["largest"] is None
+    find_bench.print_summary([row], "cuda")
+    out = capsys.readouterr().out
+    assert "batchfit: exact 1/1" in out
+    assert "  strictly, the largest fitting size probed up to its bound: 1/1 (not measured: 0)" in out
+    assert "  strictly, no failure probed below it: 0/1 (not measured: 0)" in out
+    assert "  NOT STRICT: transformer at ref:128: 156: yes / no: 141-144, 149-152 fail / yes" in out
