@@ -722,6 +722,25 @@ def predict_trace_table(files: list[dict[str, Any]]) -> str:
     return markdown(headers, lines, (0, 1, 5, 6, 7)) + "\n\n" + "\n".join(provenance(f) for f in files)
 
 
+def gpu_tests_run_table(files: list[dict[str, Any]]) -> str:
+    """``bench/gpu_tests_run.py``: each GPU session's pytest log, the tests its command collected at
+    its commit, how many ran and their outcomes; then the gpu tests no log shows passed."""
+    (data,) = files
+    lines = []
+    for log in data["logs"]:
+        tally = ", ".join(f"{count} {outcome}" for outcome, count in log["tally"].items())
+        collected = str(len(log["collected"])) if log["commit"] else "- (named by its FAILED line)"
+        lines.append(
+            [f"`{log['log']}`", log["commit"] or "-", collected, str(sum(log["tally"].values())), tally]
+        )
+    headers = ["log", "commit", "gpu tests collected", "ran", "outcomes"]
+    never = "\n".join(f"- `{node}`" for node in data["never_run"])
+    said = (
+        f"Never passed on a GPU, {len(data['never_run'])} of the {len(data['gpu_tests_now'])} gpu tests now:"
+    )
+    return f"{markdown(headers, lines, (0, 1, 4))}\n\n{said}\n\n{never}\n\n{provenance(data)}"
+
+
 def source_block(paths: list[str]) -> str:
     """A source file of the repository, as a Python block."""
     (path,) = paths
@@ -746,6 +765,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "predict-histories": (predict_histories_table, True, False),
     "predict-trace": (predict_trace_table, True, False),
     "standin-agreement": (standin_agreement_table, True, False),
+    "gpu-tests-run": (gpu_tests_run_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),
