@@ -741,6 +741,31 @@ def gpu_tests_run_table(files: list[dict[str, Any]]) -> str:
     return f"{markdown(headers, lines, (0, 1, 4))}\n\n{said}\n\n{never}\n\n{provenance(data)}"
 
 
+def transient_requests_table(files: list[dict[str, Any]]) -> str:
+    """``bench/transient_requests.py``: per recorded CUDA trial, the requests freed before the next."""
+    (data,) = files
+    lines = [
+        [
+            row["workload"],
+            str(row["batch_size"]),
+            str(row["requests"]),
+            str(row["transient"]),
+            f"{row['largest_bytes'] / 2**20:.1f}",
+            f"{row['total_bytes'] / 2**20:.0f}",
+        ]
+        for row in data["rows"]
+    ]
+    headers = [
+        "workload",
+        "batch",
+        "requests (2 steps)",
+        "freed before the next",
+        "largest (MiB)",
+        "in all (MiB)",
+    ]
+    return f"{markdown(headers, lines, (0,))}\n\n{provenance(data)}"
+
+
 def source_block(paths: list[str]) -> str:
     """A source file of the repository, as a Python block."""
     (path,) = paths
@@ -766,6 +791,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "predict-trace": (predict_trace_table, True, False),
     "standin-agreement": (standin_agreement_table, True, False),
     "gpu-tests-run": (gpu_tests_run_table, True, False),
+    "transient-requests": (transient_requests_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),
