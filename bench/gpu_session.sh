@@ -58,8 +58,9 @@ done
 # less half a minute for the checks before it and Python's starts; each comes from the H200's smoke
 # of 2026-11-26 (bench/data/h200-2026-11-26-2/, docs/benchmarks.md's "The GPU session" section).
 # The gpu tests ran out of time there (140 s; 22 of the 41 then collected, bench/data/cpu-2026-11-28/
-# gpu-tests-run.json; the DDP one 31 s), so they run under a deadline (tests/conftest.py): those not
-# begun by it are skipped and named, the part ends with its summary and each test's time. The tests no
+# gpu-tests-run.json; the DDP one 42 s alone, gpu-tests-first-failure.log), so they run under a
+# deadline (tests/conftest.py): those not begun by it are skipped and named, the part ends with its
+# summary and each test's time. The tests no
 # GPU session has passed (bench/gpu_never_run.txt, from the recorded logs by bench/gpu_tests_run.py) go
 # first (BATCHFIT_TEST_FIRST), then the files in the order given. Each pytest part writes every test's
 # name and outcome (-rA in its log, --junitxml beside it), and bench/junit_outcomes.py counts them: a
@@ -129,6 +130,7 @@ for stage in "$@"; do
             IFS='|' read -r part_name seconds command <<<"$part"
             began=$SECONDS
             echo "-- $part_name (budget $seconds s): $command"
+            rm -f "$out/smoke-$part_name.xml"  # a report from an earlier run is not this one's
             # shellcheck disable=SC2086  # the command's words, as planned
             timeout --kill-after=10 "$seconds" $command 2>&1 | tee "$out/smoke-$part_name.log" | tail -n 40
             code=${PIPESTATUS[0]}
