@@ -30,6 +30,7 @@ import tables
 import torch
 from _capped import CPU_CACHING, MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult, bench_device
 from _peers import COMPETITORS, available_competitors, quiet_competitors
+from _readings import Readings, cell, read
 from _truth import CHECK_STEPS, TRUTH_STEPS, WINDOW, Curve, Verdict, judge, scan, settings, spans
 
 from batchfit import Workload
@@ -91,6 +92,15 @@ class Row:
         if result is None or result.answer is None:
             return None
         return judge(self.truth, result.answer, BOUNDS.get(method))
+
+    def readings(self, method: str, window: float = WINDOW) -> Readings | None:
+        """A method's answer read strictly (``_readings``): the largest fitting size probed up to
+        its bound, no failure probed below it, and its CHECK_STEPS-step check, each apart."""
+        result = self.batchfit if method == "batchfit" else self.competitors.get(method)
+        if result is None or result.answer is None:
+            return None
+        trains = self.truth.trains.get(result.answer)
+        return read(self.truth.fits, result.answer, BOUNDS.get(method), trains, scanned=window > 0)
 
 
 def leftovers(live: dict[str, int], floor: int = 1 << 20) -> str:
@@ -203,8 +213,9 @@ def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, width: fl
 LIGHTNING_TARGET = {"cpu": 3.0, "cuda": 2.0, CPU_CACHING: 2.0}
 
 
-def print_summary(rows: list[Row], device: str) -> None:
-    """How often each method was exact, and Lightning's trials and time over batchfit's."""
+def print_summary(rows: list[Row], device: str, window: float = WINDOW) -> None:
+    """How often each method was exact (the weak check: the answer fits, the size above it fails, it
+    trains), each strict reading apart, and Lightning's trials and time over batchfit's."""
     for name in ("batchfit", *COMPETITORS):
         judged = [(row, verdict) for row in rows if (verdict := row.verdict(name)) is not None]
         if not judged:
@@ -212,6 +223,16 @@ def print_summary(rows: list[Row], device: str) -> None:
         exact = sum(verdict.exact for _, verdict in judged)
         trained = sum(bool(verdict.trains) for _, verdict in judged)
         print(f"{name}: exact {exact}/{len(judged)}; its answer trained {CHECK_STEPS} steps: {trained}")
+        strict = [(row, found) for row, _ in judged if (found := row.readings(name, window)) is not None]
+        for reading, said in (("largest", "the largest fitting size probed up to its bound"),
+                              ("none_below_fails", "no failure probed below it")):  # fmt: skip
+            values = [getattr(found, reading) for _, found in strict]
+            print(
+                f"  strictly, {said}: {values.count(True)}/{len(strict)} (not measured: {values.count(None)})"
+            )
+        for row, found in strict:
+            if found.strict is not True:
+                print(f"  NOT STRICT: {row.case.name} at {row.case.cap}: {found.answer}: {cell(found)}")
         for row, verdict in judged:
             if not verdict.exact:
                 print(
@@ -271,14 +292,18 @@ def _spread(ratios: list[float]) -> str:
     return f"{min(ratios):.1f}..{max(ratios):.1f} (geometric mean {statistics.geometric_mean(ratios):.1f})"
 
 
-def row_dict(row: Row) -> dict[str, Any]:
-    """A row as the results file holds it: the curve, every method's search and its verdict."""
+def row_dict(row: Row, window: float = WINDOW) -> dict[str, Any]:
+    """A row as the results file holds it: the curve, every method's search, its verdict and its
+    strict readings."""
     verdicts = {
         name: asdict(verdict) | {"exact": verdict.exact}
         for name in ("batchfit", *COMPETITORS)
         if (verdict := row.verdict(name)) is not None
     }
-    return asdict(row) | {"truth": row.truth.to_dict(), "verdicts": verdicts}
+    readings = {
+        name: found.to_dict() for name in ("batchfit", *COMPETITORS) if (found := row.readings(name, window))
+    }
+    return asdict(row) | {"truth": row.truth.to_dict(), "verdicts": verdicts, "readings": readings}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(bench_one(bench, competitors, args.repeat, args.window))
 
     print()
-    print_summary(rows, kind)
+    print_summary(rows, kind, args.window)
     print(session.finish())
     payload = {
         "steps_per_trial": STEPS_PER_TRIAL,
@@ -326,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "truth": settings(args.window),
         "bounds": BOUNDS,
-        "rows": [row_dict(row) for row in rows],
+        "rows": [row_dict(row, args.window) for row in rows],
     }
     print()
     print(tables.find_table([{**session.to_dict(), **payload}]))

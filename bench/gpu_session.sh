@@ -4,7 +4,8 @@
 #   smoke      the first check, in at most 8 minutes on one H100, each part under a timeout set by
 #              its budget (below), batchfit and the truth alone (no Lightning or accelerate): the gpu
 #              tests, the README's main command on cuda:0, find on the built-ins and on ResNet-50 AMP
-#   gpu-tests  the tests marked gpu (pytest -m gpu), with what the passing ones print (-rP): their figures
+#   gpu-tests  the tests marked gpu (pytest -m gpu), those never run on a GPU first, with every test's
+#              outcome and what the passing ones print (-rA, and --junitxml): their figures
 #   tests      the rest of the suite, with CUDA present (tests that mean the CPU say so): in 5
 #              processes where pytest-xdist is installed (about 5 minutes on the H100's 16 cores,
 #              where one process takes longer than a device call may), the gpu tests left to
@@ -56,18 +57,23 @@ done
 # The smoke's parts: NAME, its budget in seconds, and its command. The budgets sum to SMOKE_SECONDS
 # less half a minute for the checks before it and Python's starts; each comes from the H200's smoke
 # of 2026-11-26 (bench/data/h200-2026-11-26-2/, docs/benchmarks.md's "The GPU session" section).
-# The gpu tests took 140 s for the first 22 of 41 there (the DDP one 31 s), so they run under
-# a deadline (tests/conftest.py): those not begun by it are skipped and named, the part ends with its
-# summary and each test's time, and its files go first where they matter most (predict's check
-# against find, then DDP's, then the rest); the adapters took 56 s; the main command 18 s; find on
-# the cnn and the transformer with the scanning truth about 50 s (the mlp's scan, 44 s of 122
-# probes, is left to the find stage); ResNet-50 AMP's scan (about 60 probes of 1.5 s) outran 100 s,
-# so the smoke checks its boundary alone (--window 0: the answer's 10 and 20 steps, the size above).
+# The gpu tests ran out of time there (140 s; 22 of the 41 then collected, bench/data/cpu-2026-11-28/
+# gpu-tests-run.json; the DDP one 42 s alone, gpu-tests-first-failure.log), so they run under a
+# deadline (tests/conftest.py): those not begun by it are skipped and named, the part ends with its
+# summary and each test's time. The tests no
+# GPU session has passed (bench/gpu_never_run.txt, from the recorded logs by bench/gpu_tests_run.py) go
+# first (BATCHFIT_TEST_FIRST), then the files in the order given. Each pytest part writes every test's
+# name and outcome (-rA in its log, --junitxml beside it), and bench/junit_outcomes.py counts them: a
+# skipped test is counted as skipped, and a part with one has not passed. The adapters took 56 s; the
+# main command 18 s; the scanning truth 18 s on the cnn and 17 s on the transformer (the mlp's, 44 s,
+# is left to the find stage; smoke-session.log); ResNet-50 AMP's scan outran 100 s, so the smoke
+# checks its boundary alone (--window 0: the answer's 10 and 20 steps, the size above).
 SMOKE_SECONDS=480
+NEVER_RUN=bench/gpu_never_run.txt
 GPU_TEST_FILES="tests/test_predict.py tests/runtime/distributed/test_lockstep.py tests/test_gpu.py tests/test_check_data.py tests/runtime/steps/test_finite.py"
 smoke_parts=(
-    "gpu-tests|220|env BATCHFIT_TEST_DEADLINE=180 $py -m pytest -p no:cacheprovider -q -rP --durations=0 -m gpu $GPU_TEST_FILES"
-    "adapters|70|$py -m pytest -p no:cacheprovider -q -rP -m gpu tests/integrations"
+    "gpu-tests|220|env BATCHFIT_TEST_DEADLINE=180 BATCHFIT_TEST_FIRST=$NEVER_RUN $py -m pytest -p no:cacheprovider -q -rA --junitxml=$out/smoke-gpu-tests.xml --durations=0 -m gpu $GPU_TEST_FILES"
+    "adapters|70|env BATCHFIT_TEST_FIRST=$NEVER_RUN $py -m pytest -p no:cacheprovider -q -rA --junitxml=$out/smoke-adapters.xml -m gpu tests/integrations"
     "main-command|30|$py bench/transcript.py --json $out/transcript-cuda-find-transformer.json -- $py -m batchfit find --example transformer --memory-limit 2GiB --modes train,eval --device cuda:0"
     "find-builtins|70|$py bench/find.py --device cuda --no-competitors --workloads cnn,transformer --json $out/find-cuda-smoke-builtins.json"
     "find-resnet50-amp|60|$py bench/find.py --device cuda --no-competitors --window 0 --workloads resnet50-amp --json $out/find-cuda-smoke-resnet50-amp.json"
@@ -124,15 +130,23 @@ for stage in "$@"; do
             IFS='|' read -r part_name seconds command <<<"$part"
             began=$SECONDS
             echo "-- $part_name (budget $seconds s): $command"
+            rm -f "$out/smoke-$part_name.xml"  # a report from an earlier run is not this one's
             # shellcheck disable=SC2086  # the command's words, as planned
             timeout --kill-after=10 "$seconds" $command 2>&1 | tee "$out/smoke-$part_name.log" | tail -n 40
             code=${PIPESTATUS[0]}
             [ "$code" -eq 124 ] && echo "-- $part_name: over its budget of $seconds s, stopped"
+            if [ -f "$out/smoke-$part_name.xml" ]; then  # each test's outcome, skipped ones as skipped
+                "$py" bench/junit_outcomes.py "$out/smoke-$part_name.xml" >"$out/smoke-$part_name-outcomes.txt"
+                tested=$?
+                echo "-- $part_name: $(head -n 1 "$out/smoke-$part_name-outcomes.txt")"
+                [ "$code" -eq 0 ] && [ "$tested" -ne 0 ] && code=$tested
+            fi
             [ "$code" -ne 0 ] && failed=$code
             echo "-- $part_name: exit $code after $((SECONDS - began)) s"
         done
         (exit "$failed") ;;
-    gpu-tests) "$py" -m pytest -p no:cacheprovider -q -rP -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
+    gpu-tests) BATCHFIT_TEST_FIRST=$NEVER_RUN "$py" -m pytest -p no:cacheprovider -q -rA \
+        --junitxml="$out/gpu-tests.xml" -m gpu 2>&1 | tee "$out/gpu-tests.log" ;;
     tests)
         parallel=()
         "$py" -c "import xdist" 2>/dev/null && parallel=(-n 5 -m "not gpu and not slow")

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _truth import CHECK_STEPS, TRUTH_STEPS, Curve, judge, spans
+from _readings import cell, read_row, said
+from _truth import CHECK_STEPS, TRUTH_STEPS, WINDOW, Curve, judge, spans
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", "docs/*.md")
@@ -195,25 +196,33 @@ def _truth_cell(row: dict[str, Any], width: float | None = None) -> str:
 def find_table(files: list[dict[str, Any]]) -> str:
     """bench/find.py's rows: each method's answer judged on the truth, trials and seconds."""
     competitors = [n for n in FIND_BOUNDS if n != "batchfit" and any(_ran(f, n) for f in files)]
-    headers = ["workload", "cap", f"truth ({TRUTH_STEPS} steps)", "batchfit", "trials (sizes)", "s"]
+    headers = ["workload", "cap", f"truth ({TRUTH_STEPS} steps)", "batchfit", STRICT, "trials (sizes)", "s"]
     for name in competitors:
         headers += [name, "trials/bf", "s/bf"]
     lines = []
     for data in files:
+        window = data.get("truth", {}).get("window", WINDOW) if data.get("truth") else 0.0
         for row in data["rows"]:
             ours = row["batchfit"]
+            readings = read_row(row, "batchfit", FIND_BOUNDS["batchfit"], window)
             line = [
                 _name(row),
                 _cap(row),
                 _truth_cell(row, data.get("truth", {}).get("window")),
                 _verdict_cell(row, "batchfit"),
+                "-" if readings is None else cell(readings),
                 f"{len(ours['sizes'])} ({' '.join(map(str, ours['sizes']))})",
                 f"{ours['seconds']:.2f}",
             ]
             for name in competitors:
                 line += [_verdict_cell(row, name), _ratio(row, name, "trials"), _ratio(row, name, "seconds")]
             lines.append(line)
-    return markdown(headers, lines, (0, 1, 2, 3, 4)) + "\n\n" + "\n".join(provenance(f) for f in files)
+    return markdown(headers, lines, (0, 1, 2, 3, 4, 5)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
+#: The strict readings' column (``_readings``): largest fitting size probed up to the bound; no failure
+#: probed below; trains CHECK_STEPS steps. ``-``: not measured.
+STRICT = f"strictly: largest / none below fails / trains {CHECK_STEPS}"
 
 
 def _ran(data: dict[str, Any], name: str) -> bool:
@@ -221,12 +230,99 @@ def _ran(data: dict[str, Any], name: str) -> bool:
 
 
 def find_summary(files: list[dict[str, Any]]) -> str:
-    """A line: batchfit exact in N of M rows, in A-B trials."""
-    rows = [row for data in files for row in data["rows"]]
-    exact = sum(_verdict_cell(row, "batchfit").endswith(" exact") for row in rows)
+    """A line: in how many rows batchfit's answer reads yes three ways (``_readings``), in A-B trials."""
+    rows, strict = [], 0
+    for data in files:
+        window = data.get("truth", {}).get("window", WINDOW) if data.get("truth") else 0.0
+        for row in data["rows"]:
+            rows.append(row)
+            readings = read_row(row, "batchfit", FIND_BOUNDS["batchfit"], window)
+            strict += readings is not None and readings.strict is True
     trials = [len(row["batchfit"]["sizes"]) for row in rows]
     spread = f"{min(trials)}" if min(trials) == max(trials) else f"{min(trials)}-{max(trials)}"
-    return f"exact in {exact} of {len(rows)} rows, in {spread} trials"
+    return (
+        f"the largest size that fits among those scanned, with none failing below it, and trains "
+        f"{CHECK_STEPS} steps in {strict} of {len(rows)} rows, in {spread} trials"
+    )
+
+
+#: Each strict reading: what it says, and why a row reads no.
+_READINGS = {
+    "largest": ("the largest fitting size probed up to its bound", "fitting_above", "fit above it"),
+    "none_below_fails": ("no size probed below it fails", "failing_below", "fail below it"),
+    "trains": (f"it trains {CHECK_STEPS} steps", "", f"it fails {CHECK_STEPS} steps"),
+}
+
+
+def _reading_line(rows: list[dict[str, Any]], field: str) -> str:
+    """A reading's count, the rows that read no (grouped by why) and the rows it could not read."""
+    what, why_field, why = _READINGS[field]
+    ours = [row["methods"]["batchfit"] for row in rows]
+    yes = sum(found[field] is True for found in ours)
+    unread = sum(found[field] is None for found in ours)
+    noes: dict[str, list[str]] = {}
+    for row, found in zip(rows, ours, strict=True):
+        if found[field] is False:
+            sizes = found[why_field] if why_field else ""
+            reason = f"{sizes} {why}" if sizes else ("it fails 10 steps" if field == "largest" else why)
+            noes.setdefault(reason, []).append(f"{row['workload']}'s {found['answer']}")
+    text = f"{what} in {yes} of {len(rows)}"
+    if noes:
+        text += " (not " + "; ".join(f"{', '.join(names)}: {reason}" for reason, names in noes.items()) + ")"
+    return text + (f", not measured in {unread}" if unread else "")
+
+
+def find_readings_summary(files: list[dict[str, Any]]) -> str:
+    """``bench/find_readings.py``'s rows of the recorded files after it, read strictly: each reading's
+    count with the rows that read no, the rows reading yes three ways, and batchfit's trials."""
+    readings, *recorded = files
+    paths = {data["path"] for data in recorded}
+    rows = [row for row in readings["rows"] if row["file"] in paths]
+    strict = sum(row["methods"]["batchfit"]["strict"] is True for row in rows)
+    said = "; ".join(_reading_line(rows, field) for field in _READINGS)
+    trials = [row["trials"] for row in rows]
+    spread = f"{min(trials)}" if min(trials) == max(trials) else f"{min(trials)}-{max(trials)}"
+    weak = [row for row in rows if row["methods"]["batchfit"]["weak_exact"]]
+    called = [f"{row['workload']}'s {row['methods']['batchfit']['answer']}" for row in weak]
+    called = [
+        name
+        for row, name in zip(weak, called, strict=True)
+        if row["methods"]["batchfit"]["strict"] is not True
+    ]
+    differ = (
+        f" (the weak check, called exact before, held where they do not: {', '.join(called)})"
+        if called
+        else ""
+    )
+    return f"{said}; all three in {strict} of {len(rows)} rows{differ}, in {spread} trials"
+
+
+def find_readings_table(files: list[dict[str, Any]]) -> str:
+    """``bench/find_readings.py``: every recorded GPU row, batchfit's answer read three ways beside
+    the weak verdict the tables called exact."""
+    (data,) = files
+    lines = []
+    for row in data["rows"]:
+        ours = row["methods"]["batchfit"]
+        differ = "yes" if ours["weak_exact"] and ours["strict"] is not True else ""
+        lines.append(
+            [
+                f"`{Path(row['file']).parent.name}`",
+                row["workload"],
+                row["cap"],
+                row["truth_kind"],
+                str(ours["answer"]),
+                "yes" if ours["weak_exact"] else "no",
+                said(ours["largest"]) + (f": {ours['fitting_above']} fit" if ours["fitting_above"] else ""),
+                said(ours["none_below_fails"])
+                + (f": {ours['failing_below']} fail" if ours["failing_below"] else ""),
+                said(ours["trains"]),
+                differ,
+            ]
+        )
+    headers = ["session", "workload", "cap", "truth", "answer", "weak check", "largest probed up to 512"]
+    headers += ["none below fails", f"trains {CHECK_STEPS}", "weak check holds, a strict reading does not"]
+    return markdown(headers, lines, (0, 1, 2, 3, 5, 6, 7, 8, 9)) + "\n\n" + provenance(data)
 
 
 def curves_table(files: list[dict[str, Any]]) -> str:
@@ -648,6 +744,50 @@ def predict_trace_table(files: list[dict[str, Any]]) -> str:
     return markdown(headers, lines, (0, 1, 5, 6, 7)) + "\n\n" + "\n".join(provenance(f) for f in files)
 
 
+def gpu_tests_run_table(files: list[dict[str, Any]]) -> str:
+    """``bench/gpu_tests_run.py``: each GPU session's pytest log, the tests its command collected at
+    its commit, how many ran and their outcomes; then the gpu tests no log shows passed."""
+    (data,) = files
+    lines = []
+    for log in data["logs"]:
+        tally = ", ".join(f"{count} {outcome}" for outcome, count in log["tally"].items())
+        collected = str(len(log["collected"])) if log["commit"] else "- (named by its FAILED line)"
+        lines.append(
+            [f"`{log['log']}`", log["commit"] or "-", collected, str(sum(log["tally"].values())), tally]
+        )
+    headers = ["log", "commit", "gpu tests collected", "ran", "outcomes"]
+    never = "\n".join(f"- `{node}`" for node in data["never_run"])
+    said = (
+        f"Never passed on a GPU, {len(data['never_run'])} of the {len(data['gpu_tests_now'])} gpu tests now:"
+    )
+    return f"{markdown(headers, lines, (0, 1, 4))}\n\n{said}\n\n{never}\n\n{provenance(data)}"
+
+
+def transient_requests_table(files: list[dict[str, Any]]) -> str:
+    """``bench/transient_requests.py``: per recorded CUDA trial, the requests freed before the next."""
+    (data,) = files
+    lines = [
+        [
+            row["workload"],
+            str(row["batch_size"]),
+            str(row["requests"]),
+            str(row["transient"]),
+            f"{row['largest_bytes'] / 2**20:.1f}",
+            f"{row['total_bytes'] / 2**20:.0f}",
+        ]
+        for row in data["rows"]
+    ]
+    headers = [
+        "workload",
+        "batch",
+        "requests (2 steps)",
+        "freed before the next",
+        "largest (MiB)",
+        "in all (MiB)",
+    ]
+    return f"{markdown(headers, lines, (0,))}\n\n{provenance(data)}"
+
+
 def source_block(paths: list[str]) -> str:
     """A source file of the repository, as a Python block."""
     (path,) = paths
@@ -658,6 +798,8 @@ def source_block(paths: list[str]) -> str:
 RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "find": (find_table, True, False),
     "find-summary": (find_summary, True, True),
+    "find-readings": (find_readings_table, True, False),
+    "find-readings-summary": (find_readings_summary, True, True),
     "curves": (curves_table, True, False),
     "compare": (compare_table, True, False),
     "explore": (explore_table, True, False),
@@ -671,6 +813,8 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "predict-trace": (predict_trace_table, True, False),
     "standin-agreement": (standin_agreement_table, True, False),
     "trials-replay": (trials_replay_table, True, False),
+    "gpu-tests-run": (gpu_tests_run_table, True, False),
+    "transient-requests": (transient_requests_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),

@@ -5,7 +5,8 @@
 It runs the command once, with ``src/`` on the path, and writes what it printed (stderr, then
 stdout), its exit status and wall time, with the commit, the device, torch and the command
 (``_harness.Session``). ``bench/tables.py`` renders it between ``<!-- table: transcript FILE -->``
-markers. ``--device`` names the device the command runs on, for the record (default: cpu);
+markers. ``--device`` names the device the command runs on, for the record (default: the
+command's own ``--device``, else cpu), so a transcript of a GPU run records the GPU;
 ``--cwd DIR`` runs it from ``DIR`` (relative to the repository) and ``--env NAME=VALUE`` sets a
 variable for it, both recorded and shown with the command.
 """
@@ -22,13 +23,24 @@ import _harness
 from batchfit.runtime.devices.resolve import parse_device
 
 
+def command_device(command: list[str]) -> str | None:
+    """The device the recorded command names (``--device X`` or ``--device=X``), or None."""
+    for index, word in enumerate(command):
+        if word == "--device" and index + 1 < len(command):
+            return command[index + 1]
+        if word.startswith("--device="):
+            return word.partition("=")[2]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _harness.parser(__doc__, quick="(not used)", json_default="bench/results/transcript.json")
+    parser.set_defaults(device=None)
     parser.add_argument("--cwd", default=".", help="where the command runs, from the repository's root")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the command (repeatable)")
     parser.add_argument("command", nargs="+", help="the command, after --")
     args = parser.parse_args(argv)
-    device = parse_device(args.device)
+    device = parse_device(args.device or command_device(args.command) or "cpu")
     session = _harness.Session(device, ["torch", "batchfit"])
     source = str(_harness.ROOT / "src")
     path = os.environ.get("PYTHONPATH")

@@ -65,11 +65,20 @@ def test_the_smoke_runs_the_gpu_tests_the_main_command_and_find_with_the_truth_i
     assert list(parts) == ["gpu-tests", "adapters", "main-command", "find-builtins", "find-resnet50-amp"]
     # Each part under its timeout, and with a minute for the checks before them, 8 minutes in all.
     assert sum(seconds for seconds, _ in parts.values()) + 30 <= 480
-    gpu_tests = "python -m pytest -p no:cacheprovider -q -rP --durations=0 -m gpu tests/test_predict.py"
-    assert parts["gpu-tests"][1].startswith(f"env BATCHFIT_TEST_DEADLINE=180 {gpu_tests}")
-    # The deadline leaves a test begun before it 40 s to finish (the DDP one took 31 s on the H200).
+    # The tests never run on a GPU first, every test's outcome in the log (-rA) and in a JUnit file.
+    gpu_tests = (
+        "env BATCHFIT_TEST_DEADLINE=180 BATCHFIT_TEST_FIRST=bench/gpu_never_run.txt python -m pytest "
+        f"-p no:cacheprovider -q -rA --junitxml={tmp_path}/smoke-gpu-tests.xml --durations=0 -m gpu "
+        "tests/test_predict.py"
+    )
+    assert parts["gpu-tests"][1].startswith(gpu_tests)
+    # The deadline leaves a test begun before it 40 s to finish (the DDP one alone, with its
+    # collection, took 42 s on the H200: gpu-tests-first-failure.log).
     assert parts["gpu-tests"][0] - 180 >= 40
-    assert parts["adapters"][1] == "python -m pytest -p no:cacheprovider -q -rP -m gpu tests/integrations"
+    assert parts["adapters"][1] == (
+        "env BATCHFIT_TEST_FIRST=bench/gpu_never_run.txt python -m pytest -p no:cacheprovider -q -rA "
+        f"--junitxml={tmp_path}/smoke-adapters.xml -m gpu tests/integrations"
+    )
     readme = "python -m batchfit find --example transformer --memory-limit 2GiB --modes train,eval"
     assert parts["main-command"][1].endswith(f"-- {readme} --device cuda:0")
     finds = [parts["find-builtins"][1], parts["find-resnet50-amp"][1]]
@@ -77,7 +86,10 @@ def test_the_smoke_runs_the_gpu_tests_the_main_command_and_find_with_the_truth_i
     assert "--workloads cnn,transformer" in finds[0] and "--window 0 --workloads resnet50-amp" in finds[1]
     # Every results file goes under $OUT, which the device tool brings back.
     written = [command.split("--json ")[1].split()[0] for _, command in parts.values() if "--json" in command]
-    assert len(written) == 3 and all(path.startswith(f"{tmp_path}/") for path in written)
+    written += [
+        command.split("--junitxml=")[1].split()[0] for _, command in parts.values() if "--junitxml" in command
+    ]
+    assert len(written) == 5 and all(path.startswith(f"{tmp_path}/") for path in written)
 
 
 def test_the_smoke_s_gpu_tests_name_every_file_that_has_one_outside_the_adapters(tmp_path: Path) -> None:
@@ -112,3 +124,53 @@ def test_a_run_under_a_deadline_skips_the_tests_not_begun_by_it_and_says_so(tmp_
     assert "2 passed" in run("60").stdout
     wrong = run("soon")
     assert wrong.returncode == 4 and "BATCHFIT_TEST_DEADLINE='soon': give the run's seconds" in wrong.stderr
+
+
+def test_the_listed_tests_run_first_and_a_skipped_one_is_counted_as_skipped(tmp_path: Path) -> None:
+    (tmp_path / "test_order.py").write_text(
+        "import pytest\n\ndef test_a():\n    pass\n\ndef test_b():\n    pytest.skip('no GPU')\n\n"
+        "def test_c():\n    pass\n\ndef test_d():\n    assert False\n"
+    )
+    (tmp_path / "conftest.py").write_text((SCRIPT.parents[1] / "tests" / "conftest.py").read_text())
+    (tmp_path / "first.txt").write_text("# never run\ntest_order.py::test_d\ntest_order.py::test_c\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SCRIPT.parents[1] / "tests")}
+    report = tmp_path / "report.xml"
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", f"--junitxml={report}"]
+    done = subprocess.run(
+        [*command, "test_order.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "BATCHFIT_TEST_FIRST": str(tmp_path / "first.txt")},
+    )
+    assert done.stdout.splitlines()[0].startswith("F..s")  # d, c, then a and b in their order
+    assert (
+        "SKIPPED [1] test_order.py:7: no GPU" in done.stdout and "PASSED test_order.py::test_c" in done.stdout
+    )
+    counted = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "junit_outcomes.py"), str(report)],
+        capture_output=True,
+        text=True,
+    )
+    assert counted.returncode == 1
+    assert counted.stdout.splitlines() == [
+        "2 passed, 1 failed, 0 errors, 1 skipped (not run: not passed), of 4",
+        "FAILED test_order::test_d",
+        "PASSED test_order::test_c",
+        "PASSED test_order::test_a",
+        "SKIPPED test_order::test_b",
+    ]
+    missing = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "junit_outcomes.py"), str(tmp_path / "none.xml")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "a run stopped before pytest wrote its report" in missing.stderr
+    wrong = subprocess.run(
+        [*command, "test_order.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "BATCHFIT_TEST_FIRST": "gone.txt"},
+    )
+    assert wrong.returncode == 4 and "BATCHFIT_TEST_FIRST='gone.txt': no such file" in wrong.stderr

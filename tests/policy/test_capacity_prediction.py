@@ -113,6 +113,15 @@ def test_the_h100_s_context_is_what_its_out_of_memory_messages_say() -> None:
     assert all(card.context_low_bytes - 15 * 2**20 <= each <= card.context_high_bytes for each in seen)
 
 
+def test_the_h200_s_total_is_what_its_out_of_memory_messages_say() -> None:
+    log = H100.parent / "h200-2026-11-26-2" / "gpu-tests-first-failure.log"
+    totals = {float(found) for found in re.findall(r"total capacity of ([\d.]+) GiB", log.read_text())}
+    assert totals == {139.80}
+    card = card_named("H200")
+    assert card.total_bytes <= int(139.80 * 2**30) <= card.total_high_bytes
+    assert card.source.startswith("measured: ") and "gpu-tests-first-failure.log (139.80 GiB)" in card.source
+
+
 def test_an_unknown_card_names_the_known_ones() -> None:
     with pytest.raises(ConfigurationError) as raised:
         card_named("B200")

@@ -74,7 +74,8 @@ def _gib(value: float) -> int:
 
 _REPORTED = "the total capacity in CUDA out-of-memory messages quoted in"
 #: The cards, by the name ``--gpu`` takes. Nominal sizes are NVIDIA's spec sheets; totals are what
-#: torch reported on them, with the message's source; ``estimate`` where none was found.
+#: torch reported on them, with the message's source; ``estimate`` where none was found. A card
+#: measured once, inside the range estimated for it, keeps that range around its measurement.
 CARDS: dict[str, Card] = {
     card.name: card
     for card in (
@@ -107,8 +108,9 @@ CARDS: dict[str, Card] = {
              context_bytes=760 * MiB, context_low_bytes=740 * MiB, context_high_bytes=790 * MiB,
              context_source="measured: bench/data/h100-2026-11-25's out-of-memory messages, torch 2.11"),
         Card("H200", "141 GB HBM3e", _gib(139.0), _gib(140.0), True,
-             "estimate: 141 GB scaled as the H100's 80 GB report 79.18 GiB (139.5 GiB); not yet "
-             "measured (bench/gpu_session.sh's predict stage records it)"),
+             "measured: the out-of-memory messages of bench/data/h200-2026-11-26-2/"
+             "gpu-tests-first-failure.log (139.80 GiB); the range around it is an estimate, 141 GB "
+             "scaled as the H100's 80 GB report 79.18 GiB"),
     )
 }  # fmt: skip
 
