@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import json
 import sys
+from collections import Counter
 from typing import Any
 
 import _harness
@@ -61,11 +62,14 @@ def points(row: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def predictors(workload: str, gap_mib: int) -> dict[int, CapacityPredictor]:
+def predictors(workload: str, gap_mib: int, held_bytes: int = 0) -> dict[int, CapacityPredictor]:
     """``predict``'s replay of the H200's recorded trials of ``workload`` on expandable segments,
-    the large pool's resident state ``gap_mib`` into its first page, at each of ``STEPS``."""
+    the large pool's resident state ``gap_mib`` into its first page (and ``held_bytes`` more held
+    after it), at each of ``STEPS``."""
     histories = _histories.histories(workload)
-    records = {size: _histories.expandable_record_of(h, gap_mib << 20) for size, h in histories.items()}
+    records = {
+        size: _histories.expandable_record_of(h, gap_mib << 20, held_bytes) for size, h in histories.items()
+    }
     return {steps: CapacityPredictor(records, steps, CudaDevice.soft_workspaces) for steps in STEPS}
 
 
@@ -94,6 +98,13 @@ def agreement(row: dict[str, Any]) -> dict[str, Any]:
         str(steps): max((s for s in window if fresh[steps].play(s, cap).fits), default=None)
         for steps in (TRUTH_STEPS, CHECK_STEPS)
     }
+    unrecorded = {who: unrecorded_bytes(found, who) for who in dict.fromkeys(instance(p) for p in found)}
+    held = {
+        nbytes: predictors(workload, 0, nbytes) if nbytes else fresh for nbytes in set(unrecorded.values())
+    }
+    for point in found:
+        replay = held[unrecorded[instance(point)]]
+        point["model_with_unrecorded"] = replay[point["steps"]].play(point["size"], cap).fits
     robust = [s for s in window if all(replay[CHECK_STEPS].play(s, cap).fits for replay in by_gap.values())]
     return {
         "workload": workload,
@@ -110,8 +121,29 @@ def agreement(row: dict[str, Any]) -> dict[str, Any]:
         "model_largest": largest,
         "agreeing_gaps_mib": agreeing_gaps,
         "largest_at_every_gap": max(robust, default=None),
+        "unrecorded_bytes": unrecorded,
+        "judged_agreeing_with_unrecorded": sum(p["model_with_unrecorded"] == p["fits"] for p in judged),
         "contradictions": contradictions(found),
     }
+
+
+def instance(point: dict[str, Any]) -> str:
+    """The model instance a point ran on: the truth's, a method's trials', or a method's check's
+    (``find.py`` built each anew)."""
+    return point["who"]
+
+
+def unrecorded_bytes(found: list[dict[str, Any]], who: str) -> int:
+    """What instance ``who``'s trials held at their peaks beyond the replay's, where they held
+    more: the most common difference of its recorded allocated peaks and the model's (0 where that
+    is not above 0, or it kept no peak)."""
+    differences = Counter(
+        p["peak_allocated_bytes"] - p["model_peak_allocated_bytes"]
+        for p in found
+        if p["who"] == who and p["peak_allocated_bytes"] is not None
+    )
+    common = differences.most_common(1)
+    return max(0, common[0][0]) if common else 0
 
 
 def by_instance(found: list[dict[str, Any]]) -> dict[str, list[int]]:
@@ -119,7 +151,7 @@ def by_instance(found: list[dict[str, Any]]) -> dict[str, list[int]]:
     agrees with and the points recorded on it."""
     counts: dict[str, list[int]] = {}
     for point in found:
-        count = counts.setdefault(point["who"].split()[0], [0, 0])
+        count = counts.setdefault(point["who"], [0, 0])
         count[0] += point["model"] == point["fits"]
         count[1] += 1
     return counts
@@ -137,7 +169,7 @@ def contradictions(found: list[dict[str, Any]]) -> list[list[Any]]:
         and not q["fits"]
         and q["size"] <= p["size"]
         and q["steps"] <= p["steps"]
-        and p["who"].split()[0] != q["who"].split()[0]
+        and instance(p) != instance(q)
     ]
     return sorted(pairs, key=lambda pair: (pair[4] - pair[1], pair[5] - pair[2]))
 
@@ -170,6 +202,7 @@ def summary(found: list[dict[str, Any]]) -> dict[str, Any]:
         "agreeing": sum(row["agreeing"] for row in found),
         "judged": sum(row["judged"] for row in found),
         "judged_agreeing": sum(row["judged_agreeing"] for row in found),
+        "judged_agreeing_with_unrecorded": sum(row["judged_agreeing_with_unrecorded"] for row in found),
         "steps_matter": sum(len(row["steps_matter"]) for row in found),
         "contradictions": sum(len(row["contradictions"]) for row in found),
     }

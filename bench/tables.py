@@ -607,6 +607,65 @@ def standin_agreement_table(files: list[dict[str, Any]]) -> str:
     return f"{markdown(headers, lines, (0, 1, 6, 7))}\n\n{said}\n\n{provenance(data)}"
 
 
+def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
+    """``bench/expandable_agreement.py``: per row of the H200's expandable-segments file, the points
+    the model agrees with on each model instance, its largest size, the H200's own contradictions
+    and where the resident state must sit for the model to agree with the truth and the checks."""
+    (data,) = files
+    lines = []
+    for row in data["rows"]:
+        instances = ", ".join(f"{who} {agree}/{total}" for who, (agree, total) in row["by_instance"].items())
+        missed = [p for p in row["points"] if p["model"] != p["fits"]]
+        disagree = "; ".join(
+            f"{p['who']} {p['size']} x {p['steps']} ({'fits' if p['fits'] else 'fails'})" for p in missed
+        )
+        widest = row["contradictions"][0] if row["contradictions"] else None
+        contradiction = (
+            "-"
+            if widest is None
+            else (
+                f"{len(row['contradictions'])}; widest: {widest[0]} {widest[1]} x {widest[2]} fits, "
+                f"{widest[3]} {widest[4]} x {widest[5]} fails"
+            )
+        )
+        largest = row["model_largest"]
+        gaps = ", ".join(map(str, row["agreeing_gaps_mib"])) or "none"
+        held = {f"{nbytes / 2**20:.1f}" for nbytes in row["unrecorded_bytes"].values() if nbytes}
+        unrecorded = ", ".join(
+            f"{who} {nbytes / 2**20:.1f}" for who, nbytes in row["unrecorded_bytes"].items() if nbytes
+        )
+        lines.append(
+            [
+                row["workload"],
+                f"{row['cap_bytes'] / 2**20:.1f}",
+                f"{row['agreeing']}/{len(row['points'])}",
+                f"{row['judged_agreeing']}/{row['judged']}",
+                f"{row['judged_agreeing_with_unrecorded']}/{row['judged']}" if held else "-",
+                unrecorded or "-",
+                instances,
+                disagree or "-",
+                f"{largest['10']} / {largest['20']}",
+                contradiction,
+                gaps,
+                str(row["largest_at_every_gap"] or "none"),
+            ]
+        )
+    total = data["summary"]
+    headers = ["workload", "cap (MiB)", "agree", "truth and checks agree"]
+    headers += ["with what each instance held beyond the replay", "held beyond (MiB)"]
+    headers += ["by instance", "disagree at (H200's verdict)"]
+    headers += ["model's largest (10 / 20 steps)", "H200 pairs no one start gives"]
+    headers += ["offsets that agree with truth and checks (MiB)", "fits 20 steps at every offset"]
+    said = (
+        f"In all: {total['agreeing']} of {total['points']} points agree, {total['judged_agreeing']} of "
+        f"{total['judged']} truth probes and checks ({total['judged_agreeing_with_unrecorded']} with "
+        "what each instance held beyond the replay); the model's verdict at 20 steps differs from its "
+        f"verdict at 10 at {total['steps_matter']} points; {total['contradictions']} pairs of the H200's "
+        "verdicts on two instances cannot both come from one start."
+    )
+    return f"{markdown(headers, lines, (0, 5, 6, 7, 9, 10))}\n\n{said}\n\n{provenance(data)}"
+
+
 def predict_trace_table(files: list[dict[str, Any]]) -> str:
     """``bench/predict_trace.py``: each workload's and mode's recording by a fake-tensor trace and by
     real trials on the CPU: their seconds, whether their requests are equal, and the answers of both."""
@@ -648,6 +707,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "predict-histories": (predict_histories_table, True, False),
     "predict-trace": (predict_trace_table, True, False),
     "standin-agreement": (standin_agreement_table, True, False),
+    "expandable-agreement": (expandable_agreement_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),
