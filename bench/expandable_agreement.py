@@ -130,7 +130,7 @@ def agreement(row: dict[str, Any]) -> dict[str, Any]:
 def instance(point: dict[str, Any]) -> str:
     """The model instance a point ran on: the truth's, a method's trials', or a method's check's
     (``find.py`` built each anew)."""
-    return point["who"]
+    return str(point["who"])
 
 
 def unrecorded_bytes(found: list[dict[str, Any]], who: str) -> int:

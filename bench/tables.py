@@ -614,7 +614,6 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
     (data,) = files
     lines = []
     for row in data["rows"]:
-        instances = ", ".join(f"{who} {agree}/{total}" for who, (agree, total) in row["by_instance"].items())
         missed = [p for p in row["points"] if p["model"] != p["fits"]]
         disagree = "; ".join(
             f"{p['who']} {p['size']} x {p['steps']} ({'fits' if p['fits'] else 'fails'})" for p in missed
@@ -642,7 +641,6 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
                 f"{row['judged_agreeing']}/{row['judged']}",
                 f"{row['judged_agreeing_with_unrecorded']}/{row['judged']}" if held else "-",
                 unrecorded or "-",
-                instances,
                 disagree or "-",
                 f"{largest['10']} / {largest['20']}",
                 contradiction,
@@ -653,7 +651,7 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
     total = data["summary"]
     headers = ["workload", "cap (MiB)", "agree", "truth and checks agree"]
     headers += ["with what each instance held beyond the replay", "held beyond (MiB)"]
-    headers += ["by instance", "disagree at (H200's verdict)"]
+    headers += ["disagree at (H200's verdict)"]
     headers += ["model's largest (10 / 20 steps)", "H200 pairs no one start gives"]
     headers += ["offsets that agree with truth and checks (MiB)", "fits 20 steps at every offset"]
     said = (
@@ -663,7 +661,7 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
         f"verdict at 10 at {total['steps_matter']} points; {total['contradictions']} pairs of the H200's "
         "verdicts on two instances cannot both come from one start."
     )
-    return f"{markdown(headers, lines, (0, 5, 6, 7, 9, 10))}\n\n{said}\n\n{provenance(data)}"
+    return f"{markdown(headers, lines, (0, 5, 6, 8, 9))}\n\n{said}\n\n{provenance(data)}"
 
 
 def predict_trace_table(files: list[dict[str, Any]]) -> str:
