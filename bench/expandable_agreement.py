@@ -27,6 +27,7 @@ import _harness
 import _histories
 import torch
 
+from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.runtime.devices.cuda import CudaDevice
 
@@ -40,6 +41,9 @@ STEPS = (TRIAL_STEPS, TRUTH_STEPS, CHECK_STEPS)
 GAPS = tuple(range(0, 20, 2))
 #: How far around each recorded size the model is played for its own largest fitting size.
 MARGIN = 8
+#: The caps around each row's at which the model's settling is read, in MiB from the row's, and
+#: the most steps it is played for.
+SETTLING_CAPS_MIB, SETTLING_STEPS = (-40, -20, 0, 20, 40), 100
 
 
 def points(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -124,6 +128,7 @@ def agreement(row: dict[str, Any]) -> dict[str, Any]:
         "unrecorded_bytes": unrecorded,
         "judged_agreeing_with_unrecorded": sum(p["model_with_unrecorded"] == p["fits"] for p in judged),
         "contradictions": contradictions(found),
+        "settling": settling(workload, cap, largest[str(TRUTH_STEPS)] or MARGIN),
     }
 
 
@@ -174,6 +179,42 @@ def contradictions(found: list[dict[str, Any]]) -> list[list[Any]]:
     return sorted(pairs, key=lambda pair: (pair[4] - pair[1], pair[5] - pair[2]))
 
 
+def settling(workload: str, cap: int, near: int) -> list[dict[str, Any]]:
+    """At caps around ``cap``, with each allocator: the model's largest size near ``near`` that
+    trains ``TRUTH_STEPS`` steps, and the step count at which it first fails within
+    ``SETTLING_STEPS`` (None: it trains them all, its state recurring)."""
+    histories = _histories.histories(workload)
+    found = []
+    for expandable in (False, True):
+        make = _histories.expandable_record_of if expandable else _histories.record_of
+        records = {size: make(history) for size, history in histories.items()}
+        replay = CapacityPredictor(records, TRUTH_STEPS, CudaDevice.soft_workspaces).replays[0][1]
+
+        def fits(size: int, limit: int, steps: int, replay: AllocationReplay = replay) -> bool:
+            return bool(replay.fits(size, limit, steps, CudaDevice.soft_workspaces))
+
+        for offset in SETTLING_CAPS_MIB:
+            limit = cap + (offset << 20)
+            window = range(max(1, near - 2 * MARGIN), near + 2 * MARGIN + 1)
+            largest = max((size for size in window if fits(size, limit, TRUTH_STEPS)), default=None)
+            first = None
+            if largest is not None and not fits(largest, limit, SETTLING_STEPS):
+                placed, failed = TRUTH_STEPS, SETTLING_STEPS  # fits at placed, fails at failed
+                while failed - placed > 1:
+                    middle = (placed + failed) // 2
+                    placed, failed = (middle, failed) if fits(largest, limit, middle) else (placed, middle)
+                first = failed
+            found.append(
+                {
+                    "expandable": expandable,
+                    "cap_mib_from_row": offset,
+                    "largest": largest,
+                    "fails_at_step": first,
+                }
+            )
+    return found
+
+
 def row_peak(row: dict[str, Any], point: dict[str, Any]) -> int | None:
     """The allocated peak the H200 recorded at a fitting truth probe or trial (None: none kept; a
     check keeps none)."""
@@ -205,6 +246,18 @@ def summary(found: list[dict[str, Any]]) -> dict[str, Any]:
         "judged_agreeing_with_unrecorded": sum(row["judged_agreeing_with_unrecorded"] for row in found),
         "steps_matter": sum(len(row["steps_matter"]) for row in found),
         "contradictions": sum(len(row["contradictions"]) for row in found),
+        "latest_failure_step": {
+            str(kind): max(
+                (
+                    s["fails_at_step"] or 0
+                    for row in found
+                    for s in row["settling"]
+                    if s["expandable"] == kind
+                ),
+                default=0,
+            )
+            for kind in (False, True)
+        },
     }
 
 

@@ -15,6 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import expandable_agreement
 
+from batchfit.runtime.devices.caching_device import EXPANDABLE_CONFIRM_STEPS
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "data" / "cpu-2026-11-28" / "expandable-agreement.json"
 MIB = 2**20
@@ -61,6 +63,30 @@ def test_the_transformer_s_model_is_lightning_s_instance_which_the_truth_s_contr
     pairs = expandable_agreement.contradictions(points)
     assert len(pairs) == 10
     assert pairs[0] == ["lightning check", 176, 20, "truth", 168, 10]
+
+
+def test_with_expandable_segments_resnet50_amp_settles_past_10_steps_and_within_the_device_s_40() -> None:
+    # Replayed under the H200's 10.5 GiB: with expandable segments the largest size that trains 10
+    # steps (245) fails at step 18, and 244 trains 40 (its state recurs); with the default
+    # allocator 243 trains 40 as it trains 10. CUDA confirms 40 steps under the setting.
+    histories = expandable_agreement._histories.histories("resnet50-amp")
+    cap = _recorded()["resnet50-amp"]["cap_bytes"]
+    expandable = {
+        size: expandable_agreement._histories.expandable_record_of(h) for size, h in histories.items()
+    }
+    replay = expandable_agreement.CapacityPredictor(expandable, 10, True).replays[0][1]
+    verdicts = {
+        (size, steps): replay.fits(size, cap, steps, True)
+        for size, steps in ((245, 10), (245, 17), (245, 18), (246, 10), (244, EXPANDABLE_CONFIRM_STEPS))
+    }
+    assert verdicts == {(245, 10): True, (245, 17): True, (245, 18): False, (246, 10): False, (244, 40): True}
+    default = {size: expandable_agreement._histories.record_of(h) for size, h in histories.items()}
+    replay = expandable_agreement.CapacityPredictor(default, 10, True).replays[0][1]
+    assert [replay.fits(size, cap, steps, True) for size, steps in ((243, 10), (243, 40), (244, 10))] == [
+        True,
+        True,
+        False,
+    ]
 
 
 def test_the_h200_s_points_with_the_steps_each_ran() -> None:
