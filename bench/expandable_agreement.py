@@ -290,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         histories = sorted(
             str(p.relative_to(_harness.ROOT)) for p in _histories.HISTORIES.glob("allocator-*")
         )
-        payload = {"histories": histories, "truth": TRUTH, "gaps_mib": list(GAPS)}
+        payload = {
+            "histories": histories,
+            "truth": TRUTH,
+            "gaps_mib": list(GAPS),
+            "settling_steps": SETTLING_STEPS,
+        }
         _harness.write_results(path, session, payload | {"rows": found, "summary": total})
     return 0
 

@@ -628,6 +628,14 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
             )
         )
         largest = row["model_largest"]
+        settled = [
+            ", ".join(
+                f"{s['cap_mib_from_row']:+d}: {s['fails_at_step'] or '-'}"
+                for s in row["settling"]
+                if s["expandable"] == expandable
+            )
+            for expandable in (True, False)
+        ]
         gaps = ", ".join(map(str, row["agreeing_gaps_mib"])) or "none"
         held = {f"{nbytes / 2**20:.1f}" for nbytes in row["unrecorded_bytes"].values() if nbytes}
         unrecorded = ", ".join(
@@ -643,6 +651,7 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
                 unrecorded or "-",
                 disagree or "-",
                 f"{largest['10']} / {largest['20']}",
+                *settled,
                 contradiction,
                 gaps,
                 str(row["largest_at_every_gap"] or "none"),
@@ -652,16 +661,21 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
     headers = ["workload", "cap (MiB)", "agree", "truth and checks agree"]
     headers += ["with what each instance held beyond the replay", "held beyond (MiB)"]
     headers += ["disagree at (H200's verdict)"]
-    headers += ["model's largest (10 / 20 steps)", "H200 pairs no one start gives"]
+    headers += ["model's largest (10 / 20 steps)", "its step of failure, by cap (MiB from the row's)"]
+    headers += ["the same, default allocator", "H200 pairs no one start gives"]
     headers += ["offsets that agree with truth and checks (MiB)", "fits 20 steps at every offset"]
     said = (
         f"In all: {total['agreeing']} of {total['points']} points agree, {total['judged_agreeing']} of "
         f"{total['judged']} truth probes and checks ({total['judged_agreeing_with_unrecorded']} with "
         "what each instance held beyond the replay); the model's verdict at 20 steps differs from its "
         f"verdict at 10 at {total['steps_matter']} points; {total['contradictions']} pairs of the H200's "
-        "verdicts on two instances cannot both come from one start."
+        "verdicts on two instances cannot both come from one start. Replayed at caps around each row's for "
+        f"up to {data['settling_steps']} steps, the largest size that trains 10 fails at step "
+        f"{total['latest_failure_step']['True'] or '-'} at the latest with expandable segments, "
+        f"{total['latest_failure_step']['False'] or 'never'} with the default allocator "
+        "('-': it trains them all)."
     )
-    return f"{markdown(headers, lines, (0, 5, 6, 8, 9))}\n\n{said}\n\n{provenance(data)}"
+    return f"{markdown(headers, lines, (0, 5, 6, 8, 9, 10, 11))}\n\n{said}\n\n{provenance(data)}"
 
 
 def predict_trace_table(files: list[dict[str, Any]]) -> str:
