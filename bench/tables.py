@@ -630,7 +630,7 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
         largest = row["model_largest"]
         settled = [
             ", ".join(
-                f"{s['cap_mib_from_row']:+d}: {s['fails_at_step'] or '-'}"
+                f"{s['cap_mib_from_row']:+d}: {'n/a' if s['largest'] is None else s['fails_at_step'] or '-'}"
                 for s in row["settling"]
                 if s["expandable"] == expandable
             )
@@ -673,7 +673,7 @@ def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
         f"up to {data['settling_steps']} steps, the largest size that trains 10 fails at step "
         f"{total['latest_failure_step']['True'] or '-'} at the latest with expandable segments, "
         f"{total['latest_failure_step']['False'] or 'never'} with the default allocator "
-        "('-': it trains them all)."
+        "('-': it trains them all; n/a: no size within 16 of the model's answer at the row's cap trains 10)."
     )
     return f"{markdown(headers, lines, (0, 5, 6, 8, 9, 10, 11))}\n\n{said}\n\n{provenance(data)}"
 
