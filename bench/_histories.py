@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event, ranked
-from batchfit.policy.allocator_blocks import Block, BlockState, Segments, rounded
+from batchfit.policy.allocator_blocks import (
+    LARGE_PAGE,
+    SMALL_PAGE,
+    SMALL_SEGMENT,
+    Block,
+    BlockState,
+    Segments,
+    rounded,
+)
 from batchfit.policy.caching_allocator import CachingAllocator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,3 +236,30 @@ def record_of(history: History) -> AllocationRecord:
     made = [address for action, address, _ in history.events if action == "segment_alloc"]
     places = ranked([*start.bases, *made])
     return AllocationRecord(history.batch_size, start.segments, tuple(map(tuple, steps)), places=places)
+
+
+def expandable_record_of(history: History, gap_bytes: int = 0, held_bytes: int = 0) -> AllocationRecord:
+    """``record_of(history)`` on an allocator with expandable segments: the same requests and frees
+    (what a step asks for does not depend on the allocator; cuDNN's workspaces aside, which the
+    replay has soft), from the resident state of a fresh process. Each pool is one segment that
+    holds the start's allocated stretches packed from its beginning, in the start's order, the rest
+    of their last page mapped and free, as when the resident tensors are made first and the cache
+    is emptied. ``gap_bytes``: a free stretch (mapped) before the large pool's resident state, so
+    that it lies that far into its first page, as where a model built anew in a process that ran
+    others sits (its place is not recorded). ``held_bytes``: a block more, allocated, after the
+    large pool's resident state (what another session's trials held that these lack)."""
+    record = record_of(history)
+    pools: list[list[tuple[int, BlockState]]] = [[], []]  # the small pool's, the large pool's
+    for blocks in record.start:
+        small = sum(size for size, _ in blocks) == SMALL_SEGMENT  # only the small pool's are 2 MiB
+        pools[0 if small else 1].extend((size, True) for size, state in blocks if state)
+    if gap_bytes:
+        pools[1].insert(0, (gap_bytes, False))
+    if held_bytes:
+        pools[1].append((rounded(held_bytes), True))
+    for pool, page in zip(pools, (SMALL_PAGE, LARGE_PAGE), strict=True):
+        rest = -sum(size for size, _ in pool) % page
+        if rest:
+            pool.append((rest, False))
+    start = tuple(tuple(pool) for pool in pools)
+    return AllocationRecord(record.batch_size, start, record.steps, expandable=True)

@@ -153,8 +153,20 @@ for stage in "$@"; do
         "$py" -m pytest -p no:cacheprovider -q "${parallel[@]}" 2>&1 | tee "$out/tests.log" | tail -n 60 ;;
     find) "$py" bench/find.py --device cuda "${only[@]}" --json "$out/find-cuda$suffix.json" 2>&1 |
         tee "$out/find$suffix.log" ;;
-    expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" bench/find.py --device cuda "${only[@]}" \
-        --json "$out/find-cuda-expandable$suffix.json" 2>&1 | tee "$out/find-expandable$suffix.log" ;;
+    expandable) # the truth on one model per case, for the workloads whose answers failed 20 steps
+        # on the H200 with the setting (h200-2026-11-26), then CUDA's allocator history of each under
+        # it: where its tensors sit in the pools' pages (bench/expandable_agreement.py starts from
+        # the default allocator's, packed, which places no model built after another)
+        workloads=mlp,cnn,transformer,resnet50-amp
+        [[ $stage == *:* ]] && workloads=${stage#*:}
+        { PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" bench/find.py --device cuda \
+            --workloads "$workloads" --json "$out/find-cuda-expandable$suffix.json"
+            code=$?
+            for workload in ${workloads//,/ }; do
+                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" bench/allocator_history.py --device cuda \
+                    --workload "$workload" --json "$out/allocator-history-cuda-expandable-$workload.json" || code=$?
+            done
+            exit "$code"; } 2>&1 | tee "$out/find-expandable$suffix.log" ;;
     curves) # recorded, then replayed at once: find's search on those trials, beside Lightning's,
         # with the opening's allocator requests replayed and without (how well the model forecasts CUDA)
         recorded="$out/find-curves-cuda$suffix.json"

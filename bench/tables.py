@@ -725,6 +725,77 @@ def trials_replay_table(files: list[dict[str, Any]]) -> str:
     return "\n\n".join([markdown(headers, lines, (0, 1, 6, 7)), said, provenance(before), provenance(after)])
 
 
+def expandable_agreement_table(files: list[dict[str, Any]]) -> str:
+    """``bench/expandable_agreement.py``: per row of the H200's expandable-segments file, the points
+    the model agrees with on each model instance, its largest size, the H200's own contradictions
+    and where the resident state must sit for the model to agree with the truth and the checks."""
+    (data,) = files
+    lines = []
+    for row in data["rows"]:
+        missed = [p for p in row["points"] if p["model"] != p["fits"]]
+        disagree = "; ".join(
+            f"{p['who']} {p['size']} x {p['steps']} ({'fits' if p['fits'] else 'fails'})" for p in missed
+        )
+        widest = row["contradictions"][0] if row["contradictions"] else None
+        contradiction = (
+            "-"
+            if widest is None
+            else (
+                f"{len(row['contradictions'])}; widest: {widest[0]} {widest[1]} x {widest[2]} fits, "
+                f"{widest[3]} {widest[4]} x {widest[5]} fails"
+            )
+        )
+        largest = row["model_largest"]
+        settled = [
+            ", ".join(
+                f"{s['cap_mib_from_row']:+d}: {'n/a' if s['largest'] is None else s['fails_at_step'] or '-'}"
+                for s in row["settling"]
+                if s["expandable"] == expandable
+            )
+            for expandable in (True, False)
+        ]
+        gaps = ", ".join(map(str, row["agreeing_gaps_mib"])) or "none"
+        held = {f"{nbytes / 2**20:.1f}" for nbytes in row["unrecorded_bytes"].values() if nbytes}
+        unrecorded = ", ".join(
+            f"{who} {nbytes / 2**20:.1f}" for who, nbytes in row["unrecorded_bytes"].items() if nbytes
+        )
+        lines.append(
+            [
+                row["workload"],
+                f"{row['cap_bytes'] / 2**20:.1f}",
+                f"{row['agreeing']}/{len(row['points'])}",
+                f"{row['judged_agreeing']}/{row['judged']}",
+                f"{row['judged_agreeing_with_unrecorded']}/{row['judged']}" if held else "-",
+                unrecorded or "-",
+                disagree or "-",
+                f"{largest['10']} / {largest['20']}",
+                *settled,
+                contradiction,
+                gaps,
+                str(row["largest_at_every_gap"] or "none"),
+            ]
+        )
+    total = data["summary"]
+    headers = ["workload", "cap (MiB)", "agree", "truth and checks agree"]
+    headers += ["with what each instance held beyond the replay", "held beyond (MiB)"]
+    headers += ["disagree at (H200's verdict)"]
+    headers += ["model's largest (10 / 20 steps)", "its step of failure, by cap (MiB from the row's)"]
+    headers += ["the same, default allocator", "H200 pairs no one start gives"]
+    headers += ["offsets that agree with truth and checks (MiB)", "fits 20 steps at every offset"]
+    said = (
+        f"In all: {total['agreeing']} of {total['points']} points agree, {total['judged_agreeing']} of "
+        f"{total['judged']} truth probes and checks ({total['judged_agreeing_with_unrecorded']} with "
+        "what each instance held beyond the replay); the model's verdict at 20 steps differs from its "
+        f"verdict at 10 at {total['steps_matter']} points; {total['contradictions']} pairs of the H200's "
+        "verdicts on two instances cannot both come from one start. Replayed at caps around each row's for "
+        f"up to {data['settling_steps']} steps, the largest size that trains 10 fails at step "
+        f"{total['latest_failure_step']['True'] or '-'} at the latest with expandable segments, "
+        f"{total['latest_failure_step']['False'] or 'never'} with the default allocator "
+        "('-': it trains them all; n/a: no size within 16 of the model's answer at the row's cap trains 10)."
+    )
+    return f"{markdown(headers, lines, (0, 5, 6, 8, 9, 10, 11))}\n\n{said}\n\n{provenance(data)}"
+
+
 def predict_trace_table(files: list[dict[str, Any]]) -> str:
     """``bench/predict_trace.py``: each workload's and mode's recording by a fake-tensor trace and by
     real trials on the CPU: their seconds, whether their requests are equal, and the answers of both."""
@@ -815,6 +886,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "trials-replay": (trials_replay_table, True, False),
     "gpu-tests-run": (gpu_tests_run_table, True, False),
     "transient-requests": (transient_requests_table, True, False),
+    "expandable-agreement": (expandable_agreement_table, True, False),
     "transcript": (transcript_block, True, False),
     "transcript-short": (functools.partial(transcript_block, short=True), True, False),
     "source": (source_block, False, False),

@@ -14,7 +14,7 @@ from batchfit.errors import DeviceUnavailableError
 from batchfit.policy.allocation_record import Recording, ranked
 from batchfit.policy.allocator_blocks import Segments
 from batchfit.runtime.devices.allocator_settings import expandable_segments, unmodelled_settings
-from batchfit.runtime.devices.caching_device import CachingDevice
+from batchfit.runtime.devices.caching_device import CONFIRM_STEPS, EXPANDABLE_CONFIRM_STEPS, CachingDevice
 from batchfit.runtime.devices.device import BucketHolding
 from batchfit.units import format_bytes
 
@@ -47,6 +47,19 @@ class CudaDevice(CachingDevice):
         self.name = f"cuda:{index}"
         if limit_bytes is not None:
             self.name += f" (capped at {format_bytes(limit_bytes)})"
+        self._confirm_steps: int | None = None  # set by hand (the Device protocol's attribute)
+
+    @property
+    def confirm_steps(self) -> int | None:
+        """``CONFIRM_STEPS``, or ``EXPANDABLE_CONFIRM_STEPS`` while the allocator makes expandable
+        segments (read at each search: ``compare`` turns them on for a row), unless set."""
+        if self._confirm_steps is not None:
+            return self._confirm_steps
+        return EXPANDABLE_CONFIRM_STEPS if expandable_segments() else CONFIRM_STEPS
+
+    @confirm_steps.setter
+    def confirm_steps(self, steps: int | None) -> None:
+        self._confirm_steps = steps
 
     def capacity_bytes(self, resident: Iterable[torch.Tensor], wrapper_bytes: int = 0) -> int:
         free_bytes, total_bytes = cuda_call(torch.cuda.mem_get_info, self.torch_device)
