@@ -11,8 +11,9 @@
 #              where one process takes longer than a device call may), the gpu tests left to
 #              gpu-tests (processes beside each other would move each other's free memory)
 #   find       bench/find.py --device cuda: the truth, Lightning and accelerate
-#   expandable the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the allocator the
-#              model then replays is that one)
+#   expandable with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: bench/find.py (one model per
+#              case) on mlp, cnn, transformer and resnet50-amp, then CUDA's allocator history of each
+#              under that setting (allocator-history-cuda-expandable-*.json: where its tensors sit)
 #   curves     bench/find_curves.py --device cuda: every trial near each boundary, then find_replay.py on
 #              them, with the opening's allocator requests replayed and without (--no-forecast)
 #   explore    bench/explore.py --device cuda

@@ -11,10 +11,13 @@ measurements (peaks, and for a trial that fits the allocator record the search's
 with) come from the line through the H200's recorded trials, as ``predict``'s replay plays them
 (``_histories.record_of``, ``policy.allocation_replay``).
 
-The search is ``batchfit.policy.search.search_and_confirm``, as ``find`` runs it on CUDA: the seed
-is the saved prediction's answer (``StartingEvidence.placed``: the recorded trials' replay at the
-cap, over the 10 confirming steps), the forecast the replay of the prediction's records joined by
-the records of the trials that fit, every trial after the seed the confirming one. The summary line
+The search is ``batchfit.policy.search.search_and_confirm`` then ``policy.safe_band.hold_below``, as
+``find`` runs them on CUDA: the seed is the saved prediction's answer (``StartingEvidence.placed``:
+the recorded trials' replay at the cap, over the 10 confirming steps, lowered to the top of the band
+below it that holds every size from the truth's smallest probed one), the forecast the replay of the
+prediction's records joined by the records of the trials that fit, every trial after the seed the
+confirming one; the check below the answer (from the truth's smallest probed size) runs its real
+trials where the replay decides something, and they count. The summary line
 is ``SearchResult``'s account of the trials (``policy.search_account``).
 
 Run (CPU only, a few seconds): ``python bench/trials_replay.py [--json F]``.
@@ -38,6 +41,7 @@ from batchfit.policy.allocation_record import ALLOC, AllocationRecord
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.policy.replay_forecast import ReplayForecast
+from batchfit.policy.safe_band import hold_below
 from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
 from batchfit.policy.search_account import trials_account
 from batchfit.policy.trial import Trial
@@ -116,16 +120,18 @@ def cases() -> list[tuple[str, int, str, str, dict[int, bool]]]:
 def replay_case(
     workload: str, cap: int, truth: dict[int, bool]
 ) -> tuple[int | None, SearchOutcome, set[int]]:
-    """The saved prediction's seed, the search's outcome from it, and the sizes it tried that the
-    truth did not probe."""
+    """The saved prediction's seed, the search's outcome from it with the check below its answer
+    (as ``find`` runs it), and the sizes it tried that the truth did not probe. The band is checked
+    from the truth's smallest probed size: below it the H200 measured nothing."""
     histories = _histories.histories(workload)
     recorded = {size: _histories.record_of(history) for size, history in histories.items()}
     candidates = Candidates.between(1, MAX_BATCH_SIZE)
     evidence = StartingEvidence(recorded, cpu_alone=False, source=f"the H200's {workload} histories")
-    seed = evidence.placed(cap, CONFIRM_STEPS, candidates, soft_workspaces=True, foreign=False)
+    low = min(truth)
+    seed = evidence.placed(cap, CONFIRM_STEPS, candidates, soft_workspaces=True, foreign=False, low=low)
     replay = CapacityPredictor(recorded, CONFIRM_STEPS, True).replays[0][1]
     device = ReplayedDevice(truth, cap, replay, dict(recorded))
-    forecast = ReplayForecast(device.records, cap, CONFIRM_STEPS, soft_workspaces=True)
+    forecast = ReplayForecast(device.records, cap, CONFIRM_STEPS, soft_workspaces=True, low=low)
     outcome = search_and_confirm(
         lambda batch: device.trial(batch, OPENING_STEPS),
         candidates,
@@ -134,7 +140,20 @@ def replay_case(
         longer=lambda batch: device.trial(batch, CONFIRM_STEPS),
         forecast=forecast,
     )
-    return seed, outcome, device.modelled
+    if outcome.batch_size is None:
+        return seed, outcome, device.modelled
+    longer = lambda batch: device.trial(batch, CONFIRM_STEPS)  # noqa: E731
+    band, ran = hold_below(
+        outcome.batch_size, low, candidates, outcome.trials, longer, forecast.play, cap, cap, CONFIRM_STEPS
+    )
+    answer = outcome.batch_size if band.high is None else band.high
+    reason = outcome.stop_reason if answer == outcome.batch_size else "smaller_size_failed"
+    trials = outcome.trials + ran
+    return (
+        seed,
+        SearchOutcome(answer, trials, outcome.memory_model, reason, outcome.confirmed),
+        device.modelled,
+    )
 
 
 def band_top(truth: dict[int, bool]) -> int | None:

@@ -20,27 +20,29 @@ def _find(sizes: BatchSizes = BatchSizes(max_batch_size=8192), dataset: bool = F
 
 
 def test_the_answer_is_the_top_of_the_band_that_holds_every_smaller_batch() -> None:
+    # The replay of the opening's requests places 3,072 but fails 2,049-2,559 below it: the search
+    # aims at the band that holds every smaller batch, and the replay's larger size is reported
+    # beside it, with what it risks and what makes it safe.
     result = _find()
     assert [(trial.batch_size, trial.outcome) for trial in result.trials] == [
         (2, "ok"),
         (4, "ok"),
-        (3072, "ok"),  # the replay's answer: the search's, as before
-        (3073, "oom"),
-        (2049, "oom"),  # the replay's lowest failure below it, real
-        (2048, "ok"),  # the top of the band below it, over the confirming steps
+        (2048, "ok"),  # the top of the band, over the confirming steps
+        (2049, "oom"),
     ]
-    assert result.batch_size == 2048 and result.stop_reason == "smaller_size_failed"
+    assert result.batch_size == 2048 and result.stop_reason == "boundary"
     band = result.band
     assert band is not None and band.whole and (band.low, band.high, band.isolated) == (1, 2048, 3072)
-    assert band.failing == ((2049, 2559),) and band.confirmed_at == (2049, 2048)
+    assert band.failing == ((2049, 2559),) and band.confirmed_at == () and band.isolated_by_replay
     assert band.memory_fraction_for_isolated is None  # the whole device is the cap already
-    assert "Batch 3072 fits, but 2049-2559 below it fail: every batch from 1 to 2048 fits" in result.summary()
+    said = "The replay places batch 3072 too (no trial ran it), but 2049-2559 below it fail: every batch from 1 to 2048 fits"
+    assert said in result.summary()
     assert (
         "drop the last batch (drop_last=True) or pad it to 3072, and pass must_fit_from=3072."
         in result.summary()
     )
-    # The truth, by real trials from a fresh device: a size in the failing band, one above it.
-    assert [_fits(size) for size in (2300, 2560)] == [False, True]
+    # The truth, by real trials from a fresh device: a size in the failing band, and two above it.
+    assert [_fits(size) for size in (2300, 2560, 3072)] == [False, True, True]
 
 
 def _fits(size: int) -> bool:

@@ -52,11 +52,12 @@ def find_batch_size(
     ``memory_limit`` (e.g. ``"2GiB"``) the device's capacity is that size (a smaller GPU, or a
     CPU standing in for one). ``mode`` is ``"train"`` or ``"eval"`` (``"val"`` too).
     The opening trials run ``trials.steps_per_trial`` steps; every later one, which may be the
-    answer, runs ``trials.confirm_steps`` (default: 10 on CUDA, whose caching allocator fragments
-    over the first steps; none on the CPU); an answer not found by such a trial runs them once
-    more and, if they no longer fit, the search goes on below it. On CUDA the trials record their
-    allocator requests, whose replay at other sizes places the later trials
-    (``SearchResult.replays``). For ``mode="eval"`` with ``trials.eval_with_training_state`` the
+    answer, runs ``trials.confirm_steps`` (default: 10 on CUDA, 40 with expandable segments, whose
+    caching allocator fragments over the first steps; none on the CPU); an answer not found by such
+    a trial runs them once more and, if they no longer fit, the search goes on below it. On CUDA
+    the trials record their allocator requests, whose replay at other sizes places the later trials
+    (``SearchResult.replays``), and the answer holds every smaller batch from
+    ``sizes.must_fit_from`` (which sizes fit is not monotone there: ``SearchResult.band``). For ``mode="eval"`` with ``trials.eval_with_training_state`` the
     eval step is measured with gradients and optimizer state resident, as when validation runs
     inside a training loop. ``on_progress`` hears each trial start and end (``batchfit.Event``).
     ``start_from``: a saved prediction (``batchfit.predict``'s result, or the file ``batchfit
@@ -159,7 +160,7 @@ class _Search:
         if self.start is None:
             return None
         steps = self.confirming or self.opening_steps
-        return self.start.seed(self.target.device, self.budget, steps, self.candidates)
+        return self.start.seed(self.target.device, self.budget, steps, self.candidates, self.must_fit_from)
 
     @property
     def must_fit_from(self) -> int:
@@ -197,7 +198,10 @@ class _Search:
         if confirming is not None:  # its record pairs with the opening's: only those steps are taken
             longer_spec = replace(spec, steps=confirming, record_steps=self.opening_steps)
             longer = self.oracle(TrialRunner(longer_spec, snapshot, records), None)
-            replay = self.team.forecast(ReplayForecast(records, budget, confirming, device.soft_workspaces))
+            low = self.must_fit_from  # the search aims at the band holding every smaller batch from it
+            replay = self.team.forecast(
+                ReplayForecast(records, budget, confirming, device.soft_workspaces, low)
+            )
         forecast = self.team.shared(self.forecast)
         traced = forecast.outcome
         outcome = search_and_confirm(
@@ -237,6 +241,7 @@ class _Search:
             self.budget,
             self.capacity,
             self.confirming or 0,
+            replay.above if isinstance(replay, ReplayForecast) else None,  # alone: ranks may differ
         )
         trials = outcome.trials + ran
         if band.high is None or band.high == outcome.batch_size:

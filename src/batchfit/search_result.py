@@ -140,12 +140,17 @@ class SearchResult:
             else f"no size the search may answer lies from {band.low} below {band.failing[0][0]}, "
             f"so the answer stays {band.isolated}"
         )
+        fits = (
+            f"The replay places batch {band.isolated} too (no trial ran it)"
+            if band.isolated_by_replay
+            else f"Batch {band.isolated} fits"
+        )
         needed = band.memory_fraction_for_isolated
         fraction = (
             "" if needed is None else f", or memory_fraction={needed:.2f}, where the replay places them all"
         )
         return (
-            f" Batch {band.isolated} fits, but {failing} below it fail{'s' if failing.isdigit() else ''}: "
+            f" {fits}, but {failing} below it fail{'s' if failing.isdigit() else ''}: "
             f"{held}. At {band.isolated}, a last batch, an eval batch or a restart in {failing} runs out "
             f"of memory; to train at {band.isolated}, drop the last batch (drop_last=True) or pad it to "
             f"{band.isolated}, and pass must_fit_from={band.isolated}{fraction}."

@@ -14,6 +14,7 @@ from batchfit.errors import ConfigurationError
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.policy.cards import cublas_workspaces
+from batchfit.policy.safe_band import band_top
 from batchfit.policy.search_state import Candidates
 from batchfit.policy.trial import Mode
 from batchfit.prediction import Prediction
@@ -60,20 +61,34 @@ class StartingEvidence:
                 f"by its own fake-tensor trace)."
             )
 
-    def seed(self, device: Device, budget_bytes: int, steps: int, candidates: Candidates) -> int | None:
+    def seed(
+        self, device: Device, budget_bytes: int, steps: int, candidates: Candidates, low: int = 1
+    ) -> int | None:
         """Where the search's first trial goes: the largest candidate the records' replay places
-        under the search's budget over ``steps`` steps (None: not even the smallest). Records from
-        the CPU alone replayed for CUDA keep cuBLAS's workspaces beside them (Hopper's, the larger)."""
-        return self.placed(budget_bytes, steps, candidates, device.soft_workspaces, self._foreign(device))
+        under the search's budget over ``steps`` steps, lowered to the top of the band below it
+        where a size down to ``low`` fails (``policy.safe_band.band_top``; None: not even the
+        smallest fits). Records from the CPU alone replayed for CUDA keep cuBLAS's workspaces beside
+        them (Hopper's, the larger)."""
+        foreign = self._foreign(device)
+        return self.placed(budget_bytes, steps, candidates, device.soft_workspaces, foreign, low)
 
     def placed(
-        self, budget_bytes: int, steps: int, candidates: Candidates, soft_workspaces: bool, foreign: bool
+        self,
+        budget_bytes: int,
+        steps: int,
+        candidates: Candidates,
+        soft_workspaces: bool,
+        foreign: bool,
+        low: int = 1,
     ) -> int | None:
         """``seed`` without a device: its kernels' workspaces ``soft_workspaces`` (CUDA's cuDNN's),
         and ``foreign`` where the records come from the CPU alone and the search runs on CUDA."""
         kept = cublas_workspaces(hopper=True) if foreign else ()
         predictor = CapacityPredictor(self.records, steps, soft_workspaces, kept)
-        return predictor.largest(budget_bytes, candidates)
+        largest = predictor.largest(budget_bytes, candidates)
+        if largest is None:
+            return None
+        return band_top(lambda size: predictor.play(size, budget_bytes).fits, largest, low, candidates)
 
     def shared_records(self, device: Device) -> dict[int, AllocationRecord]:
         """The records the search's replay may pair with its trials' own: none where they come

@@ -35,13 +35,13 @@ def test_the_committed_results_are_this_code_s(rows: list[dict[str, Any]]) -> No
         assert ours["account"] == theirs["account"]
     assert _counts(rows) == [
         ("mlp", 493, 493, 3),
-        ("cnn", 208, 192, 6),  # 203 and 208 fit above a failing band: the search answers below it
-        ("transformer", 156, 156, 2),
+        ("cnn", 208, 192, 7),  # 203 and 208 fit above a failing band: the search answers below it
+        ("transformer", 156, 140, 2),  # 141-144 and 149-152 fail below 156: the band's top
         ("resnet50", 124, 124, 2),
         ("resnet50-amp", 242, 242, 2),
         ("cnn", 160, 160, 2),
     ]
-    assert not committed["met"]  # the cnn scan takes 6: its replay is off at 190-200
+    assert not committed["met"]  # the cnn scan takes 7: its replay is off at 190-200
 
 
 def test_before_the_change_a_failed_prediction_cost_the_opening_and_a_bisection() -> None:
@@ -56,4 +56,4 @@ def test_the_bench_writes_its_results_with_what_made_them(tmp_path: Path) -> Non
     written = json.loads(path.read_text())
     assert written["device"] == "cpu" and written["code"]["commit"]
     assert (written["opening_steps"], written["confirm_steps"], written["target"]) == (2, 10, 3)
-    assert [row["real_trials"] for row in written["rows"]] == [3, 6, 2, 2, 2, 2]
+    assert [row["real_trials"] for row in written["rows"]] == [3, 7, 2, 2, 2, 2]

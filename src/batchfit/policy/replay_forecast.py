@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.allocation_replay import AllocationReplay, Played
+from batchfit.policy.safe_band import MAX_REPLAYED
 
 
 class ReplayForecast:
@@ -27,9 +28,15 @@ class ReplayForecast:
         limit_bytes: int,
         steps: int,
         soft_workspaces: bool = False,
+        low: int | None = None,
     ) -> None:
         self.records, self.limit_bytes, self.steps = records, limit_bytes, steps
-        self.soft_workspaces = soft_workspaces
+        self.soft_workspaces, self.low = soft_workspaces, low
+        # The largest size asked that the replay places although a size below it fails: a larger
+        # answer the band below it does not hold (``SafeBand.isolated``, by the replay alone).
+        self.above: int | None = None
+        # Each verdict played, by the pair it was played on, the batch size and the cap.
+        self._played: dict[tuple[tuple[int, int], int, int], Played | None] = {}
         # Each pair's replay, with the records it was made of (a size recorded again makes a new one).
         self._replays: dict[
             tuple[int, int], tuple[AllocationRecord, AllocationRecord, AllocationReplay | None]
@@ -61,17 +68,30 @@ class ReplayForecast:
         return cached[2]
 
     def fits(self, batch_size: int) -> bool | None:
-        replay = self.replay()
-        if replay is None:
-            return None
-        self.replays_run += 1
-        return replay.fits(batch_size, self.limit_bytes, self.steps, self.soft_workspaces)
+        """Whether ``batch_size`` is placed under the cap and, with ``low``, every size from ``low``
+        below it too (at most ``MAX_REPLAYED`` of them): the search then aims at the top of the band
+        that holds every smaller batch the run will see (``policy.safe_band``)."""
+        played = self.play(batch_size, self.limit_bytes)
+        if played is None or not played.fits or self.low is None:
+            return None if played is None else played.fits
+        for size in range(batch_size - 1, max(self.low, batch_size - MAX_REPLAYED) - 1, -1):
+            below = self.play(size, self.limit_bytes)
+            if below is not None and not below.fits:
+                self.above = max(self.above or 0, batch_size)
+                return False
+        return True
 
     def play(self, batch_size: int, limit_bytes: int) -> Played | None:
         """The replay at ``batch_size`` under ``limit_bytes`` (another budget than the search's),
-        with its peaks; None where no pair aligns or the records cannot be played that far."""
-        replay = self.replay()
-        if replay is None:
+        with its peaks; None where no pair aligns or the records cannot be played that far. Each
+        size is played once on each pair."""
+        pair = self.evidence()
+        if pair is None:
             return None
-        self.replays_run += 1
-        return replay.play(batch_size, limit_bytes, self.steps, self.soft_workspaces)
+        key = (pair, batch_size, limit_bytes)
+        if key not in self._played:
+            self.replays_run += 1
+            self._played[key] = self._replay(*pair).play(  # type: ignore[union-attr]
+                batch_size, limit_bytes, self.steps, self.soft_workspaces
+            )
+        return self._played[key]

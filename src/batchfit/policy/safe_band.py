@@ -17,7 +17,7 @@ Torch-free: ``find`` passes the replay and its confirming trial (``run``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from batchfit.policy.allocation_replay import Played
 from batchfit.policy.search_state import Candidates
@@ -51,6 +51,7 @@ class SafeBand:
     failing: tuple[tuple[int, int], ...] = ()
     isolated: int | None = None
     memory_fraction_for_isolated: float | None = None
+    isolated_by_replay: bool = False  # the isolated size is the replay's, above the answer: no trial ran it
 
     @property
     def whole(self) -> bool:
@@ -99,10 +100,13 @@ def hold_below(
     limit_bytes: int,
     capacity_bytes: int,
     steps: int,
+    above: int | None = None,
 ) -> tuple[SafeBand, tuple[Trial, ...]]:
     """The band of every size from ``low`` up to ``answer`` (a search's, run and fitted) that fits,
     and the real trials the check ran with ``run`` (``steps`` steps each). ``play(size, limit)`` is
-    the replay (None: no records to replay; real trials alone then); ``trials``: the search's."""
+    the replay (None: no records to replay; real trials alone then); ``trials``: the search's;
+    ``above``: a larger size the replay places above sizes that fail (the search's forecast saw it
+    and aimed below), reported as the isolated size where the band holds the answer."""
     check = _Check(answer, low, steps)
     for trial in trials:
         check.learn(trial)
@@ -116,7 +120,10 @@ def hold_below(
             if closest is not None and room:
                 check.run(run, closest)
                 continue
-            return _band(check, verdicts, None, candidates), tuple(check.ran)
+            band = _band(check, verdicts, None, candidates)
+            if above is not None and play is not None and above > answer:
+                band = _above(band, check, play, above, limit_bytes, capacity_bytes, steps)
+            return band, tuple(check.ran)
         lowest = failing[0]
         if lowest not in check.known and room:  # the replay's failure: is it real?
             check.run(run, lowest)
@@ -128,8 +135,22 @@ def hold_below(
         band = _band(check, verdicts, top, candidates)
         if band.isolated is not None and play is not None:
             fraction = _fraction_holding(band, play, limit_bytes, capacity_bytes, steps)
-            band = SafeBand(**{**band.__dict__, "memory_fraction_for_isolated": fraction})
+            band = replace(band, memory_fraction_for_isolated=fraction)
         return band, tuple(check.ran)
+
+
+def band_top(fits: Callable[[int], bool | None], answer: int, low: int, candidates: Candidates) -> int:
+    """The largest candidate up to ``answer`` below which the replay (``fits``) places every size
+    down to ``low`` (at most ``MAX_REPLAYED`` of them): where a saved prediction puts a search's
+    first trial, so that it aims at the band the check below the answer keeps; ``answer`` where
+    nothing below it fails, or no candidate lies below the lowest failure."""
+    failing = [
+        size for size in range(answer - 1, max(low, answer - MAX_REPLAYED) - 1, -1) if fits(size) is False
+    ]
+    if not failing:
+        return answer
+    top = _top_below(min(failing), low, candidates)
+    return answer if top is None else top
 
 
 def _confirmed(trial: Trial, steps: int) -> bool:
@@ -190,6 +211,23 @@ def _band(check: _Check, verdicts: dict[int, bool], top: int | None, candidates:
         return SafeBand(check.low, check.answer, min(checked), replayed, confirmed)
     failing = sorted(size for size, fits in verdicts.items() if not fits and (top is None or size > top))
     return SafeBand(check.low, top, min(checked), replayed, confirmed, _runs(failing), check.answer)
+
+
+def _above(
+    band: SafeBand, check: _Check, play: Play, above: int, limit: int, capacity: int, steps: int
+) -> SafeBand:
+    """The band that holds the answer, with the replay's larger size above it where sizes between
+    them fail: the isolated size, by the replay alone."""
+    between = range(check.answer + 1, min(above, check.answer + MAX_REPLAYED))
+    failing = [
+        size for size in between if (played := check.play(play, size, limit)) is not None and not played.fits
+    ]
+    if not failing:
+        return band
+    isolated = replace(band, failing=_runs(failing), isolated=above, isolated_by_replay=True)
+    return replace(
+        isolated, memory_fraction_for_isolated=_fraction_holding(isolated, play, limit, capacity, steps)
+    )
 
 
 def _runs(sizes: list[int]) -> tuple[tuple[int, int], ...]:

@@ -122,7 +122,9 @@ class LockstepForecast:
 
     @property
     def replays_run(self) -> int:
-        return self.local.replays_run
+        """The most sizes any rank replayed (each replays its own records until its verdict is
+        known): one collective, read once at the search's end on every rank."""
+        return max(self.lockstep.run(lambda: self.local.replays_run))
 
     def fits(self, batch_size: int) -> bool | None:
         answers = self.lockstep.run(lambda: self.local.fits(batch_size))
