@@ -35,7 +35,10 @@ def test_the_answer_is_the_top_of_the_band_that_holds_every_smaller_batch() -> N
     assert band is not None and band.whole and (band.low, band.high, band.isolated) == (1, 2048, 3072)
     assert band.failing == ((2049, 2559),) and band.confirmed_at == () and band.isolated_by_replay
     assert band.memory_fraction_for_isolated is None  # the whole device is the cap already
-    said = "The replay places batch 3072 too (no trial ran it), but 2049-2559 below it fail: every batch from 1 to 2048 fits"
+    said = (
+        "The replay places batch 3072 too (no trial ran it), but 2049-2559 below it fail: every batch "
+        "from 1 to 2048 fits"
+    )
     assert said in result.summary()
     assert (
         "drop the last batch (drop_last=True) or pad it to 3072, and pass must_fit_from=3072."

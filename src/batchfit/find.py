@@ -57,9 +57,10 @@ def find_batch_size(
     a trial runs them once more and, if they no longer fit, the search goes on below it. On CUDA
     the trials record their allocator requests, whose replay at other sizes places the later trials
     (``SearchResult.replays``), and the answer holds every smaller batch from
-    ``sizes.must_fit_from`` (which sizes fit is not monotone there: ``SearchResult.band``). For ``mode="eval"`` with ``trials.eval_with_training_state`` the
-    eval step is measured with gradients and optimizer state resident, as when validation runs
-    inside a training loop. ``on_progress`` hears each trial start and end (``batchfit.Event``).
+    ``sizes.must_fit_from`` (which sizes fit is not monotone there: ``SearchResult.band``). For
+    ``mode="eval"`` with ``trials.eval_with_training_state`` the eval step is measured with
+    gradients and optimizer state resident, as when validation runs inside a training loop.
+    ``on_progress`` hears each trial start and end (``batchfit.Event``).
     ``start_from``: a saved prediction (``batchfit.predict``'s result, or the file ``batchfit
     predict --format json`` wrote) whose allocator records, replayed at this search's budget,
     place its first trial, and join its trials' own records (behind a caching allocator only).
