@@ -83,9 +83,12 @@ class Curve:
     max_batch_size: int
     largest_fitting: int | None  # by the short trials
     points: list[Point] = field(default_factory=list)
-    find_sizes: list[int] = field(default_factory=list)  # find_batch_size's real trials, in order
+    find_sizes: list[int] = field(default_factory=list)  # find_batch_size's search's real trials, in order
     find_steps: list[int | None] = field(default_factory=list)  # the steps each of those ran
     find_answer: int | None = None
+    # The real trials of find's check of the band below its answer (``SearchResult.band``), after
+    # the search's: the replay (``find_replay.py``) replays the search, not the check.
+    find_band: list[int] = field(default_factory=list)
     find_traces: int = 0  # its fake-tensor traces (the CPU's forecast)
     seconds: float = 0.0
     # On a caching allocator, the allocator requests of the opening's sizes (policy.allocation_replay).
@@ -226,8 +229,11 @@ def _find_itself(bench: Bench, curve: Curve) -> None:
     ``bench/find.py`` runs it."""
     workload, _ = bench.workload()
     result = bench.find(workload)
-    curve.find_sizes = [t.batch_size for t in result.trials]
-    curve.find_steps = [t.steps for t in result.trials]
+    checked = len(result.band.confirmed_at) if result.band is not None else 0
+    searched = result.trials[: len(result.trials) - checked]
+    curve.find_sizes = [t.batch_size for t in searched]
+    curve.find_steps = [t.steps for t in searched]
+    curve.find_band = [t.batch_size for t in result.trials[len(searched) :]]
     curve.find_answer = result.batch_size
     curve.find_traces = len(result.predicted_trials)
 
