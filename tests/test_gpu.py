@@ -218,8 +218,17 @@ def test_the_answer_is_the_truth_under_the_cap(device: str, mode: str, amp: bool
     assert result.batch_size == truth
     assert result.answer.fits and result.answer.allocator_retries >= 0
     if device.startswith("cpu-"):  # the opening's requests, replayed, place the answer and the next
-        assert [t.batch_size for t in result.trials] == [2, 4, truth, truth + 1]
-        assert 0 < result.replays <= 20 and "placed by replaying the allocator's requests" in result.summary()
+        band = result.band
+        assert band is not None and band.high == truth and band.isolated is None
+        # Then the check below the answer: at most the replay's closest call, which fits.
+        checked = [t.batch_size for t in result.trials[4:]]
+        assert [t.batch_size for t in result.trials[:4]] == [2, 4, truth, truth + 1]
+        assert checked == list(band.confirmed_at) and len(checked) <= 1
+        assert all(t.fits for t in result.trials[4:])
+        # Each size up to the one after the answer replayed at most once on each of the pairs the
+        # records made (2 and 4; then with the answer's): every size below a size asked is asked.
+        assert 0 < result.replays <= 2 * (truth + 1)
+        assert "placed by replaying the allocator's requests" in result.summary()
 
 
 @pytest.mark.gpu
