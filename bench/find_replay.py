@@ -38,6 +38,7 @@ from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.search import Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
+from batchfit.policy.trial_records import TrialRecords
 
 #: Lightning's binsearch, as the benchmark runs it: from 2, at most 25 trials that fit.
 LIGHTNING_START, LIGHTNING_MAX_TRIALS = 2, 25
@@ -179,11 +180,11 @@ def replay_batchfit(recorded: Recorded, forecast: bool = True) -> Replay:
     recorded.modelled.clear()
     candidates = Candidates.between(1, recorded.max_batch_size)
     confirming: list[Trial] = []
-    records: dict[int, AllocationRecord] = {}  # as the search's trials run, as find's runners fill
+    records = TrialRecords()  # added to as the search's trials run, as find's runners add
 
     def noted(trial: Trial) -> Trial:
         if trial.fits and trial.batch_size in recorded.records:
-            records[trial.batch_size] = recorded.records[trial.batch_size]
+            records.add(recorded.records[trial.batch_size])
         return trial
 
     def short(batch_size: int) -> Trial:

@@ -14,6 +14,7 @@ from batchfit.policy.safe_band import SafeBand, hold_below
 from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
+from batchfit.policy.trial_records import TrialRecords
 from batchfit.progress import OnProgress
 from batchfit.runtime.distributed.buckets import opening_steps, reproduced
 from batchfit.runtime.distributed.data_parallel import note_unwrapped
@@ -177,12 +178,12 @@ class _Search:
         did, the sizes the replay of recorded allocator requests was asked about, and the band below
         the answer that fits (caching allocators: ``policy.safe_band``)."""
         device, budget, confirming = self.target.device, self.budget, self.confirming
-        # Behind a caching allocator the trials record their requests into one store (the
-        # cache's, when searches share one): replayed at other sizes, the opening's place the
-        # confirming trials, and a fitting confirming trial's carry a batch near the boundary's.
-        records = self.cache.records if self.cache is not None else {}
+        # Behind a caching allocator the trials add their requests to one owner (the cache's, when
+        # searches share one), handed to both runners and the replay: replayed, the opening's place
+        # the confirming trials, and a fitting confirming trial's carry a batch near the boundary's.
+        records = self.cache.records if self.cache is not None else TrialRecords()
         if self.start is not None:  # a saved prediction's records join the trials' own
-            records.update(self.start.shared_records(device))
+            records.join(self.start.shared_records(device))
         spec = StepSpec(
             self.workload,
             device,

@@ -16,10 +16,12 @@ from batchfit.policy import search as search_policy
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.search import Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
+from batchfit.policy.trial_records import TrialRecords
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS
 from batchfit.runtime.devices.resolve import resolve_device
-from batchfit.runtime.steps.runner import TrialRunner
+from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
+from batchfit.runtime.steps.stepping import StepSpec
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -214,20 +216,25 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
     )
     snapshot.set_gradients_aside()
     try:
-
-        def runner(steps: int) -> TrialRunner:
-            return TrialRunner.on(
-                workload, target, "train", steps, curve.budget_bytes, snapshot, None, record=True
-            )
-
-        short, confirmer = runner(STEPS_PER_TRIAL), runner(CONFIRM_STEPS)
-        confirmer.records = short.records  # one set of records, as find's runners share
+        spec = StepSpec(
+            workload,
+            target,
+            "train",
+            STEPS_PER_TRIAL,
+            cap_bytes=curve.budget_bytes,
+            until_steady=True,
+            record=True,
+            scalers=snapshot_scalers(snapshot),
+        )
+        records = TrialRecords()  # one owner, handed to both runners and the replay, as find's are
+        short = TrialRunner(spec, snapshot, records)
+        confirmer = TrialRunner(replace(spec, steps=CONFIRM_STEPS), snapshot, records)
         live = search_and_confirm(
             short.run,
             Candidates.between(1, 512),
             curve.budget_bytes,
             longer=confirmer.run,
-            forecast=ReplayForecast(short.records, curve.budget_bytes, CONFIRM_STEPS),
+            forecast=ReplayForecast(records, curve.budget_bytes, CONFIRM_STEPS),
         )
     finally:
         snapshot.restore(gradients=True)
@@ -281,7 +288,7 @@ def test_on_the_h100_s_amp_trials_the_opening_s_requests_forecast_every_verdict(
     # boundary, and the search on those trials is 2, 4, the answer, the next.
     recorded = _h100("resnet50-amp")
     forecast = ReplayForecast(
-        {size: recorded.records[size] for size in (2, 4)},
+        TrialRecords({size: recorded.records[size] for size in (2, 4)}),
         recorded.budget_bytes,
         recorded.confirm_steps,
         recorded.soft_workspaces,
