@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.policy import search as search_policy
 from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.search import Candidates, search_and_confirm
+from batchfit.policy.search import DEFAULT_TUNING, Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
 from batchfit.policy.trial_records import TrialRecords
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS
@@ -145,7 +144,7 @@ def test_accelerate_shrinks_from_the_top() -> None:
 def test_the_cli_prints_the_table_and_refuses_what_it_cannot_use(curve_file: Path) -> None:
     script = BENCH / "find_replay.py"
     done = subprocess.run(
-        [sys.executable, str(script), str(curve_file), "--set", "FIRST_MARGIN=0.05"],
+        [sys.executable, str(script), str(curve_file), "--set", "first_margin=0.05"],
         capture_output=True,
         text=True,
         check=True,
@@ -161,7 +160,7 @@ def test_the_cli_prints_the_table_and_refuses_what_it_cannot_use(curve_file: Pat
     bad = subprocess.run(
         [sys.executable, str(script), str(curve_file), "--set", "SPEED=3"], capture_output=True, text=True
     )
-    assert bad.returncode == 2 and "FIRST_MARGIN, MAX_MARGIN, MAX_OVERHEAD" in bad.stderr
+    assert bad.returncode == 2 and "first_margin, max_margin, max_overhead" in bad.stderr
     missing = subprocess.run(
         [sys.executable, str(script), str(curve_file.with_name("none.json"))], capture_output=True, text=True
     )
@@ -170,12 +169,18 @@ def test_the_cli_prints_the_table_and_refuses_what_it_cannot_use(curve_file: Pat
 
 def test_settings_change_the_search_s_constants() -> None:
     parser = find_replay.argparse.ArgumentParser()
-    before = search_policy.FIRST_MARGIN
-    try:
-        find_replay.apply_settings(["FIRST_MARGIN=0.07"], parser)
-        assert search_policy.FIRST_MARGIN == 0.07
-    finally:
-        search_policy.FIRST_MARGIN = before
+    tuning = find_replay.apply_settings(["FIRST_MARGIN=0.07", "revisions=0"], parser)
+    assert tuning == replace(DEFAULT_TUNING, first_margin=0.07, revisions=0)
+    assert DEFAULT_TUNING.first_margin == 0.02 and DEFAULT_TUNING.revisions == 2  # the defaults stand
+    # The replay is handed them: on the H100's AMP trials, without the forecast, the line's first
+    # aim is held 20% of the budget below it rather than 2%, and the answer stays; a replay handed
+    # nothing after it aims by the defaults.
+    recorded = _h100("resnet50-amp")
+    held = find_replay.apply_settings(["first_margin=0.2"], parser)
+    lower = find_replay.replay_batchfit(recorded, forecast=False, tuning=held)
+    plain = find_replay.replay_batchfit(recorded, forecast=False)
+    assert plain.sizes[:3] == [2, 4, 219] and lower.sizes[:4] == [2, 4, 187, 218]
+    assert lower.answer == plain.answer == 241
 
 
 def test_a_replay_s_seconds_are_the_recorded_trials_own() -> None:
