@@ -9,7 +9,8 @@ interpolated between theirs, and above a failure, with that failure (memory grow
 On the same trials it counts what doubling then bisection from 2 takes (Lightning's binsearch) and
 accelerate's finder (from 512, 10% smaller after each failure), so a change to the policy is
 judged on trials a real device ran, in seconds, on any machine. ``--set NAME=VALUE`` changes one
-of the search's constants (``FIRST_MARGIN``, ``MAX_MARGIN``, ``MAX_OVERHEAD``) for the replay.
+of the search's constants (a field of ``batchfit.policy.search_state.Tuning``: ``first_margin``,
+``revisions``, ...) for the replay, which is handed that ``Tuning``.
 
 The truth is the largest recorded size whose trials fit (on a caching allocator its confirming
 trial too), which need not be below every failure: fitting is not always monotone there. Where
@@ -17,7 +18,7 @@ a recorded GPU case ran ``find`` without a forecast, the replay's sizes are chec
 they differ only where the device's outcome depended on what ran before.
 
 Run: ``.venv/bin/python bench/find_replay.py bench/results/find-curves-cuda.json [more.json ...]
-[--set FIRST_MARGIN=0.03]`` (well under a second per case).
+[--set first_margin=0.03]`` (well under a second per case).
 """
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ import bisect
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import _harness
 
-from batchfit.policy import search as search_policy
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.search import Candidates, search_and_confirm
+from batchfit.policy.search import DEFAULT_TUNING, Candidates, Tuning, search_and_confirm
 from batchfit.policy.trial import Trial
+from batchfit.policy.trial_records import TrialRecords
 
 #: Lightning's binsearch, as the benchmark runs it: from 2, at most 25 trials that fit.
 LIGHTNING_START, LIGHTNING_MAX_TRIALS = 2, 25
@@ -45,7 +46,8 @@ LIGHTNING_START, LIGHTNING_MAX_TRIALS = 2, 25
 ACCELERATE_START, ACCELERATE_FACTOR = 512, 0.9
 #: What the benchmark's target asks of batchfit: at most half of Lightning's trials.
 TARGET = 2.0
-TUNABLE = ("FIRST_MARGIN", "MAX_MARGIN", "MAX_OVERHEAD", "DESCENT", "FIRST_DESCENT")
+#: What ``--set`` changes: the search's constants, by their ``Tuning`` field (any case).
+TUNABLE = tuple(constant.name for constant in fields(Tuning))
 
 
 class GapError(LookupError):
@@ -172,18 +174,18 @@ class Replay:
     seconds: float  # what its trials took when recorded
 
 
-def replay_batchfit(recorded: Recorded, forecast: bool = True) -> Replay:
-    """``find``'s search on the recording; with ``forecast``, the recorded allocator requests of the
-    trials that fitted so far, replayed at other sizes, place the confirming trials, as ``find``
-    does live."""
+def replay_batchfit(recorded: Recorded, forecast: bool = True, tuning: Tuning = DEFAULT_TUNING) -> Replay:
+    """``find``'s search on the recording, with ``tuning``; with ``forecast``, the recorded
+    allocator requests of the trials that fitted so far, replayed at other sizes, place the
+    confirming trials, as ``find`` does live."""
     recorded.modelled.clear()
     candidates = Candidates.between(1, recorded.max_batch_size)
     confirming: list[Trial] = []
-    records: dict[int, AllocationRecord] = {}  # as the search's trials run, as find's runners fill
+    records = TrialRecords()  # added to as the search's trials run, as find's runners add
 
     def noted(trial: Trial) -> Trial:
         if trial.fits and trial.batch_size in recorded.records:
-            records[trial.batch_size] = recorded.records[trial.batch_size]
+            records.add(recorded.records[trial.batch_size])
         return trial
 
     def short(batch_size: int) -> Trial:
@@ -204,6 +206,7 @@ def replay_batchfit(recorded: Recorded, forecast: bool = True) -> Replay:
             if forecast and confirm_steps
             else None
         ),
+        tuning=tuning,
     )
     sizes = [trial.batch_size for trial in outcome.trials]
     seconds = recorded.trial_seconds(list(outcome.trials), confirming)
@@ -244,10 +247,12 @@ def shrink_from_top(fits: Callable[[int], bool], start: int) -> list[int]:
     return tried
 
 
-def rows(curves: list[Recorded], forecast: bool = True) -> tuple[list[list[str]], bool]:
+def rows(
+    curves: list[Recorded], forecast: bool = True, tuning: Tuning = DEFAULT_TUNING
+) -> tuple[list[list[str]], bool]:
     lines, met = [], True
     for recorded in curves:
-        ours = replay_batchfit(recorded, forecast)
+        ours = replay_batchfit(recorded, forecast, tuning)
         truth = recorded.truth()
 
         def fits(size: int, recorded: Recorded = recorded) -> bool:
@@ -300,15 +305,22 @@ def load(paths: list[Path]) -> list[Recorded]:
     return [Recorded.from_dict(curve) for path in paths for curve in json.loads(path.read_text())["curves"]]
 
 
-def apply_settings(settings: list[str], parser: argparse.ArgumentParser) -> None:
+def apply_settings(settings: list[str], parser: argparse.ArgumentParser) -> Tuning:
+    """The search's constants with each ``NAME=VALUE`` of ``settings`` in place of its default."""
+    tuning = DEFAULT_TUNING
     for setting in settings:
         name, _, value = setting.partition("=")
+        name = name.lower()
         if name not in TUNABLE or not value:
             parser.error(f"--set takes NAME=VALUE with NAME one of {', '.join(TUNABLE)}; got {setting!r}")
+        kind = type(getattr(DEFAULT_TUNING, name))  # float, or int for a count
         try:
-            setattr(search_policy, name, float(value))
+            tuning = replace(tuning, **{name: kind(value)})
         except ValueError:
-            parser.error(f"--set {name} needs a number; got {value!r}")
+            parser.error(
+                f"--set {name} needs {'a whole number' if kind is int else 'a number'}; got {value!r}"
+            )
+    return tuning
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,11 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         help="search without replaying the opening's allocator requests (the search before it)",
     )
     args = parser.parse_args(argv)
-    apply_settings(args.set, parser)
+    tuning = apply_settings(args.set, parser)
     for path in args.curves:
         if not path.is_file():
             parser.error(f"{path} does not exist: record it first with bench/find_curves.py")
-    lines, met = rows(load(args.curves), forecast=not args.no_forecast)
+    lines, met = rows(load(args.curves), forecast=not args.no_forecast, tuning=tuning)
     _harness.print_text_table(HEADERS, lines)
     verdict = "met" if met else "NOT met"
     print(f"\nexact, with at most 1/{TARGET:g} of binsearch's trials, in every case: {verdict}")

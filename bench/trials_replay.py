@@ -45,6 +45,7 @@ from batchfit.policy.safe_band import hold_below
 from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
 from batchfit.policy.search_account import trials_account
 from batchfit.policy.trial import Trial
+from batchfit.policy.trial_records import TrialRecords
 from batchfit.starting_evidence import StartingEvidence
 
 #: find's defaults on CUDA: the opening's steps and the confirming trial's (the truth's too).
@@ -63,7 +64,7 @@ class ReplayedDevice:
     truth: dict[int, bool]
     cap_bytes: int
     replay: AllocationReplay
-    records: dict[int, AllocationRecord]
+    records: TrialRecords  # the search's: the replay forecast reads them
     modelled: set[int] = field(default_factory=set)  # sizes the truth did not probe
 
     def fits(self, batch_size: int) -> bool:
@@ -78,7 +79,7 @@ class ReplayedDevice:
             raise ValueError(f"the records cannot be played for {CONFIRM_STEPS} steps")
         fits = self.fits(batch_size)
         if fits:
-            self.records[batch_size] = self.record_at(batch_size)
+            self.records.add(self.record_at(batch_size))
         return Trial(
             batch_size,
             "ok" if fits else "oom",
@@ -130,7 +131,7 @@ def replay_case(
     low = min(truth)
     seed = evidence.placed(cap, CONFIRM_STEPS, candidates, soft_workspaces=True, foreign=False, low=low)
     replay = CapacityPredictor(recorded, CONFIRM_STEPS, True).replays[0][1]
-    device = ReplayedDevice(truth, cap, replay, dict(recorded))
+    device = ReplayedDevice(truth, cap, replay, TrialRecords(recorded))
     forecast = ReplayForecast(device.records, cap, CONFIRM_STEPS, soft_workspaces=True, low=low)
     outcome = search_and_confirm(
         lambda batch: device.trial(batch, OPENING_STEPS),

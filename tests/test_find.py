@@ -45,7 +45,7 @@ from batchfit import (
 )
 from batchfit.find import find_on
 from batchfit.options import Target
-from batchfit.policy import search as search_policy
+from batchfit.policy.search import DEFAULT_TUNING, Tuning
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import build_example
@@ -744,7 +744,7 @@ def test_behind_a_caching_allocator_a_search_whose_first_fp16_steps_overflow_is_
 
 @pytest.mark.parametrize("per_sample", [1300, 1500, 1700])
 def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near_the_boundary(
-    per_sample: int, monkeypatch: pytest.MonkeyPatch
+    per_sample: int,
 ) -> None:
     # The opening's requests (batches 2 and 4) lack the workspace: their replay overshoots the
     # boundary by 1.7-8%, and the search gallops down from the failure, from a 32nd of it (109
@@ -752,12 +752,13 @@ def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near
     # a confirming trial whose requests are recorded: the replay, asked again on them, places the
     # answer, and the next trial is the candidate after it: 6-7 trials in all (9-11 when the
     # gallop started 7 below).
-    def search() -> batchfit.SearchResult:
+    def search(tuning: Tuning = DEFAULT_TUNING) -> batchfit.SearchResult:
         return find_on(
             Target(CachingCpuDevice(40 * 2**20), 0.8),
             large_batch_workspace(per_sample),
             "train",
             BatchSizes(max_batch_size=8192),
+            tuning=tuning,
         )
 
     asked_again = search()
@@ -773,7 +774,7 @@ def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near
     galloped = sizes[2 : first_fit + 1]  # the failed forecast, the gallop's failures, the first fit
     steps = [above - below for above, below in itertools.pairwise(galloped)]
     floor = sizes[2] * 7 // 8
-    assert steps[0] == round(sizes[2] * search_policy.FIRST_DESCENT)
+    assert steps[0] == round(sizes[2] * DEFAULT_TUNING.first_descent)
     assert all(later == 2 * earlier for earlier, later in itertools.pairwise(steps[:-1]))
     # the floor itself, not past it
     assert len(steps) == 1 or steps[-1] == 2 * steps[-2] or sizes[first_fit] == floor
@@ -781,24 +782,27 @@ def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near
     assert len(sizes) <= 7
     last = [trial for trial in asked_again.trials if trial.batch_size not in band.confirmed_at][-1]
     assert asked_again.stop_reason == "boundary" and last.outcome == "oom"
-    monkeypatch.setattr("batchfit.policy.search.REVISIONS", 0)  # not asked again: bisection
-    bisected = search()
+    bisected = search(dataclasses.replace(DEFAULT_TUNING, revisions=0))  # not asked again: bisection
     assert bisected.batch_size == asked_again.batch_size
     assert len(bisected.trials) >= len(asked_again.trials) + 3
 
 
 @pytest.mark.parametrize("per_sample", [1600, 3200])
 def test_behind_a_caching_allocator_a_forecast_that_was_low_is_asked_again_near_the_boundary(
-    per_sample: int, monkeypatch: pytest.MonkeyPatch
+    per_sample: int,
 ) -> None:
     # Now the workspace is the small batches' (below 64 samples): the replay of 2 and 4 plays it
     # at every size and answers 6-25% low. Its answer and the candidate after it fit; the latter's
     # recorded requests, which lack the workspace, align with the opening's, and the replay asked
     # again places the answer. The line alone took 17-18 trials there.
-    def search() -> batchfit.SearchResult:
+    def search(tuning: Tuning = DEFAULT_TUNING) -> batchfit.SearchResult:
         workload = large_batch_workspace(per_sample, small=True)
         return find_on(
-            Target(CachingCpuDevice(40 * 2**20), 0.8), workload, "train", BatchSizes(max_batch_size=8192)
+            Target(CachingCpuDevice(40 * 2**20), 0.8),
+            workload,
+            "train",
+            BatchSizes(max_batch_size=8192),
+            tuning=tuning,
         )
 
     asked_again = search()
@@ -806,8 +810,7 @@ def test_behind_a_caching_allocator_a_forecast_that_was_low_is_asked_again_near_
     answer = asked_again.batch_size
     assert sizes[:2] == [2, 4] and sizes[3] == sizes[2] + 1 < answer * 0.95  # low, refuted
     assert sizes[4:] == [answer, answer + 1] and asked_again.stop_reason == "boundary"
-    monkeypatch.setattr("batchfit.policy.search.REVISIONS", 0)
-    by_the_line = search()
+    by_the_line = search(dataclasses.replace(DEFAULT_TUNING, revisions=0))
     assert by_the_line.batch_size == answer and len(by_the_line.trials) >= len(sizes) + 8
 
 

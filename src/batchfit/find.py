@@ -11,9 +11,10 @@ import torch
 from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.safe_band import SafeBand, hold_below
-from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
+from batchfit.policy.search import DEFAULT_TUNING, Candidates, SearchOutcome, Tuning, search_and_confirm
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
+from batchfit.policy.trial_records import TrialRecords
 from batchfit.progress import OnProgress
 from batchfit.runtime.distributed.buckets import opening_steps, reproduced
 from batchfit.runtime.distributed.data_parallel import note_unwrapped
@@ -82,10 +83,12 @@ def find_on(
     cache: TrialCache | None = None,
     *,
     start: StartingEvidence | None = None,
+    tuning: Tuning = DEFAULT_TUNING,
 ) -> SearchResult:
     """``find_batch_size`` on a resolved target (explore, compare and analyze search on theirs); a
     ``cache`` shared by searches of one workload, mode and device (at other fractions) reuses
-    their measurements instead of running them again; ``start``: a saved prediction's records."""
+    their measurements instead of running them again; ``start``: a saved prediction's records;
+    ``tuning``: the search's constants."""
     team = ranks()  # under torch.distributed every rank searches together
     # A rank whose workload is wrong stops every rank, not only itself.
     team.run(lambda: check_searchable(workload, mode, target.device))
@@ -100,7 +103,9 @@ def find_on(
         snapshot.set_gradients_aside()
         # With several ranks the answer must fit the smallest device: one budget for all.
         capacity = min(team.run(lambda: search_capacity(workload, target, sizes.candidates(mode).count)))
-        search = _Search(workload, mode, target, sizes, trials, capacity, team, cache, on_progress, start)
+        search = _Search(
+            workload, mode, target, sizes, trials, capacity, team, cache, on_progress, start, tuning
+        )
         seed = team.shared(search.seed)  # where a saved prediction places the first trial
         outcome, forecast, replays, band = search.run(snapshot, seed)
     finally:
@@ -124,6 +129,7 @@ class _Search:
     cache: TrialCache | None
     on_progress: OnProgress | None
     start: StartingEvidence | None = None  # a saved prediction's records: the first trial's place
+    tuning: Tuning = DEFAULT_TUNING  # the search's constants
 
     @property
     def budget(self) -> int:
@@ -177,12 +183,12 @@ class _Search:
         did, the sizes the replay of recorded allocator requests was asked about, and the band below
         the answer that fits (caching allocators: ``policy.safe_band``)."""
         device, budget, confirming = self.target.device, self.budget, self.confirming
-        # Behind a caching allocator the trials record their requests into one store (the
-        # cache's, when searches share one): replayed at other sizes, the opening's place the
-        # confirming trials, and a fitting confirming trial's carry a batch near the boundary's.
-        records = self.cache.records if self.cache is not None else {}
+        # Behind a caching allocator the trials add their requests to one owner (the cache's, when
+        # searches share one), handed to both runners and the replay: replayed, the opening's place
+        # the confirming trials, and a fitting confirming trial's carry a batch near the boundary's.
+        records = self.cache.records if self.cache is not None else TrialRecords()
         if self.start is not None:  # a saved prediction's records join the trials' own
-            records.update(self.start.shared_records(device))
+            records.join(self.start.shared_records(device))
         spec = StepSpec(
             self.workload,
             device,
@@ -214,6 +220,7 @@ class _Search:
             longer=longer,
             exact=device.exact,
             forecast=replay,
+            tuning=self.tuning,
         )
         replays = 0 if replay is None else replay.replays_run  # the search's (the band's are its own)
         band = None

@@ -169,7 +169,6 @@ def record(
     the smallest candidate), as find's do. The model, optimizer and RNG are put back after."""
     optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
     snapshot = TrainingSnapshot.capture(workload.module, optimizer, workload.functions)
-    records: dict[int, AllocationRecord] = {}
     ran: list[Trial] = []
     try:
         snapshot.set_gradients_aside()
@@ -180,7 +179,6 @@ def record(
         # the last recorded step as the steady one.
         steps = opening_steps(trials.steps_per_trial, workload.buckets, device.bucket_holding, mode)
         runner = TrialRunner.on(workload, device, mode, steps, budget, snapshot, warm, record=True)
-        runner.records = records
         for batch_size in RECORD_SIZES:
             trial = runner.run(batch_size)
             ran.append(trial)
@@ -189,6 +187,7 @@ def record(
     finally:
         snapshot.restore(gradients=True)
         device.release()
+    records = dict(runner.records)  # the runner's, each fitting trial's
     if len(records) < 2:
         raise ConfigurationError(
             f"the {mode} step recorded {len(records)} trial(s) of {list(RECORD_SIZES)} on {device.name} "

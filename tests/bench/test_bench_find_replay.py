@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.policy import search as search_policy
 from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.search import Candidates, search_and_confirm
+from batchfit.policy.search import DEFAULT_TUNING, Candidates, search_and_confirm
 from batchfit.policy.trial import Trial
+from batchfit.policy.trial_records import TrialRecords
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS
 from batchfit.runtime.devices.resolve import resolve_device
-from batchfit.runtime.steps.runner import TrialRunner
+from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
+from batchfit.runtime.steps.stepping import StepSpec
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -143,7 +144,7 @@ def test_accelerate_shrinks_from_the_top() -> None:
 def test_the_cli_prints_the_table_and_refuses_what_it_cannot_use(curve_file: Path) -> None:
     script = BENCH / "find_replay.py"
     done = subprocess.run(
-        [sys.executable, str(script), str(curve_file), "--set", "FIRST_MARGIN=0.05"],
+        [sys.executable, str(script), str(curve_file), "--set", "first_margin=0.05"],
         capture_output=True,
         text=True,
         check=True,
@@ -159,7 +160,7 @@ def test_the_cli_prints_the_table_and_refuses_what_it_cannot_use(curve_file: Pat
     bad = subprocess.run(
         [sys.executable, str(script), str(curve_file), "--set", "SPEED=3"], capture_output=True, text=True
     )
-    assert bad.returncode == 2 and "FIRST_MARGIN, MAX_MARGIN, MAX_OVERHEAD" in bad.stderr
+    assert bad.returncode == 2 and "first_margin, max_margin, max_overhead" in bad.stderr
     missing = subprocess.run(
         [sys.executable, str(script), str(curve_file.with_name("none.json"))], capture_output=True, text=True
     )
@@ -168,12 +169,18 @@ def test_the_cli_prints_the_table_and_refuses_what_it_cannot_use(curve_file: Pat
 
 def test_settings_change_the_search_s_constants() -> None:
     parser = find_replay.argparse.ArgumentParser()
-    before = search_policy.FIRST_MARGIN
-    try:
-        find_replay.apply_settings(["FIRST_MARGIN=0.07"], parser)
-        assert search_policy.FIRST_MARGIN == 0.07
-    finally:
-        search_policy.FIRST_MARGIN = before
+    tuning = find_replay.apply_settings(["FIRST_MARGIN=0.07", "revisions=0"], parser)
+    assert tuning == replace(DEFAULT_TUNING, first_margin=0.07, revisions=0)
+    assert DEFAULT_TUNING.first_margin == 0.02 and DEFAULT_TUNING.revisions == 2  # the defaults stand
+    # The replay is handed them: on the H100's AMP trials, without the forecast, the line's first
+    # aim is held 20% of the budget below it rather than 2%, and the answer stays; a replay handed
+    # nothing after it aims by the defaults.
+    recorded = _h100("resnet50-amp")
+    held = find_replay.apply_settings(["first_margin=0.2"], parser)
+    lower = find_replay.replay_batchfit(recorded, forecast=False, tuning=held)
+    plain = find_replay.replay_batchfit(recorded, forecast=False)
+    assert plain.sizes[:3] == [2, 4, 219] and lower.sizes[:4] == [2, 4, 187, 218]
+    assert lower.answer == plain.answer == 241
 
 
 def test_a_replay_s_seconds_are_the_recorded_trials_own() -> None:
@@ -214,20 +221,25 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
     )
     snapshot.set_gradients_aside()
     try:
-
-        def runner(steps: int) -> TrialRunner:
-            return TrialRunner.on(
-                workload, target, "train", steps, curve.budget_bytes, snapshot, None, record=True
-            )
-
-        short, confirmer = runner(STEPS_PER_TRIAL), runner(CONFIRM_STEPS)
-        confirmer.records = short.records  # one set of records, as find's runners share
+        spec = StepSpec(
+            workload,
+            target,
+            "train",
+            STEPS_PER_TRIAL,
+            cap_bytes=curve.budget_bytes,
+            until_steady=True,
+            record=True,
+            scalers=snapshot_scalers(snapshot),
+        )
+        records = TrialRecords()  # one owner, handed to both runners and the replay, as find's are
+        short = TrialRunner(spec, snapshot, records)
+        confirmer = TrialRunner(replace(spec, steps=CONFIRM_STEPS), snapshot, records)
         live = search_and_confirm(
             short.run,
             Candidates.between(1, 512),
             curve.budget_bytes,
             longer=confirmer.run,
-            forecast=ReplayForecast(short.records, curve.budget_bytes, CONFIRM_STEPS),
+            forecast=ReplayForecast(records, curve.budget_bytes, CONFIRM_STEPS),
         )
     finally:
         snapshot.restore(gradients=True)
@@ -281,7 +293,7 @@ def test_on_the_h100_s_amp_trials_the_opening_s_requests_forecast_every_verdict(
     # boundary, and the search on those trials is 2, 4, the answer, the next.
     recorded = _h100("resnet50-amp")
     forecast = ReplayForecast(
-        {size: recorded.records[size] for size in (2, 4)},
+        TrialRecords({size: recorded.records[size] for size in (2, 4)}),
         recorded.budget_bytes,
         recorded.confirm_steps,
         recorded.soft_workspaces,

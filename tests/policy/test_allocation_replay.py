@@ -13,6 +13,7 @@ from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.allocator_blocks import Block
 from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 from batchfit.policy.replay_forecast import ReplayForecast
+from batchfit.policy.trial_records import TrialRecords
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -195,11 +196,11 @@ def _reserved(program: Program, batch_size: int) -> int:
 def test_the_forecast_finds_the_boundary_a_real_search_would() -> None:
     program = random_program(3)
     limit = _reserved(program, 50)
-    records = {2: program.record(2, 2), 4: program.record(4, 2)}
+    records = TrialRecords({2: program.record(2, 2), 4: program.record(4, 2)})
     forecast = ReplayForecast(records, limit, 10)
     truth = max(n for n in range(1, 200) if program.run(n, 10, limit) is not None)
     assert forecast.fits(truth) is True and forecast.fits(truth + 1) is False
-    assert ReplayForecast({2: records[2]}, limit, 10).fits(truth) is None  # one record: no line
+    assert ReplayForecast(TrialRecords({2: records[2]}), limit, 10).fits(truth) is None  # one record: no line
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -212,29 +213,30 @@ def test_a_record_near_the_boundary_brings_the_requests_the_opening_lacks(seed: 
     program = replace(plain, workspace=(seed % len(plain.activations), 3 * MiB, 5))
     limit = _reserved(program, 32)
     truth = max(n for n in range(1, 80) if program.run(n, 10, limit) is not None)
-    records = {2: program.record(2, 2), 4: program.record(4, 2)}
+    records = TrialRecords({2: program.record(2, 2), 4: program.record(4, 2)})
     forecast = ReplayForecast(records, limit, 10)
     assert forecast.evidence() == (2, 4) and forecast.fits(truth + 1) is True  # overshoots
-    records[truth - 2] = program.record(truth - 2, 10)  # filled in as the search runs
+    records.add(program.record(truth - 2, 10))  # added as the search runs
     assert forecast.evidence() == (4, truth - 2)
     assert forecast.fits(truth) is True and forecast.fits(truth + 1) is False
 
 
 def test_the_pair_is_the_largest_record_and_the_largest_at_most_half_its_size_that_aligns() -> None:
     program = random_program(3)
-    records = {size: program.record(size, 2) for size in (2, 4, 6, 9, 30)}
+    records = TrialRecords({size: program.record(size, 2) for size in (2, 4, 6, 9, 30)})
     forecast = ReplayForecast(records, 1 << 40, 10)
     assert forecast.evidence() == (9, 30)
-    records[20] = program.record(20, 2)
+    records.add(program.record(20, 2))
     assert forecast.evidence() == (9, 30)  # 20 is more than half of 30: the span would be narrow
-    del records[9], records[6], records[4], records[2]
+    for size in (9, 6, 4, 2):
+        records.discard(size)
     assert forecast.evidence() == (20, 30)  # none at most half: the nearest below
     # A largest record that aligns with none (another program's) leaves the pair below it.
-    records.update({2: program.record(2, 2), 4: program.record(4, 2)})
-    records[30] = replace(random_program(4), workspace=None).record(30, 2)
+    records.join({2: program.record(2, 2), 4: program.record(4, 2)})
+    records.add(replace(random_program(4), workspace=None).record(30, 2))
     assert forecast.evidence() == (4, 20)
     # A size recorded again (a trial run again) makes a new replay of the new record.
-    records[20] = program.record(20, 3)
+    records.add(program.record(20, 3))
     replay = forecast.replay()
     assert replay is not None and replay.steps == program.record(20, 3).truncated(2).steps
 

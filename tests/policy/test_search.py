@@ -10,8 +10,14 @@ from dataclasses import replace
 import pytest
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy import search as search_policy
-from batchfit.policy.search import Candidates, SearchOutcome, confirm, search, search_and_confirm
+from batchfit.policy.search import (
+    DEFAULT_TUNING,
+    Candidates,
+    SearchOutcome,
+    confirm,
+    search,
+    search_and_confirm,
+)
 from batchfit.policy.trial import Trial
 
 PeakFn = Callable[[int], float]
@@ -163,7 +169,7 @@ def test_a_caching_allocator_under_a_cap(workload: str, overhead: float, kept: f
 @pytest.mark.parametrize("overhead", [0.0, 0.005, 0.01, 0.02, 0.05, 0.08])
 def test_the_allocator_s_overhead_costs_few_trials(workload: str, overhead: float) -> None:
     # The model aims below its line by what the allocator reserved beside the allocated bytes
-    # (at least FIRST_MARGIN): at most half the trials of doubling and bisection (13-15 here), and
+    # (at least first_margin): at most half the trials of doubling and bisection (13-15 here), and
     # for an answer of 7-8 (where those take 5-7), the two opening trials, one guess and its
     # neighbour.
     fixed, per_sample, budget = GPU_LIKE[workload]
@@ -177,7 +183,7 @@ def test_the_allocator_s_overhead_costs_few_trials(workload: str, overhead: floa
 def test_behind_a_caching_allocator_the_first_aim_is_below_the_line() -> None:
     # Trials that report reserved bytes come from a caching allocator, which needs more than the
     # allocated bytes the line counts: the first guess aims below the line through 2 and 4 by at
-    # least FIRST_MARGIN of the budget. Without reserved bytes (an exact device) it aims at the line.
+    # least first_margin of the budget. Without reserved bytes (an exact device) it aims at the line.
     fixed, per_sample, budget = GPU_LIKE["resnet50"]
     caching = caching_allocator(fixed, per_sample, 0.0, budget)
 
@@ -190,8 +196,27 @@ def test_behind_a_caching_allocator_the_first_aim_is_below_the_line() -> None:
     aimed_exact = search(exact, candidates, budget).trials[2].batch_size
     aimed_caching = search(caching, candidates, budget).trials[2].batch_size
     assert aimed_exact in (line, line + 1)
-    below = int((budget * (1 - search_policy.FIRST_MARGIN) - fixed) / per_sample)
+    below = int((budget * (1 - DEFAULT_TUNING.first_margin) - fixed) / per_sample)
     assert aimed_caching <= below < aimed_exact
+
+
+@pytest.mark.parametrize(("first_margin", "aimed"), [(0.02, 124), (0.05, 120), (0.1, 114), (0.2, 101)])
+def test_the_search_aims_by_the_tuning_it_is_handed(first_margin: float, aimed: int) -> None:
+    # The same caching-allocator curve (no overhead beside the allocated bytes): the first guess
+    # is held first_margin of the budget below the line through 2 and 4, by the Tuning handed to
+    # this search alone; the answer is the curve's either way, and a search handed nothing aims
+    # by the defaults after it.
+    fixed, per_sample, budget = GPU_LIKE["resnet50"]
+    caching = caching_allocator(fixed, per_sample, 0.0, budget)
+    candidates = Candidates.between(1, 512)
+    tuning = replace(DEFAULT_TUNING, first_margin=first_margin)
+    outcome = search(caching, candidates, budget, tuning=tuning)
+    assert aimed == int((budget * (1 - first_margin) - fixed) / per_sample)
+    assert [trial.batch_size for trial in outcome.trials] == [2, 4, aimed, 127, 128]
+    assert outcome.batch_size == 127
+    confirmed = search_and_confirm(caching, candidates, budget, tuning=tuning)
+    assert [trial.batch_size for trial in confirmed.trials] == [2, 4, aimed, 127, 128]
+    assert [trial.batch_size for trial in search(caching, candidates, budget).trials] == [2, 4, 124, 127, 128]
 
 
 def test_a_plateau_then_activations_takes_fewer_trials_than_binsearch() -> None:
@@ -476,7 +501,7 @@ def test_a_forecast_that_overshoots_a_little_is_followed_down_from_its_failure(
     answer = truth + shift
     assert answer <= 512
     assert outcome.batch_size == truth and outcome.confirmed
-    first = max(1, round(answer * search_policy.FIRST_DESCENT))
+    first = max(1, round(answer * DEFAULT_TUNING.first_descent))
     assert after_opening[:2] == [answer, answer - first]
     assert all(truth - shift - first <= batch <= answer for batch in after_opening)
     gallop = math.ceil(math.log2(shift / first + 1))  # the failures down to a size that fits

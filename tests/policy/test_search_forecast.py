@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
-from batchfit.policy.search import current_tuning
 from batchfit.policy.search_forecast import descend, forecast_boundary, revise_forecast, try_forecast
-from batchfit.policy.search_state import Candidates, SearchState
+from batchfit.policy.search_state import DEFAULT_TUNING, Candidates, SearchState
 from batchfit.policy.trial import Trial
 
 
@@ -41,7 +41,7 @@ class Threshold:
 
 
 def state_for(truth: int, candidates: Candidates, low: int, high: int | None = None) -> SearchState:
-    state = SearchState(up_to(truth), candidates, 10**12, current_tuning())
+    state = SearchState(up_to(truth), candidates, 10**12, DEFAULT_TUNING)
     state.low, state.high = low, high
     return state
 
@@ -127,9 +127,13 @@ def test_the_descent_finds_the_truth_within_its_reach_and_leaves_the_rest_to_the
             assert state.stop_reason() == "boundary"
 
 
-def test_a_refuted_forecast_is_asked_again_only_on_new_evidence_and_at_most_revisions_times() -> None:
+@pytest.mark.parametrize("revisions", [0, DEFAULT_TUNING.revisions, 3])
+def test_a_refuted_forecast_is_asked_again_only_on_new_evidence_and_at_most_revisions_times(
+    revisions: int,
+) -> None:
     candidates = Candidates.between(1, 512)
     state = state_for(150, candidates, low=candidates.index_at_most(140), high=candidates.index_at_most(160))
+    state.tuning = replace(DEFAULT_TUNING, revisions=revisions)  # as the search is handed it
     forecast = Threshold(150)
     state.forecast, state.evidence = forecast, 0
     revise_forecast(state)  # not refuted

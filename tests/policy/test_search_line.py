@@ -7,9 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from batchfit.policy.search import current_tuning
 from batchfit.policy.search_line import follow_line, local_model, next_index, open_search, safe_step
-from batchfit.policy.search_state import Candidates, SearchState
+from batchfit.policy.search_state import DEFAULT_TUNING, Candidates, SearchState
 from batchfit.policy.trial import Trial
 
 
@@ -25,7 +24,7 @@ def up_to(truth: int, per_sample: int = 1000, fixed: int = 0) -> Callable[[int],
 
 
 def state_for(run: Callable[[int], Trial], candidates: Candidates, budget_bytes: int = 10**12) -> SearchState:
-    return SearchState(run, candidates, budget_bytes, current_tuning())
+    return SearchState(run, candidates, budget_bytes, DEFAULT_TUNING)
 
 
 def truth_index(truth: int, candidates: Candidates) -> int:
@@ -109,8 +108,8 @@ def test_where_the_interval_stops_halving_the_line_gives_way_to_bisection() -> N
 
 
 def test_the_line_goes_through_the_largest_fit_and_the_steepest_far_trial() -> None:
-    # The slope grows with the batch: of the trials at most NEAR of the largest's size (or
-    # NEAR_RISE of its peak) below it, the nearest gives the steepest line.
+    # The slope grows with the batch: of the trials at most near of the largest's size (or
+    # near_rise of its peak) below it, the nearest gives the steepest line.
     def peak(batch: int) -> int:
         return 1_000_000 + 1000 * batch + 20 * batch * batch
 

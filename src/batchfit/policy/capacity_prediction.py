@@ -12,7 +12,7 @@ below the largest (the replay's own error, seen on the recorded points). Torch-f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from batchfit.policy.allocator_blocks import Segments, rounded, segment_size
 from batchfit.policy.cards import CONTEXT_BYTES, CONTEXT_HIGH_BYTES, CONTEXT_LOW_BYTES, Card
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.search_state import Candidates
+from batchfit.policy.trial_records import TrialRecords
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class CapacityPredictor:
 
     def __init__(
         self,
-        records: dict[int, AllocationRecord],
+        records: Mapping[int, AllocationRecord],
         steps: int,
         soft_workspaces: bool = False,
         kept_bytes: tuple[int, ...] = (),
@@ -130,7 +131,7 @@ class CapacityPredictor:
         self.replays: list[tuple[tuple[int, int], AllocationReplay]] = []
         # The pair find would replay, then (the replay's own error) the pair below the largest.
         for chosen in (records, {size: records[size] for size in sorted(records)[:-1]}):
-            forecast = ReplayForecast(chosen, 0, steps, soft_workspaces)
+            forecast = ReplayForecast(TrialRecords(chosen), 0, steps, soft_workspaces)
             pair, replay = forecast.evidence(), forecast.replay()
             if pair is not None and replay is not None and pair not in [p for p, _ in self.replays]:
                 self.replays.append((pair, replay))

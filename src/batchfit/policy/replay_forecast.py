@@ -6,13 +6,15 @@ from __future__ import annotations
 from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.allocation_replay import AllocationReplay, Played
 from batchfit.policy.safe_band import MAX_REPLAYED
+from batchfit.policy.trial_records import TrialRecords
 
 
 class ReplayForecast:
     """The search's ``Forecast`` on a caching allocator: the replay of two recorded trials that
-    fitted (``records``, filled in as they run: the opening's, then the confirming trials' that
-    fitted), at ``steps`` steps under the trial's cap of ``limit_bytes`` (``soft_workspaces``: the
-    device's kernels do without a workspace the allocator cannot place, as cuDNN's do).
+    fitted (``records``, which the search's trial runners add to as they run: the opening's, then
+    the confirming trials' that fitted), at ``steps`` steps under the trial's cap of
+    ``limit_bytes`` (``soft_workspaces``: the device's kernels do without a workspace the allocator
+    cannot place, as cuDNN's do).
 
     The pair is the largest record and, below it, the largest record at most half its size that
     aligns with it (else the nearest below that does; else the next largest record and so on).
@@ -24,7 +26,7 @@ class ReplayForecast:
 
     def __init__(
         self,
-        records: dict[int, AllocationRecord],
+        records: TrialRecords,
         limit_bytes: int,
         steps: int,
         soft_workspaces: bool = False,

@@ -5,8 +5,8 @@ predicted boundary and confirms it: the answer was run and fitted, and the next 
 was run and failed (or the upper bound was reached). Model-guided steps fall back to bisection
 (galloping upwards while no failure is known) whenever they stop halving the interval, so the
 trial count is never worse than a binary search's by more than a couple. This module holds the
-driver and the constants; the strategies are ``policy.search_line`` and ``policy.search_forecast``,
-over one ``policy.search_state.SearchState``.
+driver; the strategies are ``policy.search_line`` and ``policy.search_forecast``, over one
+``policy.search_state.SearchState``, and the constants a ``policy.search_state.Tuning`` it is handed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from batchfit.policy.search_forecast import ask_forecast, descend, revise_forecast, try_forecast
 from batchfit.policy.search_line import follow_line, open_search
 from batchfit.policy.search_state import (
+    DEFAULT_TUNING,
     Candidates,
     Forecast,
     SearchOutcome,
@@ -26,62 +27,16 @@ from batchfit.policy.search_state import (
 from batchfit.policy.trial import MemoryModel, Trial
 
 __all__ = [
+    "DEFAULT_TUNING",
     "Candidates",
     "Forecast",
     "SearchOutcome",
     "SearchStopReason",
+    "Tuning",
     "confirm",
-    "current_tuning",
     "search",
     "search_and_confirm",
 ]
-
-# The constants are read when a search starts (``current_tuning``), so setting one here tunes the
-# next search (``bench/find_replay.py --set``). Where their values come from: docs/benchmarks.md,
-# "Where the search's constants come from".
-
-#: Behind a caching allocator (trials that report reserved bytes), the model's answers are held at
-#: least this share of the budget below what it predicts (twice that after a held answer fails, and
-#: so on, up to ``MAX_MARGIN``, past which the search bisects). On an exact device they are not: a
-#: line that overshoots there is wrong in its slope, not short of an allocator's overhead.
-FIRST_MARGIN = 0.02
-MAX_MARGIN = 0.5
-#: The most of a trial's reserved memory read as the allocator's need beside the allocated bytes.
-MAX_OVERHEAD = 0.1
-#: How close below the largest fitting trial a second may be to fit the line through them.
-NEAR = 0.875
-#: Or how far below its peak, as a share of that peak.
-NEAR_RISE = 1 / 32
-#: How far below a forecast's answer that failed the search gallops down before the line decides:
-#: a forecast further off than that is no better a guide than the line.
-DESCENT = 1 / 8
-#: The first step down from a forecast's answer that failed, as a share of it (at least one
-#: candidate). Forecasts overshoot by a share of the batch, and what ends the gallop is the first
-#: size that fits: its recorded requests are near the boundary, and the forecast asked again on
-#: them places the answer. A first step of one candidate takes more trials to reach that size.
-FIRST_DESCENT = 1 / 32
-#: Where the gallop's next step would pass DESCENT below the forecast's answer, it tries that floor
-#: itself before the line decides, if the floor lies more than this many candidates below the last
-#: failure (nearer, as at small batches, the line's next trial is as good).
-FLOOR_GAP = 16
-#: How many times a forecast that was refuted is asked again, on new evidence (a trial near its
-#: answer that fitted and was recorded), before the bisection or the line alone goes on.
-REVISIONS = 2
-
-
-def current_tuning() -> Tuning:
-    """The constants above, as they are now."""
-    return Tuning(
-        first_margin=FIRST_MARGIN,
-        max_margin=MAX_MARGIN,
-        max_overhead=MAX_OVERHEAD,
-        near=NEAR,
-        near_rise=NEAR_RISE,
-        descent=DESCENT,
-        first_descent=FIRST_DESCENT,
-        floor_gap=FLOOR_GAP,
-        revisions=REVISIONS,
-    )
 
 
 def search(
@@ -94,6 +49,7 @@ def search(
     forecast_only: bool = False,
     longer: Callable[[int], Trial] | None = None,
     forecast: Forecast | None = None,
+    tuning: Tuning = DEFAULT_TUNING,
 ) -> SearchOutcome:
     """Find the largest candidate batch that ``run`` reports as fitting ``budget_bytes``.
 
@@ -114,12 +70,13 @@ def search(
             where it fits.
         forecast: asked once the opening has run, it places the next trials until a real trial
             refutes it.
+        tuning: the search's constants (``Tuning``: its margins, its descent, its revisions).
     """
     state = SearchState(
         run,
         candidates,
         budget_bytes,
-        current_tuning(),
+        tuning,
         longer=longer,
         forecast=forecast,
         forecast_only=forecast_only,
@@ -153,6 +110,7 @@ def search_and_confirm(
     longer: Callable[[int], Trial] | None = None,
     exact: bool = True,
     forecast: Forecast | None = None,
+    tuning: Tuning = DEFAULT_TUNING,
 ) -> SearchOutcome:
     """``find``'s whole policy over oracles: ``search`` with ``run``, then the answer confirmed.
 
@@ -161,9 +119,12 @@ def search_and_confirm(
     that way is run again with it and, if it no longer fits, searched below with it. On a device
     that is not ``exact`` (the uncapped CPU, where glibc's heap keeps what a failed trial grew it
     to) the answer is looked at again with ``run`` after an allocator failure. The benchmark's
-    replay (``bench/find_replay.py``) runs this same function on recorded trials.
+    replay (``bench/find_replay.py``) runs this same function on recorded trials. ``tuning``: the
+    search's constants (``Tuning``).
     """
-    outcome = search(run, candidates, budget_bytes, prior=prior, seed=seed, longer=longer, forecast=forecast)
+    outcome = search(
+        run, candidates, budget_bytes, prior=prior, seed=seed, longer=longer, forecast=forecast, tuning=tuning
+    )
     if longer is not None:
         return outcome if outcome.confirmed else confirm(outcome, longer, candidates, budget_bytes)
     if not exact:

@@ -16,7 +16,7 @@ def ask_forecast(state: SearchState) -> None:
 def revise_forecast(state: SearchState) -> None:
     """Ask the forecast again where it was refuted (below its failed answer a size fitted, or the
     candidate after its answer did) and its evidence has changed since (that trial's allocator
-    requests, a batch near the boundary), up to ``REVISIONS`` times: its new answer is worth a
+    requests, a batch near the boundary), up to ``tuning.revisions`` times: its new answer is worth a
     trial before the descent's bisection or the line's."""
     refuted = state.descent < 0 or state.low_forecast
     forecast = state.forecast
@@ -35,8 +35,9 @@ def try_forecast(state: SearchState) -> bool:
     Returns False, running nothing, where there is no answer to try.
 
     Where the one after fitted too, the answer was low (``low_forecast``) and the forecast is
-    done; where the answer itself failed, the boundary is close below it: the descent starts,
-    ``FIRST_DESCENT`` of the batch below it (at least one candidate), down to ``DESCENT`` below it.
+    done; where the answer itself failed, the boundary is close below it: the descent starts
+    ``tuning.first_descent`` of the batch below it (at least one candidate), down to
+    ``tuning.descent`` below it.
     """
     predicted, candidates = state.predicted, state.candidates
     if predicted is None:
@@ -66,13 +67,13 @@ def try_forecast(state: SearchState) -> bool:
 def descend(state: SearchState) -> bool:
     """Below a forecast's answer that failed, run one trial: gallop down from the last failure,
     doubling the step, then bisect once a size fits. Returns False, running nothing, where the
-    descent is over or not begun (``descent`` 0): the line decides.
+    descent is over or not begun (``tuning.descent`` 0): the line decides.
 
     A forecast overshoots by a small share of the batch, while the line, which a caching
     allocator's overhead holds back, restarts further below and creeps up; the gallop finds the
-    first size that fits near the failure. Past ``DESCENT`` below the forecast's answer (a forecast
+    first size that fits near the failure. Past ``tuning.descent`` below the forecast's answer (a forecast
     far off) the line decides; the doubling stops at that floor rather than past it, trying the
-    floor itself where it lies more than ``FLOOR_GAP`` candidates below the last failure.
+    floor itself where it lies more than ``tuning.floor_gap`` candidates below the last failure.
     """
     low, high, descent = state.low, state.high, state.descent
     if not descent or high is None:
@@ -111,7 +112,7 @@ def forecast_boundary(forecast: Forecast, candidates: Candidates, low: int, high
 def below_refuted(state: SearchState, index: int) -> int | None:
     """Where the forecast's answer at ``index`` failed and the forecast puts a band of failures
     just below it, the top of the band it fits below those (the band it placed the answer in is
-    refuted, not the one below); None where it fits every size down to ``DESCENT`` below the
+    refuted, not the one below); None where it fits every size down to ``tuning.descent`` below the
     answer (or to ``low``), there the forecast is off by a shift and the descent finds it, or
     where it cannot say."""
     forecast, candidates = state.forecast, state.candidates

@@ -122,7 +122,7 @@ def local_model(state: SearchState) -> MemoryModel | None:
     """A line through the largest fitting trial and a second one with a whole peak.
 
     The second is the failed trial just above when it ran to the end (the bracket), else, among
-    the fitting trials at most ``NEAR`` of its size or ``NEAR_RISE`` of its peak below it (far
+    the fitting trials at most ``tuning.near`` of its size or ``tuning.near_rise`` of its peak below it (far
     enough that rounding in the peaks does not swamp the slope), the one that gives the steepest
     line. Where memory is mostly fixed at small batches (a plateau, then activations), or where the
     slope grows with the batch, a line from further down overshoots the boundary, and a trial that
@@ -191,8 +191,8 @@ def _margin(state: SearchState) -> float:
     """How far below the budget a held line aims.
 
     What the caching allocator held beside the allocated bytes in the largest trial that fitted
-    (1 - allocated / reserved, at most ``MAX_OVERHEAD``: far below the cap the cache also holds
-    what it merely kept), and ``FIRST_MARGIN`` at least until a held answer has fitted; doubled for
+    (1 - allocated / reserved, at most ``tuning.max_overhead``: far below the cap the cache also holds
+    what it merely kept), and ``tuning.first_margin`` at least until a held answer has fitted; doubled for
     each held answer that failed since the last that fitted.
     """
     tuning, largest_fitting = state.tuning, state.known[state.low]

@@ -69,18 +69,42 @@ class SearchOutcome:
 
 @dataclass(frozen=True)
 class Tuning:
-    """The search's constants, as ``policy.search`` holds them when a search starts (documented
-    there; ``bench/find_replay.py --set`` changes them there)."""
+    """The search's constants, handed to ``policy.search.search`` (``DEFAULT_TUNING`` unless a
+    caller passes another: ``bench/find_replay.py --set``, the tests). Where their values come
+    from: docs/benchmarks.md, "Where the search's constants come from"."""
 
-    first_margin: float
-    max_margin: float
-    max_overhead: float
-    near: float
-    near_rise: float
-    descent: float
-    first_descent: float
-    floor_gap: int
-    revisions: int
+    #: Behind a caching allocator (trials that report reserved bytes), the line's answers are held
+    #: at least this share of the budget below what it predicts (twice that after a held answer
+    #: fails, and so on, up to ``max_margin``, past which the search bisects). On an exact device
+    #: they are not: a line that overshoots there is wrong in its slope, not short of an
+    #: allocator's overhead.
+    first_margin: float = 0.02
+    max_margin: float = 0.5
+    #: The most of a trial's reserved memory read as the allocator's need beside the allocated bytes.
+    max_overhead: float = 0.1
+    #: How close below the largest fitting trial a second may be to fit the line through them.
+    near: float = 0.875
+    #: Or how far below its peak, as a share of that peak.
+    near_rise: float = 1 / 32
+    #: How far below a forecast's answer that failed the search gallops down before the line
+    #: decides: a forecast further off than that is no better a guide than the line.
+    descent: float = 1 / 8
+    #: The first step down from a forecast's answer that failed, as a share of it (at least one
+    #: candidate). Forecasts overshoot by a share of the batch, and what ends the gallop is the
+    #: first size that fits: its recorded requests are near the boundary, and the forecast asked
+    #: again on them places the answer. A first step of one candidate takes more trials to reach
+    #: that size.
+    first_descent: float = 1 / 32
+    #: Where the gallop's next step would pass ``descent`` below the forecast's answer, it tries
+    #: that floor itself before the line decides, if the floor lies more than this many candidates
+    #: below the last failure (nearer, as at small batches, the line's next trial is as good).
+    floor_gap: int = 16
+    #: How many times a forecast that was refuted is asked again, on new evidence (a trial near
+    #: its answer that fitted and was recorded), before the bisection or the line alone goes on.
+    revisions: int = 2
+
+
+DEFAULT_TUNING = Tuning()
 
 
 @dataclass

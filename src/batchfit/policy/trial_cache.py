@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.trial import Outcome, Trial
+from batchfit.policy.trial_records import TrialRecords
 from batchfit.units import format_bytes
 
 
@@ -28,8 +28,9 @@ class TrialCache:
 
     real: dict[int, tuple[Trial, int]] = field(default_factory=dict)  # batch -> (trial, its cap)
     predicted: dict[int, Trial] = field(default_factory=dict)
-    # A fitting trial's allocator requests (a caching allocator's): the same under any cap.
-    records: dict[int, AllocationRecord] = field(default_factory=dict)
+    # A fitting trial's allocator requests (a caching allocator's): the same under any cap, so
+    # every search of the cache hands its trial runners and its replay these.
+    records: TrialRecords = field(default_factory=TrialRecords)
     runs: int = 0  # real trials actually run
     traces: int = 0  # fake-tensor traces actually run
 

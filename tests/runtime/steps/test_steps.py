@@ -4,6 +4,7 @@ past overflow, and record their allocator's requests."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,12 +13,14 @@ from tiny_workloads import build, overflowing_workload, skipping_workload
 
 from batchfit import Workload
 from batchfit.policy.allocation_replay import AllocationReplay
+from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.trial import Trial
+from batchfit.policy.trial_records import TrialRecords
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice, CpuDevice, Device
-from batchfit.runtime.steps.runner import TrialRunner
+from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
-from batchfit.runtime.steps.stepping import OVERFLOW_STEPS
+from batchfit.runtime.steps.stepping import OVERFLOW_STEPS, StepSpec
 
 MiB = 2**20
 
@@ -171,6 +174,35 @@ def test_a_confirming_trial_records_its_first_steps_alone_as_an_opening_trial_re
         snapshot.restore()
     assert ten.steps == 10 and len(confirming.records[16].steps) == 3  # before, and 2 steps
     assert confirming.records[16] == short.records[16]
+
+
+def test_a_search_s_runners_add_to_the_one_records_its_replay_reads() -> None:
+    # As find hands them: one TrialRecords to the opening's runner, the confirming trials' runner
+    # and the replay. The replay's pair is the opening's until a confirming trial fits, then its
+    # record; a trial that runs out of memory adds none.
+    device = CachingCpuDevice(2**40)
+    workload = build("mlp", "adam")
+    optimizer = workload.build_optimizer()
+    snapshot = TrainingSnapshot.capture(workload.model, optimizer, (workload.train_step,))
+    snapshot.set_gradients_aside()
+    records = TrialRecords()
+    spec = StepSpec(
+        workload, device, "train", 2, cap_bytes=2**40, record=True, scalers=snapshot_scalers(snapshot)
+    )
+    short = TrialRunner(spec, snapshot, records)
+    confirming = TrialRunner(replace(spec, steps=10, record_steps=2), snapshot, records)
+    forecast = ReplayForecast(records, 2**40, 10)
+    try:
+        short.run(2)
+        short.run(4)
+        assert forecast.evidence() == (2, 4)
+        confirming.run(16)
+        assert forecast.evidence() == (4, 16)
+        capped = TrialRunner(replace(spec, cap_bytes=2**20), snapshot, records)
+        assert not capped.run(4096).fits
+    finally:
+        snapshot.restore()
+    assert list(records) == [2, 4, 16] and short.records is confirming.records is records
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import verdict
+from batchfit.policy.trial_records import TrialRecords
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.host import host_memory
 from batchfit.runtime.devices.host_failure import host_ran_out
@@ -52,8 +52,8 @@ class TrialRunner:
     its real allocation, as it would in training on a device of ``budget_bytes``; allocator
     retries on the way are evidence (they cost speed), not a failure. On a caching allocator the
     steps end where its state recurs (``until_steady``): the steps left would repeat earlier ones.
-    With ``record``, each trial that fits leaves its allocator requests (of its first
-    ``record_steps`` steps, None: all) in ``records`` (by batch size), for
+    With ``record``, each trial that fits adds its allocator requests (of its first
+    ``record_steps`` steps, None: all) to ``records`` (``policy.trial_records.TrialRecords``), for
     ``policy.allocation_replay`` to forecast other sizes. What does not change from trial to trial
     is its ``spec`` (``StepSpec``), capped at its ``cap_bytes``, the budget.
     """
@@ -62,14 +62,14 @@ class TrialRunner:
         self,
         spec: StepSpec,
         snapshot: TrainingSnapshot,
-        records: dict[int, AllocationRecord] | None = None,
+        records: TrialRecords | None = None,
     ) -> None:
         if spec.cap_bytes is None:
             raise ValueError("a trial runs under a cap: StepSpec.cap_bytes is the budget")
         self.spec, self.snapshot, self.budget_bytes = spec, snapshot, spec.cap_bytes
-        # Where its fitting trials leave their requests: a store of the caller's, shared by the
-        # runners of one search (and of searches at other fractions), or one of its own.
-        self.records: dict[int, AllocationRecord] = {} if records is None else records
+        # Where its fitting trials leave their requests: the search's, handed to each of its
+        # runners and to its replay (a ``TrialCache``'s, where searches share one), or its own.
+        self.records = TrialRecords() if records is None else records
         self.host = host_memory()  # what the host can give the trials, named where it runs out
 
     @classmethod
@@ -128,7 +128,7 @@ class TrialRunner:
             # the first attempt's ran other steps, and its requests do not align with theirs, so
             # replayed beside theirs they forecast nothing. The same steps on the same batch from
             # the same weights do not overflow again.
-            self.records.pop(batch_size, None)
+            self.records.discard(batch_size)
             trial, _ = self._attempt(batch_size, host_batch)
         return trial
 
@@ -165,7 +165,7 @@ class TrialRunner:
         trial = judge(batch_size, measurement, step_seconds, self.budget_bytes)
         record = measurement.recording.record(batch_size) if measurement.recording is not None else None
         if record is not None and trial.fits:
-            self.records[batch_size] = record
+            self.records.add(record)
         return replace(trial, steps=measurement.steps, steady_from=measurement.steady_from), stepped
 
     def _stop_where_the_host_ran_out(
