@@ -27,11 +27,9 @@ from batchfit.units import format_bytes
 #: fragmentation builds over the first steps, so a batch that trains 2 steps can fail within 10;
 #: 10 is the truth's probe.
 CONFIRM_STEPS = 10
-#: The same with expandable segments, whose mapped pages settle over more steps: replayed on the
-#: H200's ResNet-50 AMP requests (bench/expandable_agreement.py), the largest size that trains 10
-#: steps fails at step 18 to 30 at caps within 40 MiB of 10.5 GiB (with the default allocator, and
-#: for the smaller built-ins, it trains 100). A confirming trial stops where the state recurs, so
-#: the steps past that cost nothing.
+#: The same with expandable segments, whose mapped pages settle over more steps (how many:
+#: docs/search.md, "With expandable segments"). A confirming trial stops where the allocator's
+#: state recurs, so the steps past that cost nothing.
 EXPANDABLE_CONFIRM_STEPS = 40
 
 
