@@ -144,7 +144,7 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     def capped(self, state: FreshState, cap_bytes: int | None = None) -> AbstractContextManager[Measurement]:
-        """A block under the case's cap (or ``cap_bytes``), as ``batchfit.memory_limit`` makes it."""
+        """A block under the case's cap (or ``cap_bytes``), as ``batchfit.cap_memory`` makes it."""
         cap = self.cap_bytes if cap_bytes is None else cap_bytes
         return self.target(cap).measure(resident_tensors(state.model, state.optimizer), cap)
 

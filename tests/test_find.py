@@ -66,7 +66,7 @@ def brute_force(
             if mode == "eval":  # validation inside training: gradients and optimizer state resident
                 nn.functional.cross_entropy(model(warm[0]), warm[1]).backward()
                 opt.step()
-            with batchfit.memory_limit(limit, resident=[model, opt]) as tracker:
+            with batchfit.cap_memory(limit, resident=[model, opt]) as tracker:
                 if mode == "train":
                     model.train()
                     for _ in range(2):
@@ -541,7 +541,7 @@ def _trains(batch_size: int, steps: int, limit: int) -> bool:
     assert workload.make_batch is not None and isinstance(workload.optimizer, torch.optim.Optimizer)
     inputs, target = workload.make_batch(batch_size)
     try:
-        with batchfit.memory_limit(limit, resident=[workload.model, workload.optimizer]):
+        with batchfit.cap_memory(limit, resident=[workload.model, workload.optimizer]):
             for _ in range(steps):
                 workload.optimizer.zero_grad(set_to_none=True)
                 nn.functional.cross_entropy(workload.model(inputs.clone()), target.clone()).backward()
@@ -623,7 +623,7 @@ def trains(build_fresh: Callable[[], Workload], batch_size: int, limit: str, ste
     optimizer = workload.build_optimizer()
     inputs, target = workload.host_batch(batch_size)
     try:
-        with batchfit.memory_limit(limit, resident=[workload.model, optimizer]) as measured:
+        with batchfit.cap_memory(limit, resident=[workload.model, optimizer]) as measured:
             for _ in range(steps):
                 workload.run_train_step(optimizer, (inputs.clone(), target.clone()))
     except torch.OutOfMemoryError:
@@ -995,7 +995,7 @@ def test_a_discriminator_and_an_ema_the_step_updates_are_put_back_and_counted() 
         optimizer = fresh.build_optimizer()
         resident = [fresh.model, optimizer, *state.values()]
         try:
-            with batchfit.memory_limit(result.budget_bytes, resident=resident):
+            with batchfit.cap_memory(result.budget_bytes, resident=resident):
                 for _ in range(2):
                     fresh.run_train_step(optimizer, fresh.host_batch(batch_size))
         except torch.OutOfMemoryError:

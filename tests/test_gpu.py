@@ -36,7 +36,7 @@ from batchfit.runtime.devices.allocator_settings import expandable_segments, set
 from batchfit.runtime.devices.caching_device import CachingCpuDevice, GarbageCollector
 from batchfit.runtime.devices.cuda import CudaDevice, user_memory_fraction
 from batchfit.runtime.devices.device import Device
-from batchfit.runtime.devices.resolve import memory_limit, parse_device, resolve_device
+from batchfit.runtime.devices.resolve import cap_memory, parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.finite import WHAT_TO_CHECK, LossLog
 from batchfit.runtime.steps.reach import grad_scalers
@@ -709,12 +709,12 @@ def _cli(args: list[str], cwd: Any, json_out: bool = True) -> Any:
     return json.loads(done.stdout) if json_out else None
 
 
-def test_memory_limit_lifts_its_cap_on_every_device() -> None:
+def test_cap_memory_lifts_its_cap_on_every_device() -> None:
     # The standalone cap on the CPU: nothing intercepts after the block, however it ends.
-    with pytest.raises(torch.OutOfMemoryError), memory_limit("1MiB"):
+    with pytest.raises(torch.OutOfMemoryError), cap_memory("1MiB"):
         torch.empty(2**20)
     assert _get_current_dispatch_mode() is None
-    assert batchfit.memory_limit is memory_limit
+    assert batchfit.cap_memory is cap_memory
 
 
 #: MicroBatchStep's test: (hidden width, batch) per device: activations far above the weights and, on
@@ -751,7 +751,7 @@ def test_micro_batch_step_survives_an_out_of_memory_under_the_cap(device: str) -
         step = batchfit.MicroBatchStep(
             model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=micro_batch_size
         )
-        with memory_limit(
+        with cap_memory(
             "64GiB" if device == "cpu" else torch.cuda.mem_get_info(target)[1],
             resident=[model, optimizer, *batch],
             device=device,
@@ -774,7 +774,7 @@ def test_micro_batch_step_survives_an_out_of_memory_under_the_cap(device: str) -
     step = batchfit.MicroBatchStep(
         model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=samples
     )
-    with memory_limit((whole + halves) // 2, resident=[model, optimizer, *batch], device=device):
+    with cap_memory((whole + halves) // 2, resident=[model, optimizer, *batch], device=device):
         loss = step(batch)
     assert step.micro_batch_size == samples // 2
     reasons = [change.reason for change in step.history]

@@ -27,10 +27,10 @@ from batchfit import (
     Timing,
     Workload,
     analyze,
+    cap_memory,
     compare,
     explore,
     find_batch_size,
-    memory_limit,
 )
 from batchfit.find import find_on
 from batchfit.options import Target
@@ -129,7 +129,7 @@ def ddp_report(limit: str) -> dict[str, Any]:
     """find on the MLP wrapped in DistributedDataParallel and unwrapped, on the capped CPU (the DDP
     answer trained by force in DDP with its all-reduces, on every rank) and with CUDA's allocator
     modelled (beside the MLP holding a tensor of the buckets' bytes). Also the peak of DDP training
-    under ``memory_limit``, the DDP built inside and named among the resident; batchfit's count of
+    under ``cap_memory``, the DDP built inside and named among the resident; batchfit's count of
     DDP's buckets beside what DDP allocates, on modules that test its rules; and what a compiled
     DDP is told."""
     plain = build("mlp", "adam")
@@ -237,7 +237,7 @@ def _ddp_trains_capped(
     model, optimizer, make_batch = _fresh()
     batch = make_batch(size)
     try:
-        with memory_limit(budget_bytes, resident=[model, optimizer]):
+        with cap_memory(budget_bytes, resident=[model, optimizer]):
             network = DistributedDataParallel(model)
             if step is None:
                 _train(network, optimizer, batch, 2)
@@ -253,12 +253,12 @@ def _ddp_trains_capped(
 
 
 def _ddp_peak(size: int, built_inside: bool) -> int:
-    """The peak of 2 DDP training steps at ``size`` inside ``memory_limit`` (no cap reached): the DDP
+    """The peak of 2 DDP training steps at ``size`` inside ``cap_memory`` (no cap reached): the DDP
     built inside the block, or built before it (and named among its ``resident``)."""
     model, optimizer, make_batch = _fresh()
     batch = make_batch(size)
     network = None if built_inside else DistributedDataParallel(model)
-    with memory_limit("1GiB", resident=[network or model, optimizer]) as measurement:
+    with cap_memory("1GiB", resident=[network or model, optimizer]) as measurement:
         _train(network or DistributedDataParallel(model), optimizer, batch, 2)
     return measurement.peak_bytes
 
@@ -305,7 +305,7 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
         batch = make_batch(size)  # on the host, outside the cap, as a data loader makes it
         network: nn.Module | None = DistributedDataParallel(model, device_ids=[0]) if how == "ddp" else None
         try:
-            with memory_limit(found.budget_bytes, resident=[model, optimizer], device=device):
+            with cap_memory(found.budget_bytes, resident=[model, optimizer], device=device):
                 held = None
                 if how == "unwrapped":
                     held = torch.empty(wrapper_bytes, dtype=torch.uint8, device=device)

@@ -190,8 +190,8 @@ def test_ranks_that_search_a_plain_model_are_told_once_to_pass_the_wrapped_one(
     assert ddp_reports[0]["told"] == [told]
 
 
-def test_memory_limit_counts_the_buckets_of_a_ddp_built_before_it(ddp_reports: list[dict[str, Any]]) -> None:
-    # DDP training under batchfit.memory_limit: built inside the block, its buckets are the block's
+def test_cap_memory_counts_the_buckets_of_a_ddp_built_before_it(ddp_reports: list[dict[str, Any]]) -> None:
+    # DDP training under batchfit.cap_memory: built inside the block, its buckets are the block's
     # allocations; built before it, they count from the first backward, which writes into them
     # (counted as held as well, they counted twice). The same peak either way.
     # (Within a few bytes: the tracker counts a scalar that DDP's all-reduce makes where the

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_workloads import adversarial, build, untraceable
 
-from batchfit import find_batch_size, memory_limit
+from batchfit import cap_memory, find_batch_size
 from batchfit.find import find_on
 from batchfit.options import Target
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -57,7 +57,7 @@ def test_tracing_allocates_nothing_real() -> None:
     workload = build_example("transformer", "cpu")
     tracer = FakeTracer(workload, "train", 2**40, 1)
     # 4096 sequences would take gigabytes for real; traced under a 64 MiB cap, nothing fails.
-    with memory_limit("64MiB", resident=[workload.model, workload.optimizer]) as cap:
+    with cap_memory("64MiB", resident=[workload.model, workload.optimizer]) as cap:
         trial = tracer(4096)
     assert trial.peak_bytes > 2 * 2**30 and cap.peak_bytes < 64 * 2**20
 
