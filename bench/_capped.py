@@ -16,7 +16,7 @@ import torch
 
 import batchfit
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import Device
@@ -173,7 +173,7 @@ class Bench:
     def find(self, workload: Workload) -> batchfit.SearchResult:
         """``find_batch_size`` as every benchmark runs it: train, under the cap at fraction 1."""
         return find_on(
-            Target(self.target(self.cap_bytes), 1.0),
+            ResolvedDevice(self.target(self.cap_bytes), 1.0),
             workload,
             "train",
             batchfit.BatchSizes(max_batch_size=MAX_BATCH_SIZE),

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import batchfit
 from batchfit import BatchSizes, Mode, SearchResult, Timing, Workload, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.trial import Trial
 from batchfit.policy.trial_cache import TrialCache
@@ -71,7 +71,7 @@ def find(
 ) -> SearchResult:
     sizes = BatchSizes(max_batch_size=max_batch_size)
     if device in ("cpu-caching", "cpu-expandable"):
-        return find_on(Target(target_for(device, cap), memory_fraction), workload, mode, sizes)
+        return find_on(ResolvedDevice(target_for(device, cap), memory_fraction), workload, mode, sizes)
     return find_batch_size(
         workload, mode, device=device, memory_limit=cap, memory_fraction=memory_fraction, sizes=sizes
     )
@@ -596,10 +596,10 @@ def test_the_user_s_cap_is_put_back(device: str, ending: str) -> None:
     target = target_for(device, cap)
     try:
         if ending == "success":
-            find_on(Target(target, 0.8), workload, "train")
+            find_on(ResolvedDevice(target, 0.8), workload, "train")
         else:
             with pytest.raises(type(error)):
-                find_on(Target(target, 0.8), workload, "train")
+                find_on(ResolvedDevice(target, 0.8), workload, "train")
         # The allocator keeps the fraction as bytes of the device's total: it reads back to ~1e-11.
         assert _cap_in_force(target) == pytest.approx(user_fraction if device == "cuda" else 1.0, abs=1e-9)
     finally:
@@ -906,8 +906,8 @@ def test_a_search_at_another_fraction_replays_the_requests_its_cached_opening_re
     workload = cnn_workload("cpu-caching")
     cap = reference_cap(workload, "cpu-caching", 48)
     cache = TrialCache()
-    first = find_on(Target(CachingCpuDevice(cap), 1.0), workload, "train", cache=cache)
-    second = find_on(Target(CachingCpuDevice(cap), 0.8), workload, "train", cache=cache)
+    first = find_on(ResolvedDevice(CachingCpuDevice(cap), 1.0), workload, "train", cache=cache)
+    second = find_on(ResolvedDevice(CachingCpuDevice(cap), 0.8), workload, "train", cache=cache)
     fitted = {t.batch_size for t in (*first.trials, *second.trials) if t.fits}
     assert sorted(cache.records) == sorted(fitted) and {2, 4, first.batch_size} <= fitted
     assert first.replays > 0 and second.replays > 0

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
+from batchfit.options import BatchSizes, ResolvedDevice, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.safe_band import SafeBand, hold_below
 from batchfit.policy.search import DEFAULT_TUNING, Candidates, SearchOutcome, Tuning, search_and_confirm
@@ -67,14 +67,14 @@ def find_batch_size(
     place its first trial, and join its trials' own records (behind a caching allocator only).
     """
     check_entry("find_batch_size", workload, on_progress, sizes=(sizes, BatchSizes), trials=(trials, Trials))
-    target = Target.of(Where(device, memory_limit, memory_fraction))
+    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
     named = mode_named(mode)
     start = None if start_from is None else StartingEvidence.read(start_from, named)
     return find_on(target, workload, named, sizes, trials, on_progress, start=start)
 
 
 def find_on(
-    target: Target,
+    target: ResolvedDevice,
     workload: Workload,
     mode: Mode,
     sizes: BatchSizes = BatchSizes(),
@@ -121,7 +121,7 @@ class _Search:
 
     workload: Workload
     mode: Mode
-    target: Target
+    target: ResolvedDevice
     sizes: BatchSizes
     trials: Trials
     capacity: int

@@ -33,7 +33,7 @@ from batchfit import (
     find_batch_size,
 )
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import StorageTracker
 from batchfit.runtime.distributed.data_parallel import bucket_bytes
@@ -100,7 +100,7 @@ def caching_report(limit: str, image: tuple[int, ...]) -> dict[str, Any]:
     workload = build("cnn", "sgd")
     workload.make_batch = classification_batch(image)
     result = find_on(
-        Target(CachingCpuDevice(parse_bytes(limit)), 0.8),
+        ResolvedDevice(CachingCpuDevice(parse_bytes(limit)), 0.8),
         workload,
         "train",
         sizes=BatchSizes(max_batch_size=4096),
@@ -117,7 +117,7 @@ def revised_report(limit: str) -> dict[str, Any]:
     """find on the CPU with CUDA's caching allocator modelled, the MLP whose step takes a workspace
     from 64 samples up: the replay's forecast overshoots and is asked again, on every rank alike."""
     result = find_on(
-        Target(CachingCpuDevice(parse_bytes(limit)), 0.8),
+        ResolvedDevice(CachingCpuDevice(parse_bytes(limit)), 0.8),
         large_batch_workspace(1500),
         "train",
         BatchSizes(max_batch_size=8192),
@@ -147,7 +147,10 @@ def ddp_report(limit: str) -> dict[str, Any]:
     # before the search would be (here a buffer the loss reaches, resident in every trial).
     caching = parse_bytes("6MiB")
     behind = find_on(
-        Target(CachingCpuDevice(caching), 0.8), wrapped, "train", sizes=BatchSizes(max_batch_size=4096)
+        ResolvedDevice(CachingCpuDevice(caching), 0.8),
+        wrapped,
+        "train",
+        sizes=BatchSizes(max_batch_size=4096),
     )
     holder = nn.Module()
     holder.register_buffer("buckets", torch.empty(wrapped.wrapper_bytes, dtype=torch.uint8))
@@ -157,10 +160,10 @@ def ddp_report(limit: str) -> dict[str, Any]:
 
     held = dataclasses.replace(plain, loss_fn=loss_fn)
     behind_held = find_on(
-        Target(CachingCpuDevice(caching), 0.8), held, "train", sizes=BatchSizes(max_batch_size=4096)
+        ResolvedDevice(CachingCpuDevice(caching), 0.8), held, "train", sizes=BatchSizes(max_batch_size=4096)
     )
     behind_plain = find_on(
-        Target(CachingCpuDevice(caching), 0.8), plain, "train", sizes=BatchSizes(max_batch_size=4096)
+        ResolvedDevice(CachingCpuDevice(caching), 0.8), plain, "train", sizes=BatchSizes(max_batch_size=4096)
     )
     try:
         Workload(torch.compile(wrapped.model), make_batch=plain.make_batch)

@@ -12,7 +12,7 @@ from tiny_workloads import adversarial, build, untraceable
 
 from batchfit import cap_memory, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice
 from batchfit.runtime.steps.runner import TrialRunner
@@ -148,5 +148,5 @@ def test_a_search_without_a_forecast_says_why() -> None:
         "the step updates state beside the model and optimizer (Sequential, Adam, AveragedModel), which "
         "a fake copy of the model and optimizer would not count"
     )
-    caching = find_on(Target(CachingCpuDevice(2**22), 0.8), build("mlp"), "train")
+    caching = find_on(ResolvedDevice(CachingCpuDevice(2**22), 0.8), build("mlp"), "train")
     assert caching.predicted_trials == () and caching.forecast_skipped == ""  # it replays, by design
