@@ -22,7 +22,7 @@ from batchfit.runtime.distributed.lockstep import Alone, Lockstep, LockstepForec
 from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec
-from batchfit.runtime.steps.trace import Forecast, forecast_search
+from batchfit.runtime.steps.trace import TraceForecast, forecast_search
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
@@ -178,7 +178,7 @@ class _Search:
 
     def run(
         self, snapshot: TrainingSnapshot, seed: int | None = None
-    ) -> tuple[SearchOutcome, Forecast, int, SafeBand | None]:
+    ) -> tuple[SearchOutcome, TraceForecast, int, SafeBand | None]:
         """The search's outcome, the fake-tensor forecast that placed it (CPU devices) or why none
         did, the sizes the replay of recorded allocator requests was asked about, and the band below
         the answer that fits (caching allocators: ``policy.safe_band``)."""
@@ -259,7 +259,7 @@ class _Search:
     def oracle(self, runner: TrialRunner, cache: TrialCache | None) -> TrialOracle:
         return TrialOracle(runner, self.team, self.mode, self.budget, self.on_progress, cache)
 
-    def forecast(self) -> Forecast:
+    def forecast(self) -> TraceForecast:
         """The search run on fake-tensor traces, where the device can trace the workload."""
         return forecast_search(
             self.workload,
@@ -275,7 +275,7 @@ class _Search:
     def result(
         self,
         outcome: SearchOutcome,
-        forecast: Forecast,
+        forecast: TraceForecast,
         replays: int,
         seconds: float,
         started_from: int | None = None,
