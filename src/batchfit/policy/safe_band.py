@@ -60,7 +60,7 @@ class SafeBand:
 
 
 @dataclass
-class _Check:
+class _BandCheck:
     """One check's evidence: what real trials said at each size (a failure at any step count is a
     failure; a fit counts once it ran the confirming steps), and the trials it ran itself."""
 
@@ -107,7 +107,7 @@ def hold_below(
     the replay (None: no records to replay; real trials alone then); ``trials``: the search's;
     ``above``: a larger size the replay places above sizes that fail (the search's forecast saw it
     and aimed below), reported as the isolated size where the band holds the answer."""
-    check = _Check(answer, low, steps)
+    check = _BandCheck(answer, low, steps)
     for trial in trials:
         check.learn(trial)
     check.known[answer] = True
@@ -158,7 +158,7 @@ def _confirmed(trial: Trial, steps: int) -> bool:
     return trial.steady_from is not None or (trial.steps or 0) >= steps
 
 
-def _verdicts(check: _Check, play: Play | None, limit: int) -> tuple[dict[int, bool], dict[int, int]]:
+def _verdicts(check: _BandCheck, play: Play | None, limit: int) -> tuple[dict[int, bool], dict[int, int]]:
     """Each size below the answer, from the answer down to ``low`` (at most ``MAX_REPLAYED`` of them):
     the real trial's verdict where one ran, else the replay's; and the replay's reserved peak at each
     size it placed, the answer's too."""
@@ -179,7 +179,7 @@ def _verdicts(check: _Check, play: Play | None, limit: int) -> tuple[dict[int, b
     return verdicts, peaks
 
 
-def _closest_to_failing(check: _Check, peaks: dict[int, int]) -> int | None:
+def _closest_to_failing(check: _BandCheck, peaks: dict[int, int]) -> int | None:
     """The size below the answer whose replay reserves the most, where that is more than the
     answer's replay reserves: the replay's nearest call, once a real trial has not confirmed it
     (the sizes that reserve less are then held by it). None where every size reserves at most what
@@ -201,7 +201,7 @@ def _top_below(failing: int, low: int, candidates: Candidates) -> int | None:
     return top if top >= low else None
 
 
-def _band(check: _Check, verdicts: dict[int, bool], top: int | None, candidates: Candidates) -> SafeBand:
+def _band(check: _BandCheck, verdicts: dict[int, bool], top: int | None, candidates: Candidates) -> SafeBand:
     """The band as the evidence stands: ``top`` below the lowest failure (None where nothing fails:
     the answer itself)."""
     checked = [size for size in verdicts] or [check.answer]
@@ -214,7 +214,7 @@ def _band(check: _Check, verdicts: dict[int, bool], top: int | None, candidates:
 
 
 def _above(
-    band: SafeBand, check: _Check, play: Play, above: int, limit: int, capacity: int, steps: int
+    band: SafeBand, check: _BandCheck, play: Play, above: int, limit: int, capacity: int, steps: int
 ) -> SafeBand:
     """The band that holds the answer, with the replay's larger size above it where sizes between
     them fail: the isolated size, by the replay alone."""
