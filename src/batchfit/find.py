@@ -10,7 +10,7 @@ import torch
 
 from batchfit.options import BatchSizes, ResolvedDevice, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.safe_band import SafeBand, hold_below
+from batchfit.policy.safe_band import SafeBand, Under, hold_below
 from batchfit.policy.search import DEFAULT_TUNING, Candidates, SearchOutcome, Tuning, search_and_confirm
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
@@ -246,9 +246,7 @@ class _Search:
             outcome.trials,
             longer,
             replay.play,
-            self.budget,
-            self.capacity,
-            self.confirming or 0,
+            Under(self.budget, self.capacity, self.confirming or 0),
             replay.above if isinstance(replay, ReplayForecast) else None,  # alone: ranks may differ
         )
         trials = outcome.trials + ran
