@@ -16,7 +16,7 @@ import torch
 
 import batchfit
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import Device
@@ -144,7 +144,7 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     def capped(self, state: FreshState, cap_bytes: int | None = None) -> AbstractContextManager[Measurement]:
-        """A block under the case's cap (or ``cap_bytes``), as ``batchfit.memory_limit`` makes it."""
+        """A block under the case's cap (or ``cap_bytes``), as ``batchfit.cap_memory`` makes it."""
         cap = self.cap_bytes if cap_bytes is None else cap_bytes
         return self.target(cap).measure(resident_tensors(state.model, state.optimizer), cap)
 
@@ -173,7 +173,7 @@ class Bench:
     def find(self, workload: Workload) -> batchfit.SearchResult:
         """``find_batch_size`` as every benchmark runs it: train, under the cap at fraction 1."""
         return find_on(
-            Target(self.target(self.cap_bytes), 1.0),
+            ResolvedDevice(self.target(self.cap_bytes), 1.0),
             workload,
             "train",
             batchfit.BatchSizes(max_batch_size=MAX_BATCH_SIZE),

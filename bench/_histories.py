@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event, ranked
+from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, AllocatorEvent, ranked
 from batchfit.policy.allocator_blocks import (
     LARGE_PAGE,
     SMALL_PAGE,
@@ -222,7 +222,7 @@ def record_of(history: History) -> AllocationRecord:
     """``history``'s requests as ``predict`` records a trial: from the seeded start, nothing before
     the first step, each step's requests and frees (a free names its request's ordinal)."""
     split = history.step_start()
-    steps: list[list[Event]] = [[], [], []]
+    steps: list[list[AllocatorEvent]] = [[], [], []]
     ordinals: dict[int, int] = {}  # address -> the ordinal of the request that holds it
     requests = 0
     for position, (action, address, size) in enumerate(history.events):

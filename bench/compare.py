@@ -84,7 +84,7 @@ def fits(
     try:
         with applied(workload, parts, device, block=block) as (variant, _):
             host = variant.host_batch(batch)
-            with batchfit.memory_limit(budget, resident=[workload.model, optimizer], device=device):
+            with batchfit.cap_memory(budget, resident=[workload.model, optimizer], device=device):
                 for _ in range(steps):
                     variant.run_train_step(optimizer, to_device(host, device))
                 if device.type == "cuda":

@@ -6,7 +6,7 @@ by force: two gloo ranks.
 
 For each case every rank searches its model unwrapped and wrapped in DDP (in lockstep), then
 trains DDP by force, 2 steps with its all-reduces, at each answer and the size after it: a fresh
-model and optimizer, the DDP built inside ``batchfit.memory_limit`` at the search's budget, so its
+model and optimizer, the DDP built inside ``batchfit.cap_memory`` at the search's budget, so its
 gradient buckets are among the block's own allocations. The wrapped answer should train and the
 next size not; the unwrapped answer, where it is larger, does not train in DDP.
 
@@ -133,7 +133,7 @@ def trains_by_force(
     inputs, target = make_batch(size)  # on the host, as a loader makes it: outside the cap
     fits = True
     try:
-        with batchfit.memory_limit(budget_bytes, resident=[workload.model, optimizer]):
+        with batchfit.cap_memory(budget_bytes, resident=[workload.model, optimizer]):
             network = network_of(workload.model)
             for _ in range(2):
                 copies = inputs.clone(), target.clone()

@@ -41,7 +41,7 @@ from batchfit.policy.allocation_record import ALLOC, AllocationRecord
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.safe_band import hold_below
+from batchfit.policy.safe_band import Under, hold_below
 from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
 from batchfit.policy.search_account import trials_account
 from batchfit.policy.trial import Trial
@@ -145,7 +145,13 @@ def replay_case(
         return seed, outcome, device.modelled
     longer = lambda batch: device.trial(batch, CONFIRM_STEPS)  # noqa: E731
     band, ran = hold_below(
-        outcome.batch_size, low, candidates, outcome.trials, longer, forecast.play, cap, cap, CONFIRM_STEPS
+        outcome.batch_size,
+        low,
+        candidates,
+        outcome.trials,
+        longer,
+        forecast.play,
+        Under(cap, cap, CONFIRM_STEPS),
     )
     answer = outcome.batch_size if band.high is None else band.high
     reason = outcome.stop_reason if answer == outcome.batch_size else "smaller_size_failed"

@@ -138,7 +138,7 @@ def _capped(limit: str | None, device: torch.device, *resident: object) -> Itera
     if limit is None:
         yield
         return
-    with batchfit.memory_limit(limit, resident=resident, device=device):
+    with batchfit.cap_memory(limit, resident=resident, device=device):
         yield
 
 

@@ -67,7 +67,7 @@ def step_peak_bytes(batch: Batch, micro_batch_size: int, make_optimizer: Optimiz
     step = MicroBatchStep(
         model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=micro_batch_size
     )
-    with batchfit.memory_limit("1GiB", resident=[model, optimizer]) as measured:
+    with batchfit.cap_memory("1GiB", resident=[model, optimizer]) as measured:
         step(batch)
     return measured.peak_bytes
 
@@ -78,7 +78,7 @@ def accumulation_peak_bytes(
     """The peak of the forwards and backwards of one step (no optimizer step), gradients kept."""
     model = make_model()
     optimizer = make_optimizer(model)
-    with batchfit.memory_limit("1GiB", resident=[model, optimizer]) as measured:
+    with batchfit.cap_memory("1GiB", resident=[model, optimizer]) as measured:
         for inputs, target in zip(
             batch[0].split(micro_batch_size), batch[1].split(micro_batch_size), strict=True
         ):
@@ -93,7 +93,7 @@ def forward_peak_bytes(batch: Batch, micro_batch_size: int, make_optimizer: Opti
     model = make_model()
     optimizer = make_optimizer(model)
     nn.functional.cross_entropy(model(batch[0][:1]), batch[1][:1]).backward()
-    with batchfit.memory_limit("1GiB", resident=[model, optimizer]) as measured:
+    with batchfit.cap_memory("1GiB", resident=[model, optimizer]) as measured:
         inputs, target = batch[0][:micro_batch_size], batch[1][:micro_batch_size]
         nn.functional.cross_entropy(model(inputs), target) * (micro_batch_size / len(batch[1]))
     return measured.peak_bytes

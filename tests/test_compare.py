@@ -16,8 +16,8 @@ from batchfit import (
     ConfigurationError,
     Timing,
     Workload,
+    cap_memory,
     compare,
-    memory_limit,
 )
 from batchfit.runtime.steps.techniques import applied, compiler_unavailable
 from batchfit.runtime.workloads.examples import build_example
@@ -34,7 +34,7 @@ def fits(parts: tuple[str, ...], budget: int, batch_size: int) -> bool:
     with applied(workload, parts, torch.device("cpu"), block="Sequential") as (variant, _):
         host = variant.host_batch(batch_size)
         try:
-            with memory_limit(budget, resident=[workload.model, optimizer]):
+            with cap_memory(budget, resident=[workload.model, optimizer]):
                 for _ in range(TRUTH_STEPS):
                     variant.run_train_step(optimizer, [tensor.clone() for tensor in host])
         except torch.OutOfMemoryError:

@@ -44,7 +44,7 @@ from batchfit import (
     find_batch_size,
 )
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.policy.search import DEFAULT_TUNING, Tuning
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -66,7 +66,7 @@ def brute_force(
             if mode == "eval":  # validation inside training: gradients and optimizer state resident
                 nn.functional.cross_entropy(model(warm[0]), warm[1]).backward()
                 opt.step()
-            with batchfit.memory_limit(limit, resident=[model, opt]) as tracker:
+            with batchfit.cap_memory(limit, resident=[model, opt]) as tracker:
                 if mode == "train":
                     model.train()
                     for _ in range(2):
@@ -541,7 +541,7 @@ def _trains(batch_size: int, steps: int, limit: int) -> bool:
     assert workload.make_batch is not None and isinstance(workload.optimizer, torch.optim.Optimizer)
     inputs, target = workload.make_batch(batch_size)
     try:
-        with batchfit.memory_limit(limit, resident=[workload.model, workload.optimizer]):
+        with batchfit.cap_memory(limit, resident=[workload.model, workload.optimizer]):
             for _ in range(steps):
                 workload.optimizer.zero_grad(set_to_none=True)
                 nn.functional.cross_entropy(workload.model(inputs.clone()), target.clone()).backward()
@@ -623,7 +623,7 @@ def trains(build_fresh: Callable[[], Workload], batch_size: int, limit: str, ste
     optimizer = workload.build_optimizer()
     inputs, target = workload.host_batch(batch_size)
     try:
-        with batchfit.memory_limit(limit, resident=[workload.model, optimizer]) as measured:
+        with batchfit.cap_memory(limit, resident=[workload.model, optimizer]) as measured:
             for _ in range(steps):
                 workload.run_train_step(optimizer, (inputs.clone(), target.clone()))
     except torch.OutOfMemoryError:
@@ -722,7 +722,7 @@ def test_behind_a_caching_allocator_a_search_whose_first_fp16_steps_overflow_is_
     # scale it reached: the search is the one whose scaler never overflowed.
     def search(loss_scale: float) -> batchfit.SearchResult:
         return find_on(
-            Target(CachingCpuDevice(16 * 2**20), 0.8),
+            ResolvedDevice(CachingCpuDevice(16 * 2**20), 0.8),
             overflowing_workload(loss_scale),
             "train",
             BatchSizes(max_batch_size=4096),
@@ -754,7 +754,7 @@ def test_behind_a_caching_allocator_a_forecast_that_overshot_is_asked_again_near
     # gallop started 7 below).
     def search(tuning: Tuning = DEFAULT_TUNING) -> batchfit.SearchResult:
         return find_on(
-            Target(CachingCpuDevice(40 * 2**20), 0.8),
+            ResolvedDevice(CachingCpuDevice(40 * 2**20), 0.8),
             large_batch_workspace(per_sample),
             "train",
             BatchSizes(max_batch_size=8192),
@@ -798,7 +798,7 @@ def test_behind_a_caching_allocator_a_forecast_that_was_low_is_asked_again_near_
     def search(tuning: Tuning = DEFAULT_TUNING) -> batchfit.SearchResult:
         workload = large_batch_workspace(per_sample, small=True)
         return find_on(
-            Target(CachingCpuDevice(40 * 2**20), 0.8),
+            ResolvedDevice(CachingCpuDevice(40 * 2**20), 0.8),
             workload,
             "train",
             BatchSizes(max_batch_size=8192),
@@ -948,7 +948,10 @@ def test_a_scripted_model_s_out_of_memory_is_one(caching: bool) -> None:
     limit = 2 * 2**20
     if caching:
         result = find_on(
-            Target(CachingCpuDevice(limit), 1.0), scripted_mlp(), "train", BatchSizes(max_batch_size=4096)
+            ResolvedDevice(CachingCpuDevice(limit), 1.0),
+            scripted_mlp(),
+            "train",
+            BatchSizes(max_batch_size=4096),
         )
     else:
         result = find_batch_size(scripted_mlp(), device="cpu", memory_limit=limit, memory_fraction=1.0)
@@ -995,7 +998,7 @@ def test_a_discriminator_and_an_ema_the_step_updates_are_put_back_and_counted() 
         optimizer = fresh.build_optimizer()
         resident = [fresh.model, optimizer, *state.values()]
         try:
-            with batchfit.memory_limit(result.budget_bytes, resident=resident):
+            with batchfit.cap_memory(result.budget_bytes, resident=resident):
                 for _ in range(2):
                     fresh.run_train_step(optimizer, fresh.host_batch(batch_size))
         except torch.OutOfMemoryError:
@@ -1016,7 +1019,10 @@ def test_the_summary_says_when_the_next_size_failed_with_room_in_the_allocator_s
     # 230 MiB its cache holds more than that free, in pieces; under 64 MiB it does not.
     workload = build_example("cnn", "cpu")
     result = find_on(
-        Target(CachingCpuDevice(cap_mib << 20), 1.0), workload, "train", BatchSizes(max_batch_size=1024)
+        ResolvedDevice(CachingCpuDevice(cap_mib << 20), 1.0),
+        workload,
+        "train",
+        BatchSizes(max_batch_size=1024),
     )
     said = re.search(
         r"Batch (\d+) ran out of memory asking for 20\.00 MiB while the allocator held ([\d.]+) MiB reserved "

@@ -9,14 +9,14 @@ from tiny_workloads import segment_crossing
 
 from batchfit import BatchSizes, DoesNotFitError
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 
 CAP = 60 * 2**20  # 2,049-2,559 fail under it; 2,048 and 2,560-3,072 fit
 
 
 def _find(sizes: BatchSizes = BatchSizes(max_batch_size=8192), dataset: bool = False):  # type: ignore[no-untyped-def]
-    return find_on(Target(CachingCpuDevice(CAP), 1.0), segment_crossing(dataset), "train", sizes)
+    return find_on(ResolvedDevice(CachingCpuDevice(CAP), 1.0), segment_crossing(dataset), "train", sizes)
 
 
 def test_the_answer_is_the_top_of_the_band_that_holds_every_smaller_batch() -> None:

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import batchfit
 from batchfit import BatchSizes, Mode, SearchResult, Timing, Workload, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.trial import Trial
 from batchfit.policy.trial_cache import TrialCache
@@ -36,7 +36,7 @@ from batchfit.runtime.devices.allocator_settings import expandable_segments, set
 from batchfit.runtime.devices.caching_device import CachingCpuDevice, GarbageCollector
 from batchfit.runtime.devices.cuda import CudaDevice, user_memory_fraction
 from batchfit.runtime.devices.device import Device
-from batchfit.runtime.devices.resolve import memory_limit, parse_device, resolve_device
+from batchfit.runtime.devices.resolve import cap_memory, parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.finite import WHAT_TO_CHECK, LossLog
 from batchfit.runtime.steps.reach import grad_scalers
@@ -71,7 +71,7 @@ def find(
 ) -> SearchResult:
     sizes = BatchSizes(max_batch_size=max_batch_size)
     if device in ("cpu-caching", "cpu-expandable"):
-        return find_on(Target(target_for(device, cap), memory_fraction), workload, mode, sizes)
+        return find_on(ResolvedDevice(target_for(device, cap), memory_fraction), workload, mode, sizes)
     return find_batch_size(
         workload, mode, device=device, memory_limit=cap, memory_fraction=memory_fraction, sizes=sizes
     )
@@ -596,10 +596,10 @@ def test_the_user_s_cap_is_put_back(device: str, ending: str) -> None:
     target = target_for(device, cap)
     try:
         if ending == "success":
-            find_on(Target(target, 0.8), workload, "train")
+            find_on(ResolvedDevice(target, 0.8), workload, "train")
         else:
             with pytest.raises(type(error)):
-                find_on(Target(target, 0.8), workload, "train")
+                find_on(ResolvedDevice(target, 0.8), workload, "train")
         # The allocator keeps the fraction as bytes of the device's total: it reads back to ~1e-11.
         assert _cap_in_force(target) == pytest.approx(user_fraction if device == "cuda" else 1.0, abs=1e-9)
     finally:
@@ -709,12 +709,12 @@ def _cli(args: list[str], cwd: Any, json_out: bool = True) -> Any:
     return json.loads(done.stdout) if json_out else None
 
 
-def test_memory_limit_lifts_its_cap_on_every_device() -> None:
+def test_cap_memory_lifts_its_cap_on_every_device() -> None:
     # The standalone cap on the CPU: nothing intercepts after the block, however it ends.
-    with pytest.raises(torch.OutOfMemoryError), memory_limit("1MiB"):
+    with pytest.raises(torch.OutOfMemoryError), cap_memory("1MiB"):
         torch.empty(2**20)
     assert _get_current_dispatch_mode() is None
-    assert batchfit.memory_limit is memory_limit
+    assert batchfit.cap_memory is cap_memory
 
 
 #: MicroBatchStep's test: (hidden width, batch) per device: activations far above the weights and, on
@@ -751,7 +751,7 @@ def test_micro_batch_step_survives_an_out_of_memory_under_the_cap(device: str) -
         step = batchfit.MicroBatchStep(
             model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=micro_batch_size
         )
-        with memory_limit(
+        with cap_memory(
             "64GiB" if device == "cpu" else torch.cuda.mem_get_info(target)[1],
             resident=[model, optimizer, *batch],
             device=device,
@@ -774,7 +774,7 @@ def test_micro_batch_step_survives_an_out_of_memory_under_the_cap(device: str) -
     step = batchfit.MicroBatchStep(
         model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=samples
     )
-    with memory_limit((whole + halves) // 2, resident=[model, optimizer, *batch], device=device):
+    with cap_memory((whole + halves) // 2, resident=[model, optimizer, *batch], device=device):
         loss = step(batch)
     assert step.micro_batch_size == samples // 2
     reasons = [change.reason for change in step.history]
@@ -906,8 +906,8 @@ def test_a_search_at_another_fraction_replays_the_requests_its_cached_opening_re
     workload = cnn_workload("cpu-caching")
     cap = reference_cap(workload, "cpu-caching", 48)
     cache = TrialCache()
-    first = find_on(Target(CachingCpuDevice(cap), 1.0), workload, "train", cache=cache)
-    second = find_on(Target(CachingCpuDevice(cap), 0.8), workload, "train", cache=cache)
+    first = find_on(ResolvedDevice(CachingCpuDevice(cap), 1.0), workload, "train", cache=cache)
+    second = find_on(ResolvedDevice(CachingCpuDevice(cap), 0.8), workload, "train", cache=cache)
     fitted = {t.batch_size for t in (*first.trials, *second.trials) if t.fits}
     assert sorted(cache.records) == sorted(fitted) and {2, 4, first.batch_size} <= fitted
     assert first.replays > 0 and second.replays > 0

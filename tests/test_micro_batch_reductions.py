@@ -125,7 +125,7 @@ def halving_cap(halvings: int) -> int:
 def test_after_real_out_of_memory_halvings_the_step_is_the_users(
     loss_fn: LossFn, ignored: bool, halvings: int
 ) -> None:
-    """Under a real memory_limit micro-batch 64 runs out of memory and halves (once, or twice to 16)
+    """Under a real cap_memory micro-batch 64 runs out of memory and halves (once, or twice to 16)
     before the batch fits; the one step taken is the user's."""
     batch = ignoring_some(make_batch(200)) if ignored else make_batch(200)
     initial, reference, model = make_model(), make_model(), make_model()
@@ -134,7 +134,7 @@ def test_after_real_out_of_memory_halvings_the_step_is_the_users(
     optimizer = sgd_plain(model)
     gradients = stepped_gradients(optimizer)
     step = MicroBatchStep(model, optimizer, loss_fn=loss_fn, micro_batch_size=64)
-    with batchfit.memory_limit(halving_cap(halvings), resident=[model, optimizer]):
+    with batchfit.cap_memory(halving_cap(halvings), resident=[model, optimizer]):
         loss = step(batch)
 
     sizes = [(change.old_micro_batch_size, change.new_micro_batch_size) for change in step.history]

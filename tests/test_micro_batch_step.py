@@ -156,7 +156,7 @@ def test_an_out_of_memory_in_backward_halves_and_reruns_the_same_batch(
     )
     with (
         caplog.at_level(logging.WARNING, logger="batchfit"),
-        batchfit.memory_limit(cap, resident=[model, optimizer]),
+        batchfit.cap_memory(cap, resident=[model, optimizer]),
     ):
         loss = step(batch)
 
@@ -185,7 +185,7 @@ def test_grows_back_after_clean_steps_and_keeps_the_history() -> None:
 
     optimizer = sgd(model)
     step = MicroBatchStep(model, optimizer, loss_fn=cross_entropy, micro_batch_size=64, grow_after=2)
-    with batchfit.memory_limit(cap, resident=[model, optimizer]):
+    with batchfit.cap_memory(cap, resident=[model, optimizer]):
         step(batches[0])
     sizes = [step.micro_batch_size]
     for batch in batches[1:]:
@@ -244,7 +244,7 @@ def test_out_of_memory_at_one_sample_says_what_to_do() -> None:
     )
     with (
         pytest.raises(DoesNotFitError, match=f"^{re.escape(prefix)}") as raised,
-        batchfit.memory_limit(cap, resident=[model, optimizer]),
+        batchfit.cap_memory(cap, resident=[model, optimizer]),
     ):
         step(batch)
     assert not isinstance(raised.value, OptimizerStepOutOfMemoryError)
@@ -278,7 +278,7 @@ def test_an_out_of_memory_in_the_optimizer_step_is_not_retried() -> None:
     )
     with (
         pytest.raises(OptimizerStepOutOfMemoryError) as raised,
-        batchfit.memory_limit((accumulation + whole) // 2, resident=[model, optimizer]),
+        batchfit.cap_memory((accumulation + whole) // 2, resident=[model, optimizer]),
     ):
         step(batch)
     message = str(raised.value)

@@ -14,7 +14,7 @@ import batchfit
 from batchfit import ConfigurationError, Targets, Trials
 from batchfit.cli import main
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.predict import predict_on, record
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -114,9 +114,9 @@ def test_find_started_from_a_saved_prediction_runs_fewer_trials_to_the_same_answ
     prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB", context=False), ["train"])  # type: ignore[list-item]
     saved = tmp_path / "prediction.json"  # as `batchfit predict --format json` writes it
     saved.write_text(json.dumps({"workload": "cnn", "prediction": prediction.to_dict()}))
-    scratch = find_on(Target(CachingCpuDevice(48 * MiB), 0.8), workload, "train")
+    scratch = find_on(ResolvedDevice(CachingCpuDevice(48 * MiB), 0.8), workload, "train")
     start = StartingEvidence.read(saved, "train")
-    started = find_on(Target(CachingCpuDevice(48 * MiB), 0.8), workload, "train", start=start)
+    started = find_on(ResolvedDevice(CachingCpuDevice(48 * MiB), 0.8), workload, "train", start=start)
     predicted = prediction.rows[0].train
     assert predicted is not None and scratch.started_from is None
     # The first trial goes where the prediction put it at this budget (0.8 x 48 MiB, as predicted).

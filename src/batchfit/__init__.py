@@ -49,7 +49,7 @@ from batchfit.predict import predict
 from batchfit.prediction import Prediction, PredictionRow, Targets
 from batchfit.progress import Event, OnProgress
 from batchfit.runtime.devices.oom import is_out_of_memory
-from batchfit.runtime.devices.resolve import memory_limit
+from batchfit.runtime.devices.resolve import cap_memory
 from batchfit.runtime.distributed.gradient_noise import DataParallelNoise
 from batchfit.runtime.steps.gradient_noise import AccumulationNoise
 from batchfit.runtime.workloads.examples import EXAMPLES as _BUILDERS
@@ -127,6 +127,7 @@ __all__ = [
     "analyze",
     "analyze_config",
     "apply_autobatch",
+    "cap_memory",
     "check",
     "check_data",
     "compare",
@@ -135,7 +136,6 @@ __all__ = [
     "is_out_of_memory",
     "load_config",
     "load_workload",
-    "memory_limit",
     "noise_scale",
     "plan",
     "predict",

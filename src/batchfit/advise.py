@@ -17,7 +17,7 @@ from batchfit.comparison import Comparison
 from batchfit.errors import ConfigurationError
 from batchfit.explore import ExploreResult, explore_on
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, Goal, Target, Timing, Where
+from batchfit.options import BatchSizes, Goal, ResolvedDevice, Timing, Where
 from batchfit.policy.advice import Change, costly, noisy, rank
 from batchfit.policy.goodput import noise_scale_of
 from batchfit.policy.noise_scale import NoiseScale
@@ -104,7 +104,7 @@ def advise(
         check_option("advise", "baseline", baseline, Baseline)
     started = time.perf_counter()
     run = _Checklist(
-        Target.of(Where(device, memory_limit, memory_fraction)), workload, checklist, on_progress
+        ResolvedDevice.of(Where(device, memory_limit, memory_fraction)), workload, checklist, on_progress
     )
     train, evaluation = run.find(replace(sizes, global_batch_size=None, world_size=None))
     largest = None if train is None else train.batch_size
@@ -137,7 +137,7 @@ class _Checklist:
     """advise's steps on one target, each run unless skipped and told as it starts; ``skipped``
     collects why a step did not run."""
 
-    target: Target
+    target: ResolvedDevice
     workload: Workload
     checklist: Checklist
     on_progress: OnProgress | None

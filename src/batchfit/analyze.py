@@ -18,7 +18,7 @@ import torch
 from batchfit.checks import check_memory_fraction, check_option, type_name
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
+from batchfit.options import BatchSizes, ResolvedDevice, Trials, Where, mode_named
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
@@ -120,7 +120,7 @@ def analyze(
     for fraction in memory_fractions:
         check_memory_fraction(fraction)
     named = [mode_named(mode) for mode in dict.fromkeys(modes)]
-    base = Target.of(Where(device, memory_limit))
+    base = ResolvedDevice.of(Where(device, memory_limit))
     rows, results = [], []
     caches = {mode: TrialCache() for mode in named}
     for mode in named:

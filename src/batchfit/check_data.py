@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from batchfit.checks import check_positive_int
-from batchfit.options import Target, Where
+from batchfit.options import ResolvedDevice, Where
 from batchfit.policy.loader_settings import (
     KNOBS,
     WAIT_SHARE_THRESHOLD,
@@ -155,7 +155,7 @@ def check_data(
     factory = load_function(loader, "loader") if isinstance(loader, str) else loader
     source = LoaderSource(workload, batch_size, factory)
     source.check(current)
-    target = Target.of(Where(device)).device
+    target = ResolvedDevice.of(Where(device)).device
     check_model_on(workload.module, target.torch_device)
     return _Check(source, current, search, started, on_progress).run(target)
 

@@ -14,7 +14,7 @@ from batchfit.comparison import Comparison, ComparisonRow, against
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.explore import explore_on
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, Target, Timing, Where
+from batchfit.options import BatchSizes, ResolvedDevice, Timing, Where
 from batchfit.policy.micro_batch import chosen_micro_batch
 from batchfit.policy.techniques import (
     ACCUMULATION,
@@ -70,12 +70,12 @@ def compare(
     optimizer and RNG are left as they were.
     """
     check_entry("compare", workload, on_progress, sizes=(sizes, BatchSizes), timing=(timing, Timing))
-    target = Target.of(Where(device, memory_limit, memory_fraction))
+    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
     return compare_on(target, workload, techniques, sizes, timing, checkpoint_module, on_progress)
 
 
 def compare_on(
-    target: Target,
+    target: ResolvedDevice,
     workload: Workload,
     techniques: Sequence[str] | None = None,
     sizes: BatchSizes = BatchSizes(),
@@ -150,7 +150,7 @@ class _Measure:
     """The measurements of the rows: a search, timing rounds, an exploration, as ``compare`` asks."""
 
     workload: Workload
-    target: Target
+    target: ResolvedDevice
     sizes: BatchSizes
     timing: Timing
     on_progress: OnProgress | None

@@ -15,7 +15,7 @@ import torch
 
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, Goal, Target, Timing, Where
+from batchfit.options import BatchSizes, Goal, ResolvedDevice, Timing, Where
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.exploration import ExploreStopReason, Rules, explore_rounds
 from batchfit.policy.goodput import SAMPLE_TOLERANCE, ThroughputAt, goodput
@@ -134,7 +134,7 @@ def explore(
     """
     given = {"sizes": (sizes, BatchSizes), "timing": (timing, Timing), "goal": (goal, Goal)}
     check_entry("explore", workload, on_progress, **given)
-    target = Target.of(Where(device, memory_limit, memory_fraction))
+    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
     return explore_on(target, workload, sizes, timing, goal, on_progress)
 
 
@@ -160,7 +160,7 @@ def _checked_rules(sizes: BatchSizes, timing: Timing, goal: Goal, world_size: in
 
 
 def explore_on(
-    target: Target,
+    target: ResolvedDevice,
     workload: Workload,
     sizes: BatchSizes = BatchSizes(),
     timing: Timing = Timing(),

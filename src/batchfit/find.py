@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
+from batchfit.options import BatchSizes, ResolvedDevice, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.safe_band import SafeBand, hold_below
+from batchfit.policy.safe_band import SafeBand, Under, hold_below
 from batchfit.policy.search import DEFAULT_TUNING, Candidates, SearchOutcome, Tuning, search_and_confirm
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
@@ -22,7 +22,7 @@ from batchfit.runtime.distributed.lockstep import Alone, Lockstep, LockstepForec
 from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import StepSpec
-from batchfit.runtime.steps.trace import Forecast, forecast_search
+from batchfit.runtime.steps.trace import TraceForecast, forecast_search
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
@@ -67,14 +67,14 @@ def find_batch_size(
     place its first trial, and join its trials' own records (behind a caching allocator only).
     """
     check_entry("find_batch_size", workload, on_progress, sizes=(sizes, BatchSizes), trials=(trials, Trials))
-    target = Target.of(Where(device, memory_limit, memory_fraction))
+    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
     named = mode_named(mode)
     start = None if start_from is None else StartingEvidence.read(start_from, named)
     return find_on(target, workload, named, sizes, trials, on_progress, start=start)
 
 
 def find_on(
-    target: Target,
+    target: ResolvedDevice,
     workload: Workload,
     mode: Mode,
     sizes: BatchSizes = BatchSizes(),
@@ -121,7 +121,7 @@ class _Search:
 
     workload: Workload
     mode: Mode
-    target: Target
+    target: ResolvedDevice
     sizes: BatchSizes
     trials: Trials
     capacity: int
@@ -178,7 +178,7 @@ class _Search:
 
     def run(
         self, snapshot: TrainingSnapshot, seed: int | None = None
-    ) -> tuple[SearchOutcome, Forecast, int, SafeBand | None]:
+    ) -> tuple[SearchOutcome, TraceForecast, int, SafeBand | None]:
         """The search's outcome, the fake-tensor forecast that placed it (CPU devices) or why none
         did, the sizes the replay of recorded allocator requests was asked about, and the band below
         the answer that fits (caching allocators: ``policy.safe_band``)."""
@@ -246,9 +246,7 @@ class _Search:
             outcome.trials,
             longer,
             replay.play,
-            self.budget,
-            self.capacity,
-            self.confirming or 0,
+            Under(self.budget, self.capacity, self.confirming or 0),
             replay.above if isinstance(replay, ReplayForecast) else None,  # alone: ranks may differ
         )
         trials = outcome.trials + ran
@@ -259,7 +257,7 @@ class _Search:
     def oracle(self, runner: TrialRunner, cache: TrialCache | None) -> TrialOracle:
         return TrialOracle(runner, self.team, self.mode, self.budget, self.on_progress, cache)
 
-    def forecast(self) -> Forecast:
+    def forecast(self) -> TraceForecast:
         """The search run on fake-tensor traces, where the device can trace the workload."""
         return forecast_search(
             self.workload,
@@ -275,7 +273,7 @@ class _Search:
     def result(
         self,
         outcome: SearchOutcome,
-        forecast: Forecast,
+        forecast: TraceForecast,
         replays: int,
         seconds: float,
         started_from: int | None = None,

@@ -13,7 +13,7 @@ import torch
 from batchfit.checks import check_positive_int
 from batchfit.errors import DoesNotFitError
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, Target, Trials, Where, mode_named
+from batchfit.options import BatchSizes, ResolvedDevice, Trials, Where, mode_named
 from batchfit.policy.trial import Mode, Trial
 from batchfit.progress import OnProgress
 from batchfit.runtime.workloads.entry import check_entry
@@ -87,7 +87,7 @@ def check(
     what to do. The model, optimizer and RNG are left as they were."""
     check_entry("check", workload, on_progress, trials=(trials, Trials))
     check_positive_int("batch_size", batch_size)
-    target = Target.of(Where(device, memory_limit, memory_fraction))
+    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
     named = mode_named(mode)
     exactly = BatchSizes(batch_size, batch_size)
     # The training state an eval step meets is resident after any training step: the smallest.

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves
 
 from batchfit.errors import ConfigurationError, DoesNotFitError, NonFiniteError
 from batchfit.noise_scale_result import NoiseScaleResult
-from batchfit.options import Sampling, Target, Where
+from batchfit.options import ResolvedDevice, Sampling, Where
 from batchfit.policy.noise_scale import GradientReading, estimate
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.host import host_memory
@@ -61,7 +61,7 @@ def noise_scale(
     each step's reading and the estimate so far.
     """
     check_entry("noise_scale", workload, on_progress, sampling=(sampling, Sampling))
-    target = Target.of(Where(device, memory_limit, memory_fraction))
+    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
     team = ranks()
     micro, accumulation = sampling.split(team.world_size)
     team.run(lambda: _check_workload(workload, target.device.torch_device, sampling.fixed_weights))
@@ -97,7 +97,7 @@ class _Run:
     def __init__(
         self,
         workload: Workload,
-        target: Target,
+        target: ResolvedDevice,
         optimizer: torch.optim.Optimizer | None,
         team: Lockstep | Alone,
         micro: int,

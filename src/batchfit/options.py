@@ -226,14 +226,14 @@ class Goal:
 
 
 @dataclass(frozen=True)
-class Target:
+class ResolvedDevice:
     """A ``Where`` resolved: the device, found present, and the share of it a batch may use."""
 
     device: Device
     memory_fraction: float
 
     @classmethod
-    def of(cls, where: Where) -> Target:
+    def of(cls, where: Where) -> ResolvedDevice:
         return cls(resolve_device(where.torch_device, where.memory_limit_bytes), where.memory_fraction)
 
 

@@ -4,7 +4,7 @@ does not fit there: what it measured, and what to change."""
 from __future__ import annotations
 
 from batchfit.errors import DoesNotFitError
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.policy.trial import Mode, Trial
 from batchfit.runtime.devices.host_failure import check_host_room
 from batchfit.runtime.devices.tracker import resident_tensors
@@ -12,7 +12,7 @@ from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
 
 
-def search_capacity(workload: Workload, target: Target, candidates: int) -> int:
+def search_capacity(workload: Workload, target: ResolvedDevice, candidates: int) -> int:
     """The device's capacity for this workload: what its resident tensors leave room for. A search
     over ``candidates`` sizes on the CPU standing in for a larger device is refused where the host
     cannot give its budget (``check_host_room``); one size (``check``) runs, as its trial needs
@@ -25,7 +25,7 @@ def search_capacity(workload: Workload, target: Target, candidates: int) -> int:
 
 
 def does_not_fit(
-    workload: Workload, mode: Mode, target: Target, capacity: int, trial: Trial
+    workload: Workload, mode: Mode, target: ResolvedDevice, capacity: int, trial: Trial
 ) -> DoesNotFitError:
     """Even the smallest candidate (``trial``) failed under ``target``'s share of ``capacity``: the
     error naming what it measured, the fixed part's bytes, and what to change."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from batchfit.cli.progress import Display, Status, trial_line
+from batchfit.cli.progress import Display, StatusLine, trial_line
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.trial import Trial
 
@@ -309,44 +309,44 @@ RECOMMENDATION = Recommendation(
 @pytest.mark.parametrize(
     ("status", "text"),
     [
-        (Status("find"), "find: running"),
-        (Status("find").started("train", 433), "find train: batch_size=433 running"),
+        (StatusLine("find"), "find: running"),
+        (StatusLine("find").started("train", 433), "find train: batch_size=433 running"),
         (
-            Status("find").started("train", 433).finished("train", "batch_size=433 oom"),
+            StatusLine("find").started("train", 433).finished("train", "batch_size=433 oom"),
             "find train: running; 1 trial, last batch_size=433 oom",
         ),
         (
-            Status("find")
+            StatusLine("find")
             .finished("train", "batch_size=432 ok")
             .finished("train", "batch_size=433 oom")
             .started("eval", 1024),
             "find eval: batch_size=1024 running; 2 trials, last train batch_size=433 oom",
         ),
         (
-            Status("explore").recommended(RECOMMENDATION),
+            StatusLine("explore").recommended(RECOMMENDATION),
             "explore: running; recommended micro_batch_size=64 (1.85x base), confidence 72/100",
         ),
         (
-            Status("compare").finished("amp", "batch_size=96 ok").recommended(RECOMMENDATION),
+            StatusLine("compare").finished("amp", "batch_size=96 ok").recommended(RECOMMENDATION),
             (
                 "compare amp: running; 1 trial, last batch_size=96 ok; "
                 "recommended micro_batch_size=64 (1.85x base), confidence 72/100"
             ),
         ),
         (
-            Status("explore").recommended(Recommendation(140, 140, 140, 1.0, 0)),
+            StatusLine("explore").recommended(Recommendation(140, 140, 140, 1.0, 0)),
             "explore: running; leaning to micro_batch_size=140 (1.00x base), confidence 0/100, not settled",
         ),
-        (Status("advise").started("explore"), "advise explore: running"),
+        (StatusLine("advise").started("explore"), "advise explore: running"),
         (
-            Status("check-data", noun="settings")
+            StatusLine("check-data", noun="settings")
             .finished("", "a")
             .finished("", "num_workers=2: 812.5 samples/s"),
             "check-data: running; 2 settings, last num_workers=2: 812.5 samples/s",
         ),
     ],
 )
-def test_status_text(status: Status, text: str) -> None:
+def test_status_text(status: StatusLine, text: str) -> None:
     assert status.text() == text
 
 

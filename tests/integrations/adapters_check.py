@@ -1,5 +1,5 @@
 """The adapters' GPU runs, written once for any device: search with the adapter under a cap,
-then train 20 steps at what it found under the same cap (``batchfit.memory_limit``), on random
+then train 20 steps at what it found under the same cap (``batchfit.cap_memory``), on random
 data. ``test_gpu_integrations.py`` runs them on real models on CUDA."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def lightning_trains_at_its_plan(
             logger=False,
         )
         budget = int(0.8 * parse_bytes(limit))
-        with batchfit.memory_limit(budget, resident=[module], device=device):
+        with batchfit.cap_memory(budget, resident=[module], device=device):
             trainer.fit(module)  # the search, then STEPS steps at its answer
     assert trainer.global_step == STEPS
     return int(module.batch_size)
@@ -87,7 +87,7 @@ def hf_trains_at_its_plan(model: torch.nn.Module, vocab: int, length: int, devic
         trainer = BatchfitTrainer(model=model, args=args, train_dataset=train, memory_limit=limit)
         plan = trainer.fit_batch_sizes()
         budget = int(0.8 * parse_bytes(limit))
-        with batchfit.memory_limit(budget, resident=[model], device=device):
+        with batchfit.cap_memory(budget, resident=[model], device=device):
             trainer.train()
     assert trainer.state.global_step == STEPS
     return int(plan.micro_batch_size)

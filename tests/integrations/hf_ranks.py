@@ -43,7 +43,7 @@ def main(out: Path) -> None:
     )
     plan = trainer.fit_batch_sizes()
     cap = sys.argv[2] if rank == 1 and len(sys.argv) > 2 else None  # rank 1 trains on a smaller device
-    with batchfit.memory_limit(cap, resident=[trainer.model]) if cap else contextlib.nullcontext():
+    with batchfit.cap_memory(cap, resident=[trainer.model]) if cap else contextlib.nullcontext():
         trainer.train()
     assert plan.train is not None
     report = {

@@ -83,7 +83,7 @@ def trainer(callbacks: list[pl.Callback], **settings: Any) -> pl.Trainer:
 
 
 class Capped(pl.Callback):
-    """Runs each training, validation and test batch under ``batchfit.memory_limit(cap_bytes)`` as a
+    """Runs each training, validation and test batch under ``batchfit.cap_memory(cap_bytes)`` as a
     device of that size holds it: the module, its gradients, the optimizers' state and the batch
     resident (a loader's batches, the next one prefetched among them, live on a GPU's host, so a
     batch counts from its transfer on), and counts the optimizer steps and the evaluation batches."""
@@ -96,7 +96,7 @@ class Capped(pl.Callback):
 
     def _enter(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         resident = [pl_module, *trainer.optimizers, batch]
-        self._cap.enter_context(batchfit.memory_limit(self.cap_bytes, resident=resident))
+        self._cap.enter_context(batchfit.cap_memory(self.cap_bytes, resident=resident))
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *_: Any

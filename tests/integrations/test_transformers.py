@@ -97,7 +97,7 @@ def runs(
     trainer.train_dataset = repeated(case.train, (steps * accumulation + 1) * train)
     trainer.eval_dataset = repeated(case.eval, 2 * (evaluate or 1))
     try:
-        with batchfit.memory_limit(budget, resident=[trainer.model]):
+        with batchfit.cap_memory(budget, resident=[trainer.model]):
             trainer.train()
     except torch.OutOfMemoryError:
         return False
@@ -142,7 +142,7 @@ def test_sizes_are_the_largest_the_trainers_steps_run_at_and_train_under_the_cap
         plan.gradient_accumulation_steps,
     )
     assert trainer.args.per_device_eval_batch_size == evaluated
-    with batchfit.memory_limit(budget, resident=[trainer.model]):
+    with batchfit.cap_memory(budget, resident=[trainer.model]):
         trainer.train()
     assert trainer.state.global_step == 20
     assert [entry["step"] for entry in trainer.state.log_history if "eval_loss" in entry] == [20]
@@ -207,7 +207,7 @@ def test_an_out_of_memory_in_training_halves_the_micro_batch_and_keeps_the_globa
         **common,
     )
     assert trainer.fit_batch_sizes().micro_batch_size == 32
-    with batchfit.memory_limit(int(0.8 * parse_bytes("8MiB")), resident=[trainer.model]):
+    with batchfit.cap_memory(int(0.8 * parse_bytes("8MiB")), resident=[trainer.model]):
         trainer.train()
     plan = trainer.batchfit_plan
     assert [(change.old_micro_batch_size, change.new_micro_batch_size) for change in plan.changes] == [
@@ -245,7 +245,7 @@ def test_an_out_of_memory_in_evaluation_shrinks_the_eval_batch_alone(
     assert trainer.fit_batch_sizes().per_device_eval_batch_size == len(case.eval)
     with (
         caplog.at_level(logging.WARNING),
-        batchfit.memory_limit(int(0.8 * parse_bytes("8MiB")), resident=[trainer.model]),
+        batchfit.cap_memory(int(0.8 * parse_bytes("8MiB")), resident=[trainer.model]),
     ):
         trainer.train()
     plan = trainer.batchfit_plan

@@ -139,7 +139,7 @@ def one_step(
     if cap is None:
         trainer.train()
     else:
-        with batchfit.memory_limit(cap, resident=[trainer.model]):
+        with batchfit.cap_memory(cap, resident=[trainer.model]):
             trainer.train()
     return trainer, gradients.seen
 
@@ -250,7 +250,7 @@ def halving_cap(tmp_path: Path, model: Callable[[], torch.nn.Module], collate: C
             train_dataset=LANGUAGE if collate is language_modelling else CLASSIFICATION,
             data_collator=collate,
         )
-        with batchfit.memory_limit("1GiB", resident=[trainer.model]) as measured:
+        with batchfit.cap_memory("1GiB", resident=[trainer.model]) as measured:
             trainer.train()
         return int(measured.peak_bytes)
 

@@ -56,7 +56,7 @@ def trains(step: Any, batch_size: int) -> bool:
     optimizer = torch.optim.AdamW(model.parameters())
     budget = int(0.8 * parse_bytes(LIMIT))
     try:
-        with batchfit.memory_limit(budget, resident=[model, optimizer]):
+        with batchfit.cap_memory(budget, resident=[model, optimizer]):
             for _ in range(2):
                 step(model, optimizer, make_batch(batch_size))
     except torch.OutOfMemoryError:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchfit.policy.allocation_replay import Played
-from batchfit.policy.safe_band import MAX_REPLAYED, SafeBand, hold_below
+from batchfit.policy.safe_band import MAX_REPLAYED, SafeBand, Under, hold_below
 from batchfit.policy.search_state import Candidates
 from batchfit.policy.trial import Trial
 
@@ -51,7 +51,7 @@ class Device:
 def check(device: Device, answer: int, low: int = 1, step: int = 1, cap: int = 10**9) -> SafeBand:
     candidates = Candidates.between(step, 10_000, step)
     searched = (device.run(answer), device.run(answer + step))
-    band, ran = hold_below(answer, low, candidates, searched, device.run, device.play, cap, cap, STEPS)
+    band, ran = hold_below(answer, low, candidates, searched, device.run, device.play, Under(cap, cap, STEPS))
     assert [trial.batch_size for trial in ran] == device.ran[2:]
     return band
 
@@ -132,7 +132,9 @@ def test_the_memory_fraction_that_holds_the_isolated_answer_is_the_replays() -> 
     device = Capped(lambda size: reserved(size) <= 160_000)
     searched = (device.run(156), device.run(157))
     candidates = Candidates.between(1, 500)
-    band, _ = hold_below(156, 1, candidates, searched, device.run, device.play, 160_000, capacity, STEPS)
+    band, _ = hold_below(
+        156, 1, candidates, searched, device.run, device.play, Under(160_000, capacity, STEPS)
+    )
     assert band.high == 140 and band.failing == ((141, 144),)
     # 144 reserves 187,200 bytes: 0.75 x 250,000 is the first hundredth above it.
     assert band.memory_fraction_for_isolated == pytest.approx(0.75)
@@ -173,7 +175,7 @@ def test_on_the_h200s_recorded_requests_the_band_is_the_scans(
     low = min(truth)
     searched = (device.run(answer), device.run(answer + 1))
     candidates = Candidates.between(1, 1024)
-    band, ran = hold_below(answer, low, candidates, searched, device.run, play, cap, cap, STEPS)
+    band, ran = hold_below(answer, low, candidates, searched, device.run, play, Under(cap, cap, STEPS))
     assert band.high == high == brute_force(truth.__getitem__, answer, low)
     assert band.failing == failing and band.isolated == answer and band.whole
     assert [trial.batch_size for trial in ran] == [failing[0][0], high]

@@ -16,7 +16,7 @@ from batchfit import Event, Recommendation, Trial
 
 
 @dataclass(frozen=True)
-class Status:
+class StatusLine:
     """The live line's text: the command, the label (mode, technique or step) and the candidate
     running now, what is done so far and the last of it, and explore's recommendation."""
 
@@ -47,13 +47,13 @@ class Status:
             )
         return "; ".join(words)
 
-    def started(self, label: str, batch_size: int | None = None) -> Status:
+    def started(self, label: str, batch_size: int | None = None) -> StatusLine:
         return replace(self, label=label, batch_size=batch_size)
 
-    def finished(self, label: str, outcome: str) -> Status:
+    def finished(self, label: str, outcome: str) -> StatusLine:
         return replace(self, label=label, batch_size=None, done=self.done + 1, last_label=label, last=outcome)
 
-    def recommended(self, recommendation: Recommendation) -> Status:
+    def recommended(self, recommendation: Recommendation) -> StatusLine:
         return replace(self, recommendation=recommendation)
 
 
@@ -72,7 +72,7 @@ class Display:
     def __init__(
         self, command: str, *, noun: str = "trials", live: bool = True, usual_steps: int | None = None
     ) -> None:
-        self.status = Status(command, noun=noun)
+        self.status = StatusLine(command, noun=noun)
         self.usual_steps = usual_steps  # a trial of other steps says how many it ran
         # soft_wrap: the lines printed above the live line reach the terminal as they are, unwrapped.
         console = Console(stderr=True, soft_wrap=True)
@@ -142,7 +142,7 @@ class Display:
     def recommend(self, recommendation: Recommendation) -> None:
         self._show(self.status.recommended(recommendation))
 
-    def _show(self, status: Status) -> None:
+    def _show(self, status: StatusLine) -> None:
         self.status = status
         self._progress.update(self._task, description=status.text(), refresh=True)
 

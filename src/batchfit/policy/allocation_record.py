@@ -10,7 +10,7 @@ from batchfit.policy.allocator_blocks import Segments
 
 ALLOC, FREE = 0, 1
 #: ``(ALLOC, bytes)`` asks for a block; ``(FREE, k)`` gives back the block of the trial's ``k``-th request.
-Event = tuple[int, int]
+AllocatorEvent = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class AllocationRecord:
 
     batch_size: int
     start: Segments
-    steps: tuple[tuple[Event, ...], ...]
+    steps: tuple[tuple[AllocatorEvent, ...], ...]
     expandable: bool = False
     places: tuple[int, ...] = ()
 
@@ -65,7 +65,7 @@ class Recording:
 
     def __init__(self, start: Segments, expandable: bool = False) -> None:
         self.start, self.expandable = start, expandable
-        self.steps: list[list[Event]] = [[]]
+        self.steps: list[list[AllocatorEvent]] = [[]]
         self.requests = 0
         self.complete = True
         self.places: tuple[int, ...] = ()  # the segments' order in addresses, where the device says

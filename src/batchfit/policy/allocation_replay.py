@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Event
+from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, AllocatorEvent
 from batchfit.policy.allocator_blocks import Block, Segments
 from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 
@@ -40,7 +40,7 @@ class AllocationReplay:
     def __init__(
         self,
         start: Segments,
-        steps: tuple[tuple[Event, ...], ...],
+        steps: tuple[tuple[AllocatorEvent, ...], ...],
         lines: list[tuple[float, float]],
         expandable: bool = False,
         places: tuple[int, ...] = (),
@@ -191,11 +191,11 @@ class _Player:
             self.allocator.free(block)
 
 
-def _requests(steps: tuple[tuple[Event, ...], ...]) -> int:
+def _requests(steps: tuple[tuple[AllocatorEvent, ...], ...]) -> int:
     return sum(1 for events in steps for kind, _ in events if kind == ALLOC)
 
 
-def _kinds(steps: tuple[tuple[Event, ...], ...]) -> tuple[set[int], set[int], set[int]]:
+def _kinds(steps: tuple[tuple[AllocatorEvent, ...], ...]) -> tuple[set[int], set[int], set[int]]:
     """The requests never freed; those made and freed alone, with nothing between (transient: a
     workspace); and those made and freed together with others (scratch: a reduction's staging
     buffer and its semaphores)."""
@@ -211,7 +211,7 @@ def _kinds(steps: tuple[tuple[Event, ...], ...]) -> tuple[set[int], set[int], se
 MAX_GROUP = 8
 
 
-def _groups(steps: tuple[tuple[Event, ...], ...]) -> dict[int, int]:
+def _groups(steps: tuple[tuple[AllocatorEvent, ...], ...]) -> dict[int, int]:
     """The requests made and freed together with nothing else between, by the ordinal of each
     group's first request: how many it holds (1: a workspace alone)."""
     found: dict[int, int] = {}
@@ -229,7 +229,7 @@ def _groups(steps: tuple[tuple[Event, ...], ...]) -> dict[int, int]:
     return found
 
 
-def _group_at(events: tuple[Event, ...], ordinal: int) -> int:
+def _group_at(events: tuple[AllocatorEvent, ...], ordinal: int) -> int:
     """How many requests the group that begins ``events`` (with request ``ordinal``) holds; 0: none
     (a free of another request comes first, or more than ``MAX_GROUP`` are open)."""
     open_requests: set[int] = set()
@@ -248,7 +248,7 @@ def _group_at(events: tuple[Event, ...], ordinal: int) -> int:
 
 
 def _align(
-    reference: tuple[tuple[Event, ...], ...], other: tuple[tuple[Event, ...], ...]
+    reference: tuple[tuple[AllocatorEvent, ...], ...], other: tuple[tuple[AllocatorEvent, ...], ...]
 ) -> list[int | None] | None:
     """For each request of ``reference``, the ordinal of its match in ``other`` (None: a transient
     request ``other`` lacks), step by step; None where they do not align (see ``AllocationReplay.of``).
@@ -285,7 +285,7 @@ def _align(
     return matched
 
 
-def _frees_are_valid(steps: tuple[tuple[Event, ...], ...]) -> bool:
+def _frees_are_valid(steps: tuple[tuple[AllocatorEvent, ...], ...]) -> bool:
     """Each free names a request made before it and not yet freed."""
     live: set[int] = set()
     ordinal = 0
@@ -302,7 +302,7 @@ def _frees_are_valid(steps: tuple[tuple[Event, ...], ...]) -> bool:
 
 
 def _handed_on(
-    steps: tuple[tuple[Event, ...], ...], lines: list[tuple[float, float]]
+    steps: tuple[tuple[AllocatorEvent, ...], ...], lines: list[tuple[float, float]]
 ) -> tuple[tuple[int, int], ...] | None:
     """Pairs (a request of an earlier step that the last step frees, the request of the last step
     that takes its place for the next), in request order; None where they do not pair up (another

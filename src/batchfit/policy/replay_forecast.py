@@ -10,7 +10,7 @@ from batchfit.policy.trial_records import TrialRecords
 
 
 class ReplayForecast:
-    """The search's ``Forecast`` on a caching allocator: the replay of two recorded trials that
+    """The search's ``FitForecast`` on a caching allocator: the replay of two recorded trials that
     fitted (``records``, which the search's trial runners add to as they run: the opening's, then
     the confirming trials' that fitted), at ``steps`` steps under the trial's cap of
     ``limit_bytes`` (``soft_workspaces``: the device's kernels do without a workspace the allocator

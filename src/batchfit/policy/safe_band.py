@@ -59,8 +59,19 @@ class SafeBand:
         return self.checked_to <= self.low
 
 
+@dataclass(frozen=True)
+class Under:
+    """What the band is checked under: the budget the replay plays each size against
+    (``limit_bytes``), the device's whole memory, of which the fraction that would hold an isolated
+    answer is a share (``capacity_bytes``), and the steps a real trial runs to confirm a fit."""
+
+    limit_bytes: int
+    capacity_bytes: int
+    steps: int
+
+
 @dataclass
-class _Check:
+class _BandCheck:
     """One check's evidence: what real trials said at each size (a failure at any step count is a
     failure; a fit counts once it ran the confirming steps), and the trials it ran itself."""
 
@@ -97,22 +108,20 @@ def hold_below(
     trials: Sequence[Trial],
     run: Callable[[int], Trial],
     play: Play | None,
-    limit_bytes: int,
-    capacity_bytes: int,
-    steps: int,
+    under: Under,
     above: int | None = None,
 ) -> tuple[SafeBand, tuple[Trial, ...]]:
     """The band of every size from ``low`` up to ``answer`` (a search's, run and fitted) that fits,
-    and the real trials the check ran with ``run`` (``steps`` steps each). ``play(size, limit)`` is
-    the replay (None: no records to replay; real trials alone then); ``trials``: the search's;
-    ``above``: a larger size the replay places above sizes that fail (the search's forecast saw it
-    and aimed below), reported as the isolated size where the band holds the answer."""
-    check = _Check(answer, low, steps)
+    and the real trials the check ran with ``run`` (``under.steps`` steps each). ``play(size,
+    limit)`` is the replay (None: no records to replay; real trials alone then); ``trials``: the
+    search's; ``above``: a larger size the replay places above sizes that fail (the search's
+    forecast saw it and aimed below), reported as the isolated size where the band holds the answer."""
+    check = _BandCheck(answer, low, under.steps)
     for trial in trials:
         check.learn(trial)
     check.known[answer] = True
     while True:
-        verdicts, peaks = _verdicts(check, play, limit_bytes)
+        verdicts, peaks = _verdicts(check, play, under.limit_bytes)
         failing = sorted(size for size, fits in verdicts.items() if not fits)
         room = len(check.ran) < MAX_TRIALS
         if not failing:
@@ -122,7 +131,7 @@ def hold_below(
                 continue
             band = _band(check, verdicts, None, candidates)
             if above is not None and play is not None and above > answer:
-                band = _above(band, check, play, above, limit_bytes, capacity_bytes, steps)
+                band = _above(band, check, play, above, under)
             return band, tuple(check.ran)
         lowest = failing[0]
         if lowest not in check.known and room:  # the replay's failure: is it real?
@@ -134,7 +143,7 @@ def hold_below(
             continue
         band = _band(check, verdicts, top, candidates)
         if band.isolated is not None and play is not None:
-            fraction = _fraction_holding(band, play, limit_bytes, capacity_bytes, steps)
+            fraction = _fraction_holding(band, play, under)
             band = replace(band, memory_fraction_for_isolated=fraction)
         return band, tuple(check.ran)
 
@@ -158,7 +167,7 @@ def _confirmed(trial: Trial, steps: int) -> bool:
     return trial.steady_from is not None or (trial.steps or 0) >= steps
 
 
-def _verdicts(check: _Check, play: Play | None, limit: int) -> tuple[dict[int, bool], dict[int, int]]:
+def _verdicts(check: _BandCheck, play: Play | None, limit: int) -> tuple[dict[int, bool], dict[int, int]]:
     """Each size below the answer, from the answer down to ``low`` (at most ``MAX_REPLAYED`` of them):
     the real trial's verdict where one ran, else the replay's; and the replay's reserved peak at each
     size it placed, the answer's too."""
@@ -179,7 +188,7 @@ def _verdicts(check: _Check, play: Play | None, limit: int) -> tuple[dict[int, b
     return verdicts, peaks
 
 
-def _closest_to_failing(check: _Check, peaks: dict[int, int]) -> int | None:
+def _closest_to_failing(check: _BandCheck, peaks: dict[int, int]) -> int | None:
     """The size below the answer whose replay reserves the most, where that is more than the
     answer's replay reserves: the replay's nearest call, once a real trial has not confirmed it
     (the sizes that reserve less are then held by it). None where every size reserves at most what
@@ -201,7 +210,7 @@ def _top_below(failing: int, low: int, candidates: Candidates) -> int | None:
     return top if top >= low else None
 
 
-def _band(check: _Check, verdicts: dict[int, bool], top: int | None, candidates: Candidates) -> SafeBand:
+def _band(check: _BandCheck, verdicts: dict[int, bool], top: int | None, candidates: Candidates) -> SafeBand:
     """The band as the evidence stands: ``top`` below the lowest failure (None where nothing fails:
     the answer itself)."""
     checked = [size for size in verdicts] or [check.answer]
@@ -213,21 +222,19 @@ def _band(check: _Check, verdicts: dict[int, bool], top: int | None, candidates:
     return SafeBand(check.low, top, min(checked), replayed, confirmed, _runs(failing), check.answer)
 
 
-def _above(
-    band: SafeBand, check: _Check, play: Play, above: int, limit: int, capacity: int, steps: int
-) -> SafeBand:
+def _above(band: SafeBand, check: _BandCheck, play: Play, above: int, under: Under) -> SafeBand:
     """The band that holds the answer, with the replay's larger size above it where sizes between
     them fail: the isolated size, by the replay alone."""
     between = range(check.answer + 1, min(above, check.answer + MAX_REPLAYED))
     failing = [
-        size for size in between if (played := check.play(play, size, limit)) is not None and not played.fits
+        size
+        for size in between
+        if (played := check.play(play, size, under.limit_bytes)) is not None and not played.fits
     ]
     if not failing:
         return band
     isolated = replace(band, failing=_runs(failing), isolated=above, isolated_by_replay=True)
-    return replace(
-        isolated, memory_fraction_for_isolated=_fraction_holding(isolated, play, limit, capacity, steps)
-    )
+    return replace(isolated, memory_fraction_for_isolated=_fraction_holding(isolated, play, under))
 
 
 def _runs(sizes: list[int]) -> tuple[tuple[int, int], ...]:
@@ -241,17 +248,18 @@ def _runs(sizes: list[int]) -> tuple[tuple[int, int], ...]:
     return tuple(runs)
 
 
-def _fraction_holding(band: SafeBand, play: Play, limit: int, capacity: int, steps: int) -> float | None:
-    """The smallest share of ``capacity`` (in steps of ``FRACTION_STEP``) at which the replay places
-    the isolated answer and every failing size below it; None where the whole device does not."""
+def _fraction_holding(band: SafeBand, play: Play, under: Under) -> float | None:
+    """The smallest share of ``under.capacity_bytes`` (in steps of ``FRACTION_STEP``) at which the
+    replay places the isolated answer and every failing size below it; None where the whole device
+    does not."""
     sizes = [size for first, last in band.failing for size in range(first, last + 1)]
     sizes.append(band.isolated or 0)
 
     def holds(fraction_steps: int) -> bool:
-        cap = int(fraction_steps * FRACTION_STEP * capacity)
+        cap = int(fraction_steps * FRACTION_STEP * under.capacity_bytes)
         return all((played := play(size, cap)) is not None and played.fits for size in sizes)
 
-    low, high = int(limit / capacity / FRACTION_STEP), round(1 / FRACTION_STEP)
+    low, high = int(under.limit_bytes / under.capacity_bytes / FRACTION_STEP), round(1 / FRACTION_STEP)
     if holds(low) or not holds(high):  # the replay does not see the failure, or nothing holds
         return None
     while high - low > 1:

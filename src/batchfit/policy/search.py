@@ -18,7 +18,7 @@ from batchfit.policy.search_line import follow_line, open_search
 from batchfit.policy.search_state import (
     DEFAULT_TUNING,
     Candidates,
-    Forecast,
+    FitForecast,
     SearchOutcome,
     SearchState,
     SearchStopReason,
@@ -29,7 +29,7 @@ from batchfit.policy.trial import MemoryModel, Trial
 __all__ = [
     "DEFAULT_TUNING",
     "Candidates",
-    "Forecast",
+    "FitForecast",
     "SearchOutcome",
     "SearchStopReason",
     "Tuning",
@@ -48,7 +48,7 @@ def search(
     seed: int | None = None,
     forecast_only: bool = False,
     longer: Callable[[int], Trial] | None = None,
-    forecast: Forecast | None = None,
+    forecast: FitForecast | None = None,
     tuning: Tuning = DEFAULT_TUNING,
 ) -> SearchOutcome:
     """Find the largest candidate batch that ``run`` reports as fitting ``budget_bytes``.
@@ -109,7 +109,7 @@ def search_and_confirm(
     seed: int | None = None,
     longer: Callable[[int], Trial] | None = None,
     exact: bool = True,
-    forecast: Forecast | None = None,
+    forecast: FitForecast | None = None,
     tuning: Tuning = DEFAULT_TUNING,
 ) -> SearchOutcome:
     """``find``'s whole policy over oracles: ``search`` with ``run``, then the answer confirmed.

@@ -1,9 +1,9 @@
-"""The search's strategies around a ``Forecast``: its answer tried, the descent below an answer
+"""The search's strategies around a ``FitForecast``: its answer tried, the descent below an answer
 that failed, and the forecast asked again once a trial near the boundary has changed its evidence."""
 
 from __future__ import annotations
 
-from batchfit.policy.search_state import Candidates, Forecast, SearchState
+from batchfit.policy.search_state import Candidates, FitForecast, SearchState
 
 
 def ask_forecast(state: SearchState) -> None:
@@ -92,7 +92,9 @@ def descend(state: SearchState) -> bool:
     return True
 
 
-def forecast_boundary(forecast: Forecast, candidates: Candidates, low: int, high: int | None) -> int | None:
+def forecast_boundary(
+    forecast: FitForecast, candidates: Candidates, low: int, high: int | None
+) -> int | None:
     """The largest index in [low, high) that ``forecast`` fits, galloping up from ``low`` (doubling
     the batch) and bisecting; None where it cannot say."""
     top = candidates.count if high is None else high  # the first index not to ask about

@@ -46,7 +46,7 @@ class Candidates:
         return math.floor((batch_size - self.first) / self.step)
 
 
-class Forecast(Protocol):
+class FitForecast(Protocol):
     """What the real trials run so far say of another batch size, before it runs: fits or not,
     None where they cannot say (``policy.allocation_replay``: a caching allocator's requests, replayed)."""
 
@@ -118,7 +118,7 @@ class SearchState:
     budget_bytes: int
     tuning: Tuning
     longer: Callable[[int], Trial] | None = None  # the confirming trial: more steps
-    forecast: Forecast | None = None
+    forecast: FitForecast | None = None
     forecast_only: bool = False  # ``run`` is a predictor: stop where real trials would only confirm
     # The forecast replays a saved prediction's records, which hold a batch large enough to make
     # every request (a reduction's staging buffers): its bands of failures are the curve's.

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from batchfit.units import format_bytes
 
 Mode = Literal["train", "eval"]
-Outcome = Literal["ok", "oom", "over_budget"]
+TrialOutcome = Literal["ok", "oom", "over_budget"]
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class Trial:
     """One measured attempt at a batch size."""
 
     batch_size: int
-    outcome: Outcome
+    outcome: TrialOutcome
     peak_bytes: int  # allocated peak of the last (steady-state) step; for "oom", before the failure
     step_seconds: float | None  # seconds of the last (steady-state) step; None if it failed
     detail: str = ""  # why it failed, in a line

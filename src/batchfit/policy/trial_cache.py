@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from batchfit.policy.trial import Outcome, Trial
+from batchfit.policy.trial import Trial, TrialOutcome
 from batchfit.policy.trial_records import TrialRecords
 from batchfit.units import format_bytes
 
 
-def verdict(peak_bytes: int, budget_bytes: int) -> tuple[Outcome, str]:
+def verdict(peak_bytes: int, budget_bytes: int) -> tuple[TrialOutcome, str]:
     if peak_bytes > budget_bytes:
         return "over_budget", f"peak {format_bytes(peak_bytes)} > budget {format_bytes(budget_bytes)}"
     return "ok", ""

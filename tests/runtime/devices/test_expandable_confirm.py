@@ -13,7 +13,7 @@ from torch import nn
 
 from batchfit import BatchSizes, Workload
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS, EXPANDABLE_CONFIRM_STEPS, CachingCpuDevice
 
 
@@ -55,7 +55,7 @@ def test_on_the_expandable_stand_in_the_answer_is_confirmed_until_its_state_recu
         loss_fn=nn.functional.cross_entropy,
         name="expandable-confirm-mlp",
     )
-    target = Target(CachingCpuDevice(12 * 2**20, expandable_segments=True), 1.0)
+    target = ResolvedDevice(CachingCpuDevice(12 * 2**20, expandable_segments=True), 1.0)
     result = find_on(target, workload, "train", BatchSizes(max_batch_size=4096))
     assert result.confirm_steps == 40
     answer = result.answer

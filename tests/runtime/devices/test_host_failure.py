@@ -205,7 +205,7 @@ def test_host_out_of_memory_is_told_from_the_cap_s_and_from_other_errors() -> No
         torch.empty(2**60, dtype=torch.uint8)  # the CPU allocator's own failure
     with pytest.raises(MemoryError) as python:
         bytearray(2**62)
-    with pytest.raises(torch.OutOfMemoryError) as cap, batchfit.memory_limit("1MiB"):
+    with pytest.raises(torch.OutOfMemoryError) as cap, batchfit.cap_memory("1MiB"):
         torch.empty(2**20)
     assert is_host_out_of_memory(allocator.value) and batchfit.is_out_of_memory(allocator.value)
     assert is_host_out_of_memory(python.value)

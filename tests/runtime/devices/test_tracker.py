@@ -45,8 +45,8 @@ def test_peak_inside_a_training_step_is_exact() -> None:
     assert tracker.peak_bytes >= 2 * params + 8 * 50 * 4
 
 
-def test_memory_limit_raises_a_recognisable_out_of_memory() -> None:
-    with pytest.raises(torch.OutOfMemoryError) as info, batchfit.memory_limit("1MiB"):
+def test_cap_memory_raises_a_recognisable_out_of_memory() -> None:
+    with pytest.raises(torch.OutOfMemoryError) as info, batchfit.cap_memory("1MiB"):
         keep = torch.empty(200_000)  # 800,000 bytes: fits
         torch.empty(100_000)  # 400,000 more: over 1 MiB
     message = str(info.value)
@@ -57,19 +57,19 @@ def test_memory_limit_raises_a_recognisable_out_of_memory() -> None:
     del keep
 
 
-def test_memory_limit_counts_resident_objects() -> None:
+def test_cap_memory_counts_resident_objects() -> None:
     model = torch.nn.Linear(256, 256)  # 263,168 bytes of parameters
-    with batchfit.memory_limit(300_000, resident=[model]) as tracker:
+    with batchfit.cap_memory(300_000, resident=[model]) as tracker:
         torch.empty(5_000)  # 20,000 bytes: fits beside the model
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(10_000)
     assert tracker.peak_bytes == 263_168 + 20_000
 
 
-def test_memory_limit_rejects_resident_state_over_the_limit() -> None:
+def test_cap_memory_rejects_resident_state_over_the_limit() -> None:
     with (
         pytest.raises(torch.OutOfMemoryError),
-        batchfit.memory_limit("100KiB", resident=[torch.empty(50_000)]),
+        batchfit.cap_memory("100KiB", resident=[torch.empty(50_000)]),
     ):
         pass
 
@@ -160,10 +160,10 @@ def four_mib() -> torch.Tensor:
         pytest.param(lambda big, data: big[0].add_(1), 4 * 2**20, id="an in-place write"),
     ],
 )
-def test_memory_limit_counts_what_a_gpu_would_allocate(take: Any, cost_bytes: int) -> None:
+def test_cap_memory_counts_what_a_gpu_would_allocate(take: Any, cost_bytes: int) -> None:
     big = four_mib()
     data = torch.utils.data.TensorDataset(big, torch.arange(1024))
-    with batchfit.memory_limit("1GiB") as measurement:
+    with batchfit.cap_memory("1GiB") as measurement:
         kept = take(big, data)
     assert measurement.peak_bytes == cost_bytes
     del kept
@@ -171,7 +171,7 @@ def test_memory_limit_counts_what_a_gpu_would_allocate(take: Any, cost_bytes: in
 
 def test_a_row_of_a_tensor_made_before_the_block_fits_a_limit_smaller_than_the_tensor() -> None:
     big = four_mib()
-    with batchfit.memory_limit("1MiB") as measurement:
+    with batchfit.cap_memory("1MiB") as measurement:
         row = big[5]
         batch = torch.utils.data.TensorDataset(big)[:64][0]
         assert torch.equal(row, torch.arange(5 * 1024, 6 * 1024, dtype=torch.float32))
@@ -191,7 +191,7 @@ def test_a_copy_that_to_makes_of_an_inference_tensor_counts_and_the_input_it_ret
     # hands a batch to the device. A copy is a new storage all the same.
     with torch.inference_mode():
         big = four_mib()
-        with batchfit.memory_limit("1GiB") as measurement:
+        with batchfit.cap_memory("1GiB") as measurement:
             same = big.to("cpu")
             copy = big[:2].to("cpu", copy=True)
             assert copy.untyped_storage().data_ptr() != big.untyped_storage().data_ptr()

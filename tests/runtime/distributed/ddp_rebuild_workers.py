@@ -16,7 +16,7 @@ from two_ranks import report_and_leave
 
 from batchfit import BatchSizes, Workload
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.distributed.data_parallel import reduced_bytes
@@ -95,7 +95,7 @@ def report() -> dict[str, Any]:
     plain = Workload(model, optimizer, make_batch=make_batch, loss_fn=nn.functional.cross_entropy)
     wrapped = dataclasses.replace(plain, model=DistributedDataParallel(model))
     found = find_on(
-        Target(CachingCpuDevice(LIMIT_BYTES), 0.8), wrapped, "train", BatchSizes(max_batch_size=4096)
+        ResolvedDevice(CachingCpuDevice(LIMIT_BYTES), 0.8), wrapped, "train", BatchSizes(max_batch_size=4096)
     )
     answer, budget = found.batch_size, found.budget_bytes
     fits, rebuilt = trains(answer, budget)

@@ -27,13 +27,13 @@ from batchfit import (
     Timing,
     Workload,
     analyze,
+    cap_memory,
     compare,
     explore,
     find_batch_size,
-    memory_limit,
 )
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import StorageTracker
 from batchfit.runtime.distributed.data_parallel import bucket_bytes
@@ -100,7 +100,7 @@ def caching_report(limit: str, image: tuple[int, ...]) -> dict[str, Any]:
     workload = build("cnn", "sgd")
     workload.make_batch = classification_batch(image)
     result = find_on(
-        Target(CachingCpuDevice(parse_bytes(limit)), 0.8),
+        ResolvedDevice(CachingCpuDevice(parse_bytes(limit)), 0.8),
         workload,
         "train",
         sizes=BatchSizes(max_batch_size=4096),
@@ -117,7 +117,7 @@ def revised_report(limit: str) -> dict[str, Any]:
     """find on the CPU with CUDA's caching allocator modelled, the MLP whose step takes a workspace
     from 64 samples up: the replay's forecast overshoots and is asked again, on every rank alike."""
     result = find_on(
-        Target(CachingCpuDevice(parse_bytes(limit)), 0.8),
+        ResolvedDevice(CachingCpuDevice(parse_bytes(limit)), 0.8),
         large_batch_workspace(1500),
         "train",
         BatchSizes(max_batch_size=8192),
@@ -129,7 +129,7 @@ def ddp_report(limit: str) -> dict[str, Any]:
     """find on the MLP wrapped in DistributedDataParallel and unwrapped, on the capped CPU (the DDP
     answer trained by force in DDP with its all-reduces, on every rank) and with CUDA's allocator
     modelled (beside the MLP holding a tensor of the buckets' bytes). Also the peak of DDP training
-    under ``memory_limit``, the DDP built inside and named among the resident; batchfit's count of
+    under ``cap_memory``, the DDP built inside and named among the resident; batchfit's count of
     DDP's buckets beside what DDP allocates, on modules that test its rules; and what a compiled
     DDP is told."""
     plain = build("mlp", "adam")
@@ -147,7 +147,10 @@ def ddp_report(limit: str) -> dict[str, Any]:
     # before the search would be (here a buffer the loss reaches, resident in every trial).
     caching = parse_bytes("6MiB")
     behind = find_on(
-        Target(CachingCpuDevice(caching), 0.8), wrapped, "train", sizes=BatchSizes(max_batch_size=4096)
+        ResolvedDevice(CachingCpuDevice(caching), 0.8),
+        wrapped,
+        "train",
+        sizes=BatchSizes(max_batch_size=4096),
     )
     holder = nn.Module()
     holder.register_buffer("buckets", torch.empty(wrapped.wrapper_bytes, dtype=torch.uint8))
@@ -157,10 +160,10 @@ def ddp_report(limit: str) -> dict[str, Any]:
 
     held = dataclasses.replace(plain, loss_fn=loss_fn)
     behind_held = find_on(
-        Target(CachingCpuDevice(caching), 0.8), held, "train", sizes=BatchSizes(max_batch_size=4096)
+        ResolvedDevice(CachingCpuDevice(caching), 0.8), held, "train", sizes=BatchSizes(max_batch_size=4096)
     )
     behind_plain = find_on(
-        Target(CachingCpuDevice(caching), 0.8), plain, "train", sizes=BatchSizes(max_batch_size=4096)
+        ResolvedDevice(CachingCpuDevice(caching), 0.8), plain, "train", sizes=BatchSizes(max_batch_size=4096)
     )
     try:
         Workload(torch.compile(wrapped.model), make_batch=plain.make_batch)
@@ -237,7 +240,7 @@ def _ddp_trains_capped(
     model, optimizer, make_batch = _fresh()
     batch = make_batch(size)
     try:
-        with memory_limit(budget_bytes, resident=[model, optimizer]):
+        with cap_memory(budget_bytes, resident=[model, optimizer]):
             network = DistributedDataParallel(model)
             if step is None:
                 _train(network, optimizer, batch, 2)
@@ -253,12 +256,12 @@ def _ddp_trains_capped(
 
 
 def _ddp_peak(size: int, built_inside: bool) -> int:
-    """The peak of 2 DDP training steps at ``size`` inside ``memory_limit`` (no cap reached): the DDP
+    """The peak of 2 DDP training steps at ``size`` inside ``cap_memory`` (no cap reached): the DDP
     built inside the block, or built before it (and named among its ``resident``)."""
     model, optimizer, make_batch = _fresh()
     batch = make_batch(size)
     network = None if built_inside else DistributedDataParallel(model)
-    with memory_limit("1GiB", resident=[network or model, optimizer]) as measurement:
+    with cap_memory("1GiB", resident=[network or model, optimizer]) as measurement:
         _train(network or DistributedDataParallel(model), optimizer, batch, 2)
     return measurement.peak_bytes
 
@@ -305,7 +308,7 @@ def ddp_cuda_report(limit: str) -> dict[str, Any]:
         batch = make_batch(size)  # on the host, outside the cap, as a data loader makes it
         network: nn.Module | None = DistributedDataParallel(model, device_ids=[0]) if how == "ddp" else None
         try:
-            with memory_limit(found.budget_bytes, resident=[model, optimizer], device=device):
+            with cap_memory(found.budget_bytes, resident=[model, optimizer], device=device):
                 held = None
                 if how == "unwrapped":
                     held = torch.empty(wrapper_bytes, dtype=torch.uint8, device=device)

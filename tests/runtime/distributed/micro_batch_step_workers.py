@@ -35,7 +35,7 @@ def out_of_memory_on_one_rank(rank: int, cap: int, out: Path) -> dict[str, Any]:
     step = MicroBatchStep(model, optimizer, loss_fn=nn.functional.cross_entropy, micro_batch_size=64)
     started = time.perf_counter()
     if rank == 1:
-        with batchfit.memory_limit(cap, resident=[model, optimizer]):
+        with batchfit.cap_memory(cap, resident=[model, optimizer]):
             losses = [step(rank_batch(0, rank)).item()]
     else:
         losses = [step(rank_batch(0, rank)).item()]

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from two_ranks import report_and_leave
 
-from batchfit import BatchSizes, Workload, find_batch_size, memory_limit
+from batchfit import BatchSizes, Workload, cap_memory, find_batch_size
 from batchfit.runtime.devices.tracker import StorageTracker, resident_tensors
 
 #: FSDP2's ``fully_shard`` runs on the CPU from torch 2.7 (public from 2.6, where its CPU streams
@@ -51,7 +51,7 @@ def trains_capped(size: int, budget_bytes: int) -> bool:
     batch = make_batch(size)  # on the host, as a loader makes it: outside the cap
     fits = True
     try:
-        with memory_limit(budget_bytes, resident=[model, optimizer]):
+        with cap_memory(budget_bytes, resident=[model, optimizer]):
             for _ in range(2):
                 inputs, target = (tensor.clone() for tensor in batch)
                 optimizer.zero_grad(set_to_none=True)
@@ -158,7 +158,7 @@ def zero_trains_capped(size: int, budget_bytes: int) -> bool:
     model, optimizer = zero_mlp(wrap=False)
     zero: Any = optimizer
     batch = make_batch(size)
-    with memory_limit(budget_bytes, resident=[model, optimizer]):
+    with cap_memory(budget_bytes, resident=[model, optimizer]):
         network = DistributedDataParallel(model)
         for _ in range(2):
             fits = True

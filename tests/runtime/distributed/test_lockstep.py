@@ -15,7 +15,7 @@ from two_ranks import run_ranks
 
 from batchfit import BatchSizes, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 
 pytestmark = pytest.mark.distributed
@@ -55,7 +55,7 @@ def test_ranks_ask_a_failed_forecast_again_together(tmp_path: Path) -> None:
     reports = spawn("caching-revised", ["40MiB", "40MiB"], tmp_path)
     assert all("error" not in report for report in reports), reports
     alone = find_on(
-        Target(CachingCpuDevice(40 * 2**20), 0.8),
+        ResolvedDevice(CachingCpuDevice(40 * 2**20), 0.8),
         large_batch_workspace(1500),
         "train",
         BatchSizes(max_batch_size=8192),
@@ -78,7 +78,7 @@ def test_behind_caching_allocators_every_rank_places_its_trials_by_the_replay_of
         # Every rank's trials run under the smallest rank's budget (0.8 of 32 MiB).
         alone.append(
             find_on(
-                Target(CachingCpuDevice(32 * 2**20), 0.8),
+                ResolvedDevice(CachingCpuDevice(32 * 2**20), 0.8),
                 workload,
                 "train",
                 sizes=BatchSizes(max_batch_size=4096),
@@ -190,8 +190,8 @@ def test_ranks_that_search_a_plain_model_are_told_once_to_pass_the_wrapped_one(
     assert ddp_reports[0]["told"] == [told]
 
 
-def test_memory_limit_counts_the_buckets_of_a_ddp_built_before_it(ddp_reports: list[dict[str, Any]]) -> None:
-    # DDP training under batchfit.memory_limit: built inside the block, its buckets are the block's
+def test_cap_memory_counts_the_buckets_of_a_ddp_built_before_it(ddp_reports: list[dict[str, Any]]) -> None:
+    # DDP training under batchfit.cap_memory: built inside the block, its buckets are the block's
     # allocations; built before it, they count from the first backward, which writes into them
     # (counted as held as well, they counted twice). The same peak either way.
     # (Within a few bytes: the tracker counts a scalar that DDP's all-reduce makes where the

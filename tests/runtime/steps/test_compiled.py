@@ -16,7 +16,7 @@ import batchfit
 from batchfit import BatchSizes
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice
 from batchfit.runtime.devices.measurement import Measurement
@@ -124,7 +124,12 @@ def test_the_modelled_caching_allocator_refuses_a_compiled_step_and_says_what_to
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     workload = batchfit.Workload(torch.compile(model), optimizer, make_batch=lambda n: torch.randn(n, 8))
     with pytest.raises(ConfigurationError, match=r"cannot measure a torch.compile'd step \(OptimizedModule"):
-        find_on(Target(CachingCpuDevice(2**30), 0.8), workload, "train", sizes=BatchSizes(max_batch_size=64))
+        find_on(
+            ResolvedDevice(CachingCpuDevice(2**30), 0.8),
+            workload,
+            "train",
+            sizes=BatchSizes(max_batch_size=64),
+        )
 
 
 def test_profiled_measurement_counts_what_the_block_allocates_and_refuses_past_the_cap() -> None:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny_workloads import adversarial, build, untraceable
 
-from batchfit import find_batch_size, memory_limit
+from batchfit import cap_memory, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import Target
+from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice
 from batchfit.runtime.steps.runner import TrialRunner
@@ -57,7 +57,7 @@ def test_tracing_allocates_nothing_real() -> None:
     workload = build_example("transformer", "cpu")
     tracer = FakeTracer(workload, "train", 2**40, 1)
     # 4096 sequences would take gigabytes for real; traced under a 64 MiB cap, nothing fails.
-    with memory_limit("64MiB", resident=[workload.model, workload.optimizer]) as cap:
+    with cap_memory("64MiB", resident=[workload.model, workload.optimizer]) as cap:
         trial = tracer(4096)
     assert trial.peak_bytes > 2 * 2**30 and cap.peak_bytes < 64 * 2**20
 
@@ -148,5 +148,5 @@ def test_a_search_without_a_forecast_says_why() -> None:
         "the step updates state beside the model and optimizer (Sequential, Adam, AveragedModel), which "
         "a fake copy of the model and optimizer would not count"
     )
-    caching = find_on(Target(CachingCpuDevice(2**22), 0.8), build("mlp"), "train")
+    caching = find_on(ResolvedDevice(CachingCpuDevice(2**22), 0.8), build("mlp"), "train")
     assert caching.predicted_trials == () and caching.forecast_skipped == ""  # it replays, by design

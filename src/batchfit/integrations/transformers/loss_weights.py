@@ -21,7 +21,7 @@ from batchfit.runtime.steps.saved import RngState
 
 #: ``additive``: a batch's loss is the sum of its parts' (a sum, or a sum divided by the
 #: ``num_items_in_batch`` of the whole optimizer step); ``mean``: the mean of its samples' losses.
-Reduction = Literal["additive", "mean"]
+TrainerReduction = Literal["additive", "mean"]
 
 #: How close the probe's losses must be to a reduction's (relative), to read it as that one.
 TOLERANCE = 1e-4
@@ -39,7 +39,7 @@ class LossWeights:
     ``finding`` says what the probe saw)."""
 
     per_device_train_batch_size: int
-    reduction: Reduction | None
+    reduction: TrainerReduction | None
     finding: str
 
     def cut(self, start: int, samples: int, group_samples: int) -> list[int]:
@@ -81,7 +81,7 @@ class LossWeights:
         )
 
 
-def read_reduction(trainer: Any, batch: Any) -> tuple[Reduction | None, str]:
+def read_reduction(trainer: Any, batch: Any) -> tuple[TrainerReduction | None, str]:
     """How the Trainer's loss (its ``compute_loss``: the model's, ``compute_loss_func``'s, a
     subclass's) adds up over the first two samples of ``batch``, and what was seen: their loss
     together, then each alone with the same ``num_items_in_batch``; the model in eval mode (no

@@ -122,7 +122,7 @@ class CpuDevice:
 
     def __init__(self, *, fake: bool = False, views_of_existing_free: bool = False) -> None:
         self.fake = fake  # measure fake tensors: a trace, not a run
-        # A view of a storage alive when the block begins costs nothing (``batchfit.memory_limit``:
+        # A view of a storage alive when the block begins costs nothing (``batchfit.cap_memory``:
         # noting them walks every object, once per block, too slow for a search's trials).
         self.views_of_existing_free = views_of_existing_free
 

@@ -1,5 +1,5 @@
 """From what the user says (``cpu``, ``cuda:1``, ``memory_limit="2GiB"``) to a ``Device``, and
-``memory_limit``, the block that caps memory as a device of that size would."""
+``cap_memory``, the block that caps memory as a device of that size would."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def resolve_device(device: str | torch.device | None, memory_limit: str | int | 
 
 
 @contextmanager
-def memory_limit(
+def cap_memory(
     limit: str | int, *, resident: Iterable[Any] = (), device: str | torch.device = "cpu"
 ) -> Iterator[Measurement]:
     """Cap the memory of the code inside the block at ``limit`` (e.g. ``"2GiB"``), as a device of

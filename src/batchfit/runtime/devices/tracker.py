@@ -105,7 +105,7 @@ class StorageTracker(TorchDispatchMode):
         """Note every storage alive now that the tracker would count: a view of one made in the
         block costs nothing, as a GPU allocates nothing for a view (a dataset's row), while one
         made later, or grown since, counts when an op shows it. Walks the garbage collector's
-        objects: for a block run once (``batchfit.memory_limit``), not for every trial."""
+        objects: for a block run once (``batchfit.cap_memory``), not for every trial."""
         for obj in gc.get_objects():  # type(), not isinstance: a proxy's __class__ may warn
             if issubclass(type(obj), torch.Tensor) and self._counts(obj):
                 for part in dense_parts(obj):

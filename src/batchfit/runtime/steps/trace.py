@@ -190,7 +190,7 @@ def untraceable(workload: Workload) -> str:
 
 
 @dataclass(frozen=True)
-class Forecast:
+class TraceForecast:
     """The search run on fake-tensor traces (``outcome``), or why none was (``skipped``)."""
 
     outcome: SearchOutcome | None = None
@@ -208,7 +208,7 @@ def forecast_search(
     warm_batch: int | None,
     candidates: Candidates,
     cache: TrialCache | None,
-) -> Forecast:
+) -> TraceForecast:
     """The search run on fake-tensor traces (CPU devices only): where the real trials should go.
 
     Tracing allocates nothing and costs the same at any batch size; on the CPU it predicts the
@@ -216,10 +216,11 @@ def forecast_search(
     the workload cannot be (the reason given).
     """
     if not isinstance(device, CpuDevice):
-        return Forecast()  # fake CUDA tensors with autograd are not safe on every build; CUDA runs for real
+        # Fake CUDA tensors with autograd are not safe on every build; CUDA runs for real.
+        return TraceForecast()
     skipped = untraceable(workload)
     if skipped:
-        return Forecast(skipped=skipped)
+        return TraceForecast(skipped=skipped)
     # Train: the real trial's last step runs with optimizer state, so the trace warms up first
     # (unless a trial is a single, first step). Eval: as the real trial does.
     warm = candidates.first if mode == "train" and steps > 1 else warm_batch
@@ -243,6 +244,6 @@ def forecast_search(
         return trial
 
     try:
-        return Forecast(search(trace, candidates, budget, forecast_only=True))
+        return TraceForecast(search(trace, candidates, budget, forecast_only=True))
     except TraceUnavailable as error:
-        return Forecast(skipped=f"the step cannot run on fake tensors ({error})")
+        return TraceForecast(skipped=f"the step cannot run on fake tensors ({error})")
