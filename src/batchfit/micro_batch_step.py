@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import NonFiniteError, OptimizerStepOutOfMemoryError
-from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchShrink, merge_outcomes
+from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchOutcome, MicroBatchShrink
 from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
@@ -28,6 +27,7 @@ from batchfit.runtime.steps.micro_batch_finite import (
     scaler_in_charge,
     what_is_not_finite,
 )
+from batchfit.runtime.steps.micro_batch_loop import MicroBatchLoop, RanOutOfMemory
 from batchfit.runtime.steps.micro_batch_reduction import Reduction, resolve_reduction
 from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
 from batchfit.runtime.steps.noise_monitoring import StepNoise, report_line
@@ -40,12 +40,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-#: What a rank tells the others after a micro-batch: its batch's samples; where it ran out of memory
-#: ("forward" or "backward") and the error's first line, or None; after the last micro-batch of a
-#: DistributedDataParallel model, which parameters hold a gradient.
-Status = tuple[int, tuple[str, str] | None, tuple[bool, ...] | None]
 #: A micro-batch's loss times its weight, detached, by its index in the step's split.
 Losses = list[tuple[int, torch.Tensor]]
+#: A step's accumulated gradients: the weighted losses, the micro-batches' sizes, each rank's mask.
+Accumulated = tuple[Losses, list[int], list[tuple[bool, ...] | None]]
 
 
 class MicroBatchStep:
@@ -161,6 +159,7 @@ class MicroBatchStep:
         self._ddp = isinstance(model, DistributedDataParallel)
         lockstep = Lockstep(model.process_group) if self._ddp else Lockstep.current()
         self._lockstep = lockstep if lockstep is not None and lockstep.world_size > 1 else None
+        self._loop = MicroBatchLoop(self._policy, self._lockstep, self._log)
         self.noise_scale = noise_scale
         self._noise = (
             None
@@ -221,49 +220,50 @@ class MicroBatchStep:
             self._log(change)
         return loss
 
-    def _accumulate(
-        self, batch: Any, samples: int
-    ) -> tuple[Losses, list[int], list[tuple[bool, ...] | None]]:
+    def _accumulate(self, batch: Any, samples: int) -> Accumulated:
         """The gradients of the whole batch, accumulated micro-batch by micro-batch, at half the
-        micro-batch again after an out-of-memory on any rank; the weighted losses, the micro-batches'
-        sizes and each rank's gradient mask."""
+        micro-batch again after an out-of-memory on any rank."""
         weigh = self.reduction.weights(batch, samples, self.batch_dim)
-        while True:
-            sizes = self._policy.sizes(samples)
-            weights = weigh(sizes)
-            if self._noise is not None:
-                self._noise.begin(sizes, even=len(set(weights)) == 1)
-            losses: Losses = []
-            if isinstance(self.model, DistributedDataParallel):
-                self.model.require_forward_param_sync = True  # buffers broadcast at the first forward
-            start = 0
-            for index, size in enumerate(sizes):
-                last = index == len(sizes) - 1
-                part = (index, start, size, weights[index])
-                work = functools.partial(self._micro_batch, batch, part, last, losses)
-                statuses = self._exchange(work)
-                outcomes = [(rank_samples, rank_failure) for rank_samples, rank_failure, _ in statuses]
-                failure = merge_outcomes(outcomes, ranks=self._lockstep is not None)
-                if failure is not None:
-                    break
-                start += size
-            else:
-                return losses, sizes, [mask for _, _, mask in statuses]
-            del losses, work
-            self._drop_gradients()
-            if self._noise is not None:
-                self._noise.drop()
-            change = self._policy.out_of_memory(self.optimizer_steps, samples, *failure)
-            self._log(change)
-            gc.collect()  # the failed attempt's activations, held in cycles with its traceback
-            if any(parameter.is_cuda for parameter in self._parameters):
-                torch.cuda.empty_cache()
+        return self._loop.run(
+            functools.partial(self._attempt, batch, samples, weigh),
+            optimizer_step=self.optimizer_steps,
+            samples=samples,
+            drop=self._drop_attempt,
+            cuda=any(parameter.is_cuda for parameter in self._parameters),
+        )
+
+    def _attempt(
+        self, batch: Any, samples: int, weigh: Callable[[list[int]], list[float]]
+    ) -> Accumulated | RanOutOfMemory:
+        """One run of the batch's micro-batches at the current micro-batch; the weighted losses, the
+        micro-batches' sizes and each rank's gradient mask, or where one ran out of memory."""
+        sizes = self._loop.shrink.sizes(samples)
+        weights = weigh(sizes)
+        if self._noise is not None:
+            self._noise.begin(sizes, even=len(set(weights)) == 1)
+        losses: Losses = []
+        if isinstance(self.model, DistributedDataParallel):
+            self.model.require_forward_param_sync = True  # buffers broadcast at the first forward
+        start = 0
+        for index, size in enumerate(sizes):
+            last = index == len(sizes) - 1
+            part = (index, start, size, weights[index])
+            outcomes = self._loop.micro_batch(functools.partial(self._micro_batch, batch, part, last, losses))
+            if isinstance(outcomes, RanOutOfMemory):
+                return outcomes
+            start += size
+        return losses, sizes, [outcome.gradients for outcome in outcomes]
+
+    def _drop_attempt(self) -> None:
+        self._drop_gradients()
+        if self._noise is not None:
+            self._noise.drop()
 
     def _micro_batch(
         self, batch: Any, part: tuple[int, int, int, float], last: bool, losses: Losses
-    ) -> Status:
+    ) -> MicroBatchOutcome:
         """Forward and backward of micro-batch ``part`` (its index, first sample, size and weight);
-        this rank's ``Status``. A micro-batch of weight 0 (no target token to count) adds nothing:
+        this rank's outcome. A micro-batch of weight 0 (no target token to count) adds nothing:
         it runs no backward, and a forward only under DDP, whose first forward of a step broadcasts
         the buffers, a collective every rank must run at the same micro-batch."""
         samples = count_samples(batch, self.batch_dim)
@@ -275,7 +275,7 @@ class MicroBatchStep:
                     if self._ddp:
                         with torch.no_grad():
                             self._loss(micro_batch(batch, start, size, self.batch_dim))
-                    return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
+                    return MicroBatchOutcome(samples, None, self._mask(last))
                 weighted = self._loss(micro_batch(batch, start, size, self.batch_dim)) * weight
                 phase = "backward"
                 (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
@@ -284,9 +284,13 @@ class MicroBatchStep:
         except BaseException as error:
             if not is_out_of_memory(error):
                 raise
-            return samples, (phase, first_line(error)), None  # a value: the other ranks must hear it
+            return MicroBatchOutcome(samples, (phase, first_line(error)))  # the other ranks must hear it
         losses.append((index, weighted.detach()))
-        return samples, None, gradient_mask(self._parameters) if last and self._ddp else None
+        return MicroBatchOutcome(samples, None, self._mask(last))
+
+    def _mask(self, last: bool) -> tuple[bool, ...] | None:
+        """After the last micro-batch of a DDP model, which parameters hold a gradient."""
+        return gradient_mask(self._parameters) if last and self._ddp else None
 
     def _loss(self, micro_batch: Any) -> torch.Tensor:
         hint = (
@@ -359,8 +363,7 @@ class MicroBatchStep:
             ) from error
 
     def _exchange(self, work: Callable[[], T]) -> list[T]:
-        """``work()`` here and, under a process group, every rank's result (see ``Lockstep.run``)."""
-        return [work()] if self._lockstep is None else self._lockstep.run(work)
+        return self._loop.exchange(work)
 
     def _no_sync(self) -> contextlib.AbstractContextManager[Any]:
         if isinstance(self.model, DistributedDataParallel):
