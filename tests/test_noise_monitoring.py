@@ -12,7 +12,7 @@ import torch
 from micro_batch_helpers import make_model
 from torch import nn
 
-from batchfit import BatchSchedule, MicroBatchStep, NoiseScaleMonitor
+from batchfit import BatchSchedule, MicroBatchOptions, MicroBatchStep, NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading, estimate
 
 cross_entropy = nn.functional.cross_entropy
@@ -52,7 +52,13 @@ def test_the_monitor_logs_every_n_steps_the_offline_estimate_of_the_same_reading
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     monitor = NoiseScaleMonitor(every=4)
-    step = MicroBatchStep(model, optimizer, loss_fn=cross_entropy, micro_batch_size=8, noise_scale=monitor)
+    step = MicroBatchStep(
+        model,
+        optimizer,
+        loss_fn=cross_entropy,
+        micro_batch_size=8,
+        options=MicroBatchOptions(noise_monitor=monitor),
+    )
     truth = []
     with caplog.at_level(logging.INFO, logger="batchfit.micro_batch_step"):
         for index in range(8):
@@ -86,7 +92,12 @@ def test_the_schedule_grows_the_batch_and_scales_the_rate_as_the_policy_says(
     schedule = BatchSchedule(min_steps=8, margin=0.05, max_global_batch_size=64)
     monitor = NoiseScaleMonitor(every=8, schedule=schedule)
     step = MicroBatchStep(
-        model, optimizer, loss_fn=cross_entropy, micro_batch_size=8, scheduler=scheduler, noise_scale=monitor
+        model,
+        optimizer,
+        loss_fn=cross_entropy,
+        micro_batch_size=8,
+        scheduler=scheduler,
+        options=MicroBatchOptions(noise_monitor=monitor),
     )
     forwards: list[int] = []
     model.register_forward_hook(lambda module, inputs, output: forwards.append(len(inputs[0])))
@@ -127,7 +138,7 @@ def test_a_batch_of_one_micro_batch_reads_nothing_and_says_what_to_do(
         torch.optim.SGD(model.parameters(), lr=0.1),
         loss_fn=cross_entropy,
         micro_batch_size=32,
-        noise_scale=monitor,
+        options=MicroBatchOptions(noise_monitor=monitor),
     )
     with caplog.at_level(logging.WARNING):
         step(make_batch(32))

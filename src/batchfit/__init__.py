@@ -29,7 +29,7 @@ from batchfit.errors import (
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import find_batch_size
 from batchfit.fit_check import FitCheck, check
-from batchfit.micro_batch_step import MicroBatchStep
+from batchfit.micro_batch_step import MicroBatchOptions, MicroBatchStep
 from batchfit.noise_scale import noise_scale
 from batchfit.noise_scale_result import NoiseScaleResult
 from batchfit.options import BatchSizes, Goal, Sampling, Timing, Trials, Where
@@ -95,6 +95,7 @@ __all__ = [
     "LoaderSetting",
     "MemoryModel",
     "MicroBatchChange",
+    "MicroBatchOptions",
     "MicroBatchStep",
     "Mode",
     "NoiseScale",

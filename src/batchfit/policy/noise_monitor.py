@@ -107,6 +107,12 @@ class NoiseScaleMonitor:
         self.changes: list[ScheduleChange] = []
         self._steps = 0  # readings recorded
 
+    @property
+    def noise_scale(self) -> NoiseScale | None:
+        """The noise scale over the last window (None before the first report): a ``NoiseScale``
+        that ``Goal`` and ``Checklist`` take as it is."""
+        return None if self.latest is None else self.latest.estimate
+
     def record(
         self,
         reading: GradientReading,

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from batchfit.integrations.transformers.loss_weights import LossWeights, weighted_loss
 from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchOutcome, MicroBatchShrink
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
-from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
+from batchfit.runtime.distributed.gradients import gradient_mask
 from batchfit.runtime.distributed.lockstep import Lockstep
 from batchfit.runtime.steps.micro_batch_loop import MicroBatchLoop, RanOutOfMemory
 from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
@@ -89,7 +89,8 @@ class TrainingMicroBatches:
         )
         if trainer.accelerator.sync_gradients:  # the optimizer step's last batch
             if isinstance(model, DistributedDataParallel) and self.lockstep is not None:
-                self._average(model, self.lockstep)
+                parameters = list(model.parameters())
+                self.loop.average(parameters, self.lockstep.run(lambda: gradient_mask(parameters)))
             self.pending.clear()
             self.policy.stepped(trainer.state.global_step, samples)
         return loss
@@ -170,14 +171,6 @@ class TrainingMicroBatches:
         finally:
             trainer.current_gradient_accumulation_steps = accumulation
         return MicroBatchOutcome(count_samples(part, 0))
-
-    def _average(self, model: DistributedDataParallel, lockstep: Lockstep) -> None:
-        parameters = list(model.parameters())
-        masks = lockstep.run(lambda: gradient_mask(parameters))
-        # All the average's memory is taken in its own exchange, before any rank enters its collectives.
-        prepared: list[GradientAverage] = []
-        lockstep.run(lambda: prepared.append(prepare_average(parameters, masks)))
-        prepared[0].all_reduce(lockstep.group, lockstep.world_size)
 
 
 def predict_in_lockstep(predict: Callable[[], Any], lockstep: Lockstep | None) -> Any:

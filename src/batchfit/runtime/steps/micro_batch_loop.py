@@ -1,7 +1,8 @@
 """The out-of-memory loop of a micro-batched optimizer step, shared by ``MicroBatchStep`` and the
 Hugging Face adapter: an attempt runs its micro-batches in lockstep with the other ranks; after an
 out-of-memory on any of them, the gradients are dropped, the micro-batch halved (``MicroBatchShrink``
-decides), the failed attempt's memory freed, and the attempt runs again."""
+decides), the failed attempt's memory freed, and the attempt runs again. An out-of-memory in the
+optimizer step is not retried (``step_optimizer_once``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+from torch import nn
 
+from batchfit.errors import OptimizerStepOutOfMemoryError
 from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchOutcome, MicroBatchShrink, merge_outcomes
+from batchfit.runtime.devices.oom import first_line, is_out_of_memory
+from batchfit.runtime.distributed.gradients import GradientAverage, prepare_average
 from batchfit.runtime.distributed.lockstep import Lockstep
 
 T = TypeVar("T")
@@ -75,3 +80,31 @@ class MicroBatchLoop:
             gc.collect()  # the failed attempt's activations, held in cycles with its traceback
             if cuda:
                 torch.cuda.empty_cache()
+
+    def average(self, parameters: list[nn.Parameter], masks: list[tuple[bool, ...]]) -> None:
+        """The gradients averaged over the ranks, ``masks`` saying which parameters hold one on each
+        rank; all the average's memory is taken in its own exchange, before any rank enters its
+        collectives."""
+        if self.lockstep is None:
+            return
+        prepared: list[GradientAverage] = []
+        self.exchange(lambda: prepared.append(prepare_average(parameters, masks)))
+        prepared[0].all_reduce(self.lockstep.group, self.lockstep.world_size)
+
+
+def step_optimizer_once(step: Callable[[], None], where: str) -> None:
+    """``step()``, the optimizer step; an out-of-memory in it raises ``OptimizerStepOutOfMemoryError``
+    (``where``: "optimizer step 7, micro_batch_size 16"), as it cannot be run again."""
+    try:
+        step()
+    except BaseException as error:
+        if not is_out_of_memory(error):
+            raise
+        raise OptimizerStepOutOfMemoryError(
+            f"out of memory in the optimizer step ({where}): {first_line(error)}. The optimizer may have "
+            f"updated part of the parameters and of its state before it failed, so MicroBatchStep does "
+            f"not run the step again (that would apply part of it twice), and a smaller micro-batch "
+            f"would not lower this memory (the activations are freed by then). Load the last "
+            f"checkpoint and lower the optimizer's memory: foreach=False (one parameter at a time, "
+            f"fewer temporaries), an optimizer with less state, or a device with more memory."
+        ) from error

@@ -109,6 +109,28 @@ class StepNoise:
             scale_learning_rate(optimizer, report.change.learning_rate_factor, schedulers)
         return report
 
+    def after_step(
+        self,
+        reading: GradientReading,
+        optimizer_step: int,
+        optimizer: torch.optim.Optimizer,
+        schedulers: Iterable[Any],
+        log: logging.Logger,
+        samples: int,
+    ) -> int:
+        """Record the step's ``reading``; the per-device batch to feed from the next step on:
+        ``samples`` (this step's), or after a change the batch it asks for. A report goes to ``log``
+        (rank 0): INFO, or WARNING with a change."""
+        report = self.record(reading, optimizer_step, optimizer, schedulers)
+        if report is None:
+            return samples
+        batch_size = self.batch_size_after(report, samples)
+        if self.lockstep is None or self.lockstep.rank == 0:
+            log.log(
+                logging.INFO if report.change is None else logging.WARNING, report_line(report, batch_size)
+            )
+        return batch_size
+
     def batch_size_after(self, report: NoiseScaleReport, samples: int) -> int:
         """The per-device batch to feed from the next step on: ``samples`` (this step's), or after
         the report's change the batch it asks for."""
