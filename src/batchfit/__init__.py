@@ -38,7 +38,7 @@ from batchfit.policy.choose import Recommendation
 from batchfit.policy.goodput_result import Goodput
 from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, LoaderSetting, SettingRow
 from batchfit.policy.micro_batch import MicroBatchChange
-from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading, NoiseScale
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
@@ -100,7 +100,6 @@ __all__ = [
     "Mode",
     "NoiseScale",
     "NoiseScaleMonitor",
-    "NoiseScaleReport",
     "NoiseScaleResult",
     "NonFiniteError",
     "OnProgress",

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
+from batchfit.policy.noise_monitor import MonitorUpdate, NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading
 from batchfit.runtime.distributed.lockstep import Lockstep
 from batchfit.runtime.steps.gradient_noise import AccumulationNoise
@@ -93,7 +93,7 @@ class StepNoise:
         optimizer_step: int,
         optimizer: torch.optim.Optimizer,
         schedulers: Iterable[Any],
-    ) -> NoiseScaleReport | None:
+    ) -> MonitorUpdate | None:
         """Feed ``reading`` to the monitor; apply the change it reports to the learning rate."""
         world_size = 1 if self.lockstep is None else self.lockstep.world_size
         micro = reading.small_batch_size
@@ -131,14 +131,14 @@ class StepNoise:
             )
         return batch_size
 
-    def batch_size_after(self, report: NoiseScaleReport, samples: int) -> int:
+    def batch_size_after(self, report: MonitorUpdate, samples: int) -> int:
         """The per-device batch to feed from the next step on: ``samples`` (this step's), or after
         the report's change the batch it asks for."""
         world_size = 1 if self.lockstep is None else self.lockstep.world_size
         return samples if report.change is None else report.change.new_global_batch_size // world_size
 
 
-def report_line(report: NoiseScaleReport, batch_size: int) -> str:
+def report_line(report: MonitorUpdate, batch_size: int) -> str:
     """The report as ``MicroBatchStep`` logs it; after a change, with the per-device batch it asks for."""
     asks = "" if report.change is None else f"; feed batches of {batch_size} samples per device from now on"
     return f"MicroBatchStep: {report.line()}{asks}."
