@@ -27,7 +27,7 @@ import torch
 from _harness import RESULTS, Session, parser, print_markdown_table, print_text_table, ratio, write_results
 from torch import nn
 
-from batchfit import BatchSchedule, MicroBatchStep, NoiseScaleMonitor
+from batchfit import BatchSchedule, MicroBatchOptions, MicroBatchStep, NoiseScaleMonitor
 
 FEATURES, HIDDEN, CLASSES = 32, 128, 10
 LABEL_NOISE = 0.2
@@ -84,7 +84,7 @@ def train(seed: int, learning_rate: float, accumulation: int, schedule: BatchSch
         optimizer,
         loss_fn=nn.functional.cross_entropy,
         micro_batch_size=MICRO_BATCH_SIZE,
-        noise_scale=monitor,
+        options=MicroBatchOptions(noise_monitor=monitor),
     )
     batch, reached = MICRO_BATCH_SIZE * accumulation, False
     batches: list[int] = []
@@ -110,7 +110,7 @@ def step_seconds(accumulation: int, monitored: bool, repeats: int = 30) -> float
         optimizer,
         loss_fn=nn.functional.cross_entropy,
         micro_batch_size=MICRO_BATCH_SIZE,
-        noise_scale=monitor,
+        options=MicroBatchOptions(noise_monitor=monitor),
     )
     batches = [task.draw(MICRO_BATCH_SIZE * accumulation) for _ in range(repeats + 5)]
     times = []

@@ -28,7 +28,7 @@ from micro_batch_helpers import (
 from torch import nn
 
 import batchfit
-from batchfit import BatchSchedule, MicroBatchStep, NoiseScaleMonitor
+from batchfit import BatchSchedule, MicroBatchOptions, MicroBatchStep, NoiseScaleMonitor
 from batchfit.errors import NonFiniteError
 from batchfit.runtime.steps.finite import WHAT_TO_CHECK
 
@@ -66,7 +66,11 @@ def test_one_step_is_the_users_step_for_every_reduction(case: str, micro_batch_s
     optimizer = sgd_plain(model)
     gradients = stepped_gradients(optimizer)
     step = MicroBatchStep(
-        model, optimizer, loss_fn=loss_fn, micro_batch_size=micro_batch_size, reduction=reduction
+        model,
+        optimizer,
+        loss_fn=loss_fn,
+        micro_batch_size=micro_batch_size,
+        options=MicroBatchOptions(reduction=reduction),
     )
     loss = step(batch)
 
@@ -88,7 +92,11 @@ def test_a_token_mean_with_compute_loss_counts_the_labels_of_a_mapping() -> None
     optimizer = sgd_plain(model)
     gradients = stepped_gradients(optimizer)
     step = MicroBatchStep(
-        model, optimizer, compute_loss=compute_loss, micro_batch_size=5, reduction="token_mean"
+        model,
+        optimizer,
+        compute_loss=compute_loss,
+        micro_batch_size=5,
+        options=MicroBatchOptions(reduction="token_mean"),
     )
     loss = step({"inputs": inputs, "labels": labels})
     torch.testing.assert_close(loss, want_loss, rtol=1e-10, atol=0.0)
@@ -211,7 +219,12 @@ def test_skip_drops_the_step_as_a_grad_scaler_would_and_the_next_is_the_users(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     gradients = stepped_gradients(optimizer)
     step = MicroBatchStep(
-        model, optimizer, loss_fn=cross_entropy, micro_batch_size=8, scheduler=scheduler, non_finite="skip"
+        model,
+        optimizer,
+        loss_fn=cross_entropy,
+        micro_batch_size=8,
+        scheduler=scheduler,
+        options=MicroBatchOptions(non_finite="skip"),
     )
     with caplog.at_level(logging.WARNING, logger="batchfit"):
         skipped = step((bad_inputs, bad_targets))
@@ -267,7 +280,13 @@ def test_the_schedules_growth_is_the_users_step_at_the_grown_batch_and_rate(
     model = make_model()
     optimizer = optimizer_class(model.parameters(), lr=0.01)
     monitor = NoiseScaleMonitor(every=8, schedule=BatchSchedule(min_steps=8, margin=0.01))
-    step = MicroBatchStep(model, optimizer, loss_fn=cross_entropy, micro_batch_size=8, noise_scale=monitor)
+    step = MicroBatchStep(
+        model,
+        optimizer,
+        loss_fn=cross_entropy,
+        micro_batch_size=8,
+        options=MicroBatchOptions(noise_monitor=monitor),
+    )
     index = 0
     while not monitor.changes:
         step(make_batch(16, seed=index))
@@ -297,7 +316,11 @@ def test_the_noise_scale_reads_no_step_whose_token_counts_differ() -> None:
     model = make_token_model()
     monitor = NoiseScaleMonitor(every=1)
     step = MicroBatchStep(
-        model, sgd_plain(model), loss_fn=nn.CrossEntropyLoss(), micro_batch_size=4, noise_scale=monitor
+        model,
+        sgd_plain(model),
+        loss_fn=nn.CrossEntropyLoss(),
+        micro_batch_size=4,
+        options=MicroBatchOptions(noise_monitor=monitor),
     )
     step(make_token_batch(8, seed=1))  # 12 tokens, then 8
     assert monitor.latest is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from micro_batch_helpers import (
 from torch import nn
 
 import batchfit
-from batchfit import MicroBatchChange, MicroBatchStep
+from batchfit import MicroBatchChange, MicroBatchOptions, MicroBatchStep
 from batchfit.errors import ConfigurationError, DoesNotFitError, OptimizerStepOutOfMemoryError
 from batchfit.runtime.steps.micro_batches import plain
 
@@ -93,7 +94,12 @@ def test_clipping_and_grad_scaler_see_the_whole_batch() -> None:
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     step = MicroBatchStep(
-        model, sgd(model), loss_fn=cross_entropy, micro_batch_size=16, scaler=scaler, max_grad_norm=0.05
+        model,
+        sgd(model),
+        loss_fn=cross_entropy,
+        micro_batch_size=16,
+        scaler=scaler,
+        options=MicroBatchOptions(max_grad_norm=0.05),
     )
     step(batch)
     assert_same_weights(model, reference)
@@ -117,7 +123,13 @@ def test_a_custom_loss_and_a_dict_batch_split_along_batch_dim() -> None:
     cross_entropy(reference(inputs) / 2.0, targets).backward()
     ref_optimizer.step()
 
-    step = MicroBatchStep(model, adam(model), compute_loss=compute_loss, micro_batch_size=8, batch_dim=1)
+    step = MicroBatchStep(
+        model,
+        adam(model),
+        compute_loss=compute_loss,
+        micro_batch_size=8,
+        options=MicroBatchOptions(batch_dim=1),
+    )
     step(batch)
     assert seen == [8, 8, 8, 6]
     assert_same_weights(model, reference)
@@ -125,7 +137,13 @@ def test_a_custom_loss_and_a_dict_batch_split_along_batch_dim() -> None:
     # A mapping that is not a dict (Hugging Face's BatchEncoding, from its tokenizers and data
     # collators) is cut the same way: it held "no tensors" before.
     again = make_model()
-    step = MicroBatchStep(again, adam(again), compute_loss=compute_loss, micro_batch_size=8, batch_dim=1)
+    step = MicroBatchStep(
+        again,
+        adam(again),
+        compute_loss=compute_loss,
+        micro_batch_size=8,
+        options=MicroBatchOptions(batch_dim=1),
+    )
     step(collections.UserDict(batch))
     assert seen[4:] == [8, 8, 8, 6]
     assert_same_weights(again, reference)
@@ -184,7 +202,9 @@ def test_grows_back_after_clean_steps_and_keeps_the_history() -> None:
         full_batch_step(reference, ref_optimizer, batch)
 
     optimizer = sgd(model)
-    step = MicroBatchStep(model, optimizer, loss_fn=cross_entropy, micro_batch_size=64, grow_after=2)
+    step = MicroBatchStep(
+        model, optimizer, loss_fn=cross_entropy, micro_batch_size=64, options=MicroBatchOptions(grow_after=2)
+    )
     with batchfit.cap_memory(cap, resident=[model, optimizer]):
         step(batches[0])
     sizes = [step.micro_batch_size]
@@ -368,9 +388,9 @@ def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
             ),
         ),
         (
-            {"micro_batch_size": 8, "noise_scale": 100},
+            {"micro_batch_size": 8, "noise_monitor": 100},
             (
-                "noise_scale must be a batchfit.NoiseScaleMonitor or None, got int; pass "
+                "noise_monitor must be a batchfit.NoiseScaleMonitor or None, got int; pass "
                 "NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
             ),
         ),
@@ -443,8 +463,10 @@ def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
 )  # fmt: skip
 def test_bad_arguments_name_the_parameter(kwargs: dict[str, Any], message: str) -> None:
     arguments = {"loss_fn": cross_entropy, **kwargs}
+    fields = {field.name for field in dataclasses.fields(MicroBatchOptions)}
+    options = {name: arguments.pop(name) for name in list(arguments) if name in fields}
     with pytest.raises(ConfigurationError, match=f"^{re.escape(message)}$") as raised:
-        MicroBatchStep(*_model_and_optimizer(), **arguments)
+        MicroBatchStep(*_model_and_optimizer(), **arguments, options=MicroBatchOptions(**options))
     assert isinstance(raised.value, ValueError)
 
 
@@ -537,7 +559,11 @@ def test_bad_batches_and_losses_are_explained(batch: Any, loss_fn: Any, message:
     model, optimizer = _model_and_optimizer()
     if loss_fn == "token_mean":
         step = MicroBatchStep(
-            model, optimizer, compute_loss=lambda model, batch: 0, micro_batch_size=8, reduction="token_mean"
+            model,
+            optimizer,
+            compute_loss=lambda model, batch: 0,
+            micro_batch_size=8,
+            options=MicroBatchOptions(reduction="token_mean"),
         )
     else:
         step = MicroBatchStep(model, optimizer, loss_fn=loss_fn, micro_batch_size=8)

@@ -12,7 +12,16 @@ import torch
 from micro_batch_helpers import make_model
 from torch import nn
 
-from batchfit import BatchSchedule, MicroBatchStep, NoiseScaleMonitor
+from batchfit import (
+    BatchSchedule,
+    Checklist,
+    Goal,
+    MicroBatchOptions,
+    MicroBatchStep,
+    NoiseScale,
+    NoiseScaleMonitor,
+)
+from batchfit.policy.goodput import ThroughputAt, goodput
 from batchfit.policy.noise_scale import GradientReading, estimate
 
 cross_entropy = nn.functional.cross_entropy
@@ -52,7 +61,13 @@ def test_the_monitor_logs_every_n_steps_the_offline_estimate_of_the_same_reading
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     monitor = NoiseScaleMonitor(every=4)
-    step = MicroBatchStep(model, optimizer, loss_fn=cross_entropy, micro_batch_size=8, noise_scale=monitor)
+    step = MicroBatchStep(
+        model,
+        optimizer,
+        loss_fn=cross_entropy,
+        micro_batch_size=8,
+        options=MicroBatchOptions(noise_monitor=monitor),
+    )
     truth = []
     with caplog.at_level(logging.INFO, logger="batchfit.micro_batch_step"):
         for index in range(8):
@@ -63,8 +78,12 @@ def test_the_monitor_logs_every_n_steps_the_offline_estimate_of_the_same_reading
     latest = monitor.latest
     assert latest is not None and latest.optimizer_step == 7
     for field in ("b_simple", "low", "high", "gradient_norm_sq", "trace_sigma"):
-        assert getattr(latest.estimate, field) == pytest.approx(getattr(expected, field), rel=1e-9), field
-    assert (latest.estimate.steps, latest.estimate.small_batch_size, latest.estimate.big_batch_size) == (
+        assert getattr(latest.noise_scale, field) == pytest.approx(getattr(expected, field), rel=1e-9), field
+    assert (
+        latest.noise_scale.steps,
+        latest.noise_scale.small_batch_size,
+        latest.noise_scale.big_batch_size,
+    ) == (
         4,
         8,
         32,
@@ -86,7 +105,12 @@ def test_the_schedule_grows_the_batch_and_scales_the_rate_as_the_policy_says(
     schedule = BatchSchedule(min_steps=8, margin=0.05, max_global_batch_size=64)
     monitor = NoiseScaleMonitor(every=8, schedule=schedule)
     step = MicroBatchStep(
-        model, optimizer, loss_fn=cross_entropy, micro_batch_size=8, scheduler=scheduler, noise_scale=monitor
+        model,
+        optimizer,
+        loss_fn=cross_entropy,
+        micro_batch_size=8,
+        scheduler=scheduler,
+        options=MicroBatchOptions(noise_monitor=monitor),
     )
     forwards: list[int] = []
     model.register_forward_hook(lambda module, inputs, output: forwards.append(len(inputs[0])))
@@ -127,7 +151,7 @@ def test_a_batch_of_one_micro_batch_reads_nothing_and_says_what_to_do(
         torch.optim.SGD(model.parameters(), lr=0.1),
         loss_fn=cross_entropy,
         micro_batch_size=32,
-        noise_scale=monitor,
+        options=MicroBatchOptions(noise_monitor=monitor),
     )
     with caplog.at_level(logging.WARNING):
         step(make_batch(32))
@@ -140,3 +164,37 @@ def test_a_batch_of_one_micro_batch_reads_nothing_and_says_what_to_do(
             "micro_batch_size of at most half the batch (16)."
         )
     ]
+
+
+def test_the_noise_scale_micro_batch_step_measured_goes_into_goal_and_checklist_as_it_is() -> None:
+    """One NoiseScale type: what the step measured is what Goal and Checklist take, its interval
+    carried into goodput, and a number of samples stays the documented shorthand."""
+    model = make_model()
+    monitor = NoiseScaleMonitor(every=4)
+    step = MicroBatchStep(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        cross_entropy,
+        micro_batch_size=8,
+        options=MicroBatchOptions(noise_monitor=monitor),
+    )
+    assert step.noise_scale is None
+    truth = []
+    for index in range(8):
+        batch = make_batch(32, seed=index)
+        truth.append(brute_force_reading(model, batch, 8))
+        step(batch)
+    measured = step.noise_scale
+    assert isinstance(measured, NoiseScale) and measured is monitor.noise_scale
+    assert measured.b_simple == pytest.approx(estimate(truth[4:]).b_simple, rel=1e-9)
+    goal = Goal(noise_scale=measured)
+    assert goal.noise_scale is measured and Checklist(noise_scale=measured).noise_scale is measured
+    points = [ThroughputAt(8, 800.0), ThroughputAt(16, 1400.0), ThroughputAt(32, 2000.0)]
+    analysis = goodput(points, goal.noise_scale)
+    assert analysis.measured and (analysis.noise_scale_low, analysis.noise_scale_high) == (
+        measured.low,
+        measured.high,
+    )
+    shorthand = goodput(points, Goal(noise_scale=measured.b_simple).noise_scale)
+    assert not shorthand.measured and shorthand.noise_scale_low is None
+    assert [row.batch_size for row in shorthand.rows] == [row.batch_size for row in analysis.rows]

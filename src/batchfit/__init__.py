@@ -29,7 +29,7 @@ from batchfit.errors import (
 from batchfit.explore import ExploreResult, explore
 from batchfit.find import find_batch_size
 from batchfit.fit_check import FitCheck, check
-from batchfit.micro_batch_step import MicroBatchStep
+from batchfit.micro_batch_step import MicroBatchOptions, MicroBatchStep
 from batchfit.noise_scale import noise_scale
 from batchfit.noise_scale_result import NoiseScaleResult
 from batchfit.options import BatchSizes, Goal, Sampling, Timing, Trials, Where
@@ -38,7 +38,7 @@ from batchfit.policy.choose import Recommendation
 from batchfit.policy.goodput_result import Goodput
 from batchfit.policy.loader_settings import LoaderRecommendation, LoaderSearch, LoaderSetting, SettingRow
 from batchfit.policy.micro_batch import MicroBatchChange
-from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading, NoiseScale
 from batchfit.policy.plan import Plan, plan
 from batchfit.policy.plan_options import Baseline, Scaling, TrainingFacts
@@ -95,11 +95,11 @@ __all__ = [
     "LoaderSetting",
     "MemoryModel",
     "MicroBatchChange",
+    "MicroBatchOptions",
     "MicroBatchStep",
     "Mode",
     "NoiseScale",
     "NoiseScaleMonitor",
-    "NoiseScaleReport",
     "NoiseScaleResult",
     "NonFiniteError",
     "OnProgress",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from batchfit import BatchSchedule, NoiseScaleMonitor
+from batchfit import BatchSchedule, Goal, NoiseScaleMonitor
 from batchfit.errors import ConfigurationError
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -52,8 +52,10 @@ def test_lightning_logs_b_simple_every_n_steps_and_the_schedule_grows_accumulati
     assert set(batches) == {16} and len(batches) == 8 * 2 + 4 * 4  # the micro-batch never grew
     latest = monitor.latest
     assert latest is not None and latest.optimizer_step == 11
-    assert latest.estimate.big_batch_size == 64 and latest.estimate.resolved
-    assert float(fit.callback_metrics["noise_scale/b_simple"]) == pytest.approx(latest.estimate.b_simple)
+    assert latest.noise_scale.big_batch_size == 64 and latest.noise_scale.resolved
+    assert float(fit.callback_metrics["noise_scale/b_simple"]) == pytest.approx(latest.noise_scale.b_simple)
+    assert callback.noise_scale is latest.noise_scale  # a NoiseScale, what Goal takes as it is
+    assert Goal(noise_scale=callback.noise_scale).noise_scale is latest.noise_scale
 
 
 def test_lightning_refuses_a_single_micro_batch_and_says_what_to_do() -> None:

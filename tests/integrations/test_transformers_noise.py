@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 from hf_models import VOCAB, gpt2, language_modelling, token_examples
 from transformers import TrainerCallback, TrainingArguments
 
-from batchfit import BatchSchedule, BatchSizes, NoiseScaleMonitor
+from batchfit import BatchSchedule, BatchSizes, Goal, NoiseScaleMonitor
 from batchfit.errors import ConfigurationError
 from batchfit.integrations.transformers import BatchfitTrainer, NoiseScaleMixin, NoiseScaleTrainer
 from batchfit.policy.noise_scale import GradientReading, estimate
@@ -64,7 +64,7 @@ def trainer(
         args=args,
         train_dataset=examples,
         data_collator=language_modelling,
-        noise_scale=monitor,
+        noise_monitor=monitor,
     )
 
 
@@ -117,6 +117,10 @@ def test_the_logged_noise_scale_is_the_estimate_of_each_steps_micro_batches_read
     # The reads come before clipping: the gradients are larger than the clipping norm.
     assert all(math.sqrt(reading.big_norm_sq) > 0.1 for reading in readings)
     assert steps.micro_batches == [4] * 6
+    # What the Trainer measured is a NoiseScale that Goal takes as it is.
+    assert run.noise_scale is not None and run.noise_scale is monitor.noise_scale
+    assert run.noise_scale.b_simple == pytest.approx(logged[-1]["noise_scale/b_simple"], rel=1e-4)
+    assert Goal(noise_scale=run.noise_scale).noise_scale is run.noise_scale
 
 
 def test_the_schedule_grows_the_accumulation_where_the_epoch_allows_and_scales_the_rate(
@@ -180,7 +184,7 @@ def test_one_micro_batch_per_step_is_refused_with_the_split_that_keeps_the_batch
 
 def test_the_monitor_must_be_a_monitor(tmp_path: Path) -> None:
     with pytest.raises(
-        ConfigurationError, match=r"noise_scale must be a batchfit\.NoiseScaleMonitor, got int\."
+        ConfigurationError, match=r"noise_monitor must be a batchfit\.NoiseScaleMonitor, got int\."
     ):
         trainer(tmp_path, 100, token_examples(32))  # type: ignore[arg-type]
 
@@ -207,7 +211,7 @@ def test_before_batchfit_trainer_it_reads_the_fitted_micro_batches(tmp_path: Pat
         args=args,
         train_dataset=token_examples(96),
         data_collator=language_modelling,
-        noise_scale=monitor,
+        noise_monitor=monitor,
         memory_limit="64MiB",
         sizes=BatchSizes(max_batch_size=8),  # the global batch of 16 as 2 micro-batches of 8
     )

@@ -106,7 +106,7 @@ def test_the_monitor_reports_every_n_steps_the_offline_estimate_of_its_window() 
     for step in (3, 7, 11):
         report = reports[step]
         assert report is not None and report.change is None
-        assert report.estimate == estimate(readings[max(0, step - 5) : step + 1])
+        assert report.noise_scale == estimate(readings[max(0, step - 5) : step + 1])
     assert monitor.latest is reports[11]
 
 
@@ -133,7 +133,7 @@ def test_a_new_batch_size_starts_a_new_window_and_a_change_clears_it() -> None:
         )
     # B_simple 1000 >= the grown batch 32: the third reading at 8/32 completes a window of one alone.
     report = monitor.record(reading(1.0, 1000.0, 8, 32), optimizer_step=2, accumulation_steps=4, **keywords)
-    assert report is not None and report.estimate.steps == 1 and report.change is None  # 1 < min_steps
+    assert report is not None and report.noise_scale.steps == 1 and report.change is None  # 1 < min_steps
     for step in (3, 4):
         monitor.record(reading(1.0, 1000.0, 8, 32), optimizer_step=step, accumulation_steps=4, **keywords)
     report = monitor.record(reading(1.0, 1000.0, 8, 32), optimizer_step=5, accumulation_steps=4, **keywords)

@@ -10,6 +10,7 @@ import pytest
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.policy.micro_batch import (
     MicroBatchChange,
+    MicroBatchOutcome,
     MicroBatchShrink,
     merge_outcomes,
     micro_batch_sizes,
@@ -130,17 +131,26 @@ def test_growth_never_passes_the_batch_and_never_happens_without_grow_after() ->
 
 
 def test_the_ranks_outcomes_merge_into_one_place_and_the_first_error() -> None:
-    assert merge_outcomes([(100, None)], ranks=False) is None
-    assert merge_outcomes([(100, ("backward", "OutOfMemoryError: x"))], ranks=False) == (
+    assert merge_outcomes([MicroBatchOutcome(100, None)], ranks=False) is None
+    assert merge_outcomes([MicroBatchOutcome(100, ("backward", "OutOfMemoryError: x"))], ranks=False) == (
         "backward",
         "OutOfMemoryError: x",
     )
-    assert merge_outcomes([(100, None), (100, None)], ranks=True) is None
-    assert merge_outcomes([(100, None), (100, ("backward", "OOM b"))], ranks=True) == (
+    assert merge_outcomes([MicroBatchOutcome(100, None), MicroBatchOutcome(100, None)], ranks=True) is None
+    assert merge_outcomes(
+        [MicroBatchOutcome(100, None), MicroBatchOutcome(100, ("backward", "OOM b"))], ranks=True
+    ) == (
         "backward on rank 1",
         "rank 1: OOM b",
     )
-    assert merge_outcomes([(8, ("forward", "OOM a")), (8, None), (8, ("backward", "OOM c"))], ranks=True) == (
+    assert merge_outcomes(
+        [
+            MicroBatchOutcome(8, ("forward", "OOM a")),
+            MicroBatchOutcome(8, None),
+            MicroBatchOutcome(8, ("backward", "OOM c")),
+        ],
+        ranks=True,
+    ) == (
         "forward on rank 0, backward on rank 2",
         "rank 0: OOM a",
     )
@@ -150,7 +160,7 @@ def test_the_ranks_outcomes_merge_into_one_place_and_the_first_error() -> None:
         "so that the ranks run the same micro-batches."
     )
     with pytest.raises(ConfigurationError, match=f"^{re.escape(message)}$"):
-        merge_outcomes([(100, None), (60, ("forward", "OOM"))], ranks=True)
+        merge_outcomes([MicroBatchOutcome(100, None), MicroBatchOutcome(60, ("forward", "OOM"))], ranks=True)
 
 
 def test_a_change_is_a_plain_record() -> None:

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from batchfit.errors import ConfigurationError
 from batchfit.policy.batch_schedule import ScheduleChange
 from batchfit.policy.noise_monitor import NoiseScaleMonitor
+from batchfit.policy.noise_scale import NoiseScale
 from batchfit.runtime.steps.gradient_noise import AccumulationNoise
 from batchfit.runtime.steps.learning_rate import scale_learning_rate
 from batchfit.runtime.steps.micro_batches import count_samples
@@ -50,6 +51,11 @@ class NoiseScaleCallback(Callback):
         self._collector: AccumulationNoise | None = None
         self._sizes: list[int] = []  # this step's micro-batches
         self._pending: ScheduleChange | None = None
+
+    @property
+    def noise_scale(self) -> NoiseScale | None:
+        """The monitor's latest noise scale (None before its first report): what ``Goal`` takes."""
+        return self.monitor.noise_scale
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _check(trainer, pl_module)
@@ -93,7 +99,7 @@ class NoiseScaleCallback(Callback):
         )
         if report is None:
             return
-        noise = report.estimate
+        noise = report.noise_scale
         if noise.resolved:
             pl_module.log("noise_scale/b_simple", noise.b_simple, on_step=True, on_epoch=False)
         if noise.low is not None and noise.high is not None:

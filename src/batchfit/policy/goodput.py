@@ -35,7 +35,10 @@ class ThroughputAt:
 
 def noise_scale_of(noise_scale: NoiseScale | float) -> tuple[float, float | None, float | None]:
     """``B_noise`` and its 90% interval (None, None without one) from a measured ``NoiseScale`` or a
-    number given; a ConfigurationError for one that is not positive."""
+    number given; a ConfigurationError for one that is not positive. The one place a number is read
+    as a noise scale: ``Goal``, ``Checklist``, ``TrainingFacts`` and goodput take a ``NoiseScale``
+    (what ``MicroBatchStep``, the monitor, the adapters and the ``noise_scale`` verb measure) or a
+    number of samples as shorthand."""
     if isinstance(noise_scale, NoiseScale):
         value, low, high = noise_scale.b_simple, noise_scale.low, noise_scale.high
     elif isinstance(noise_scale, (int, float)) and not isinstance(noise_scale, bool):

@@ -143,23 +143,29 @@ def split(batch_size: int, micro_batch_size: int) -> list[int]:
     return [micro_batch_size] * full + ([rest] if rest else [])
 
 
-#: One rank's micro-batch: the samples of its batch, and where it ran out of memory ("forward",
-#: "backward") with the error's first line, or None.
-Outcome = tuple[int, tuple[str, str] | None]
+@dataclass(frozen=True)
+class MicroBatchOutcome:
+    """One rank's micro-batch, as it tells the others: the samples of its batch; where it ran out of
+    memory ("forward", "backward", "the training step") and the error's first line, or None; after
+    the last micro-batch of a DistributedDataParallel model, which parameters hold a gradient."""
+
+    samples: int
+    failure: tuple[str, str] | None = None
+    gradients: tuple[bool, ...] | None = None
 
 
-def merge_outcomes(outcomes: Sequence[Outcome], *, ranks: bool) -> tuple[str, str] | None:
+def merge_outcomes(outcomes: Sequence[MicroBatchOutcome], *, ranks: bool) -> tuple[str, str] | None:
     """Where a micro-batch ran out of memory on any rank (index = rank), and the first error; None if
     nowhere. With ``ranks``, the place names the ranks ("backward on rank 1"). The ranks' batches must
     hold as many samples: otherwise they would run different micro-batches."""
-    if len({samples for samples, _ in outcomes}) > 1:
-        sizes = ", ".join(f"rank {rank}: {samples}" for rank, (samples, _) in enumerate(outcomes))
+    if len({outcome.samples for outcome in outcomes}) > 1:
+        sizes = ", ".join(f"rank {rank}: {outcome.samples}" for rank, outcome in enumerate(outcomes))
         raise ConfigurationError(
             f"the ranks' batches hold different numbers of samples ({sizes}); under a process group "
             f"every rank's batch must hold as many (DistributedSampler gives each rank as many "
             f"samples), so that the ranks run the same micro-batches."
         )
-    failed = [(rank, failure) for rank, (_, failure) in enumerate(outcomes) if failure is not None]
+    failed = [(rank, outcome.failure) for rank, outcome in enumerate(outcomes) if outcome.failure is not None]
     if not failed:
         return None
     if not ranks:

@@ -45,18 +45,19 @@ class NoiseScaleAverage:
 
 
 @dataclass(frozen=True)
-class NoiseScaleReport:
-    """What the monitor says every ``every`` optimizer steps: the noise scale over its window, the
-    running average, and the schedule's change (None: none)."""
+class MonitorUpdate:
+    """What the monitor says every ``every`` optimizer steps: the ``noise_scale`` over its window (a
+    ``NoiseScale``, the one type every noise scale is passed and reported as), the running
+    average, and the schedule's change (None: none)."""
 
     optimizer_step: int  # the step (0-based) whose reading completed the window
-    estimate: NoiseScale
+    noise_scale: NoiseScale
     smoothed: float  # B_simple of the running averages (inf: unresolved)
     change: ScheduleChange | None
 
     def line(self) -> str:
         """One line for a log."""
-        noise = self.estimate
+        noise = self.noise_scale
         interval = f", 90% {noise.low:.4g}-{noise.high:.4g}" if noise.low is not None else ""
         value = f"{noise.b_simple:.4g}" if noise.resolved else "unresolved"
         smoothed = f"{self.smoothed:.4g}" if math.isfinite(self.smoothed) else "unresolved"
@@ -70,7 +71,7 @@ class NoiseScaleReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "optimizer_step": self.optimizer_step,
-            "estimate": self.estimate.to_dict(),
+            "noise_scale": self.noise_scale.to_dict(),
             "smoothed": self.smoothed if math.isfinite(self.smoothed) else None,
             "change": None if self.change is None else self.change.to_dict(),
         }
@@ -103,9 +104,15 @@ class NoiseScaleMonitor:
         self.every, self.schedule, self.window = every, schedule, window
         self.average = NoiseScaleAverage(1 - 1 / every if decay is None else decay)
         self.readings: deque[GradientReading] = deque(maxlen=window)
-        self.latest: NoiseScaleReport | None = None
+        self.latest: MonitorUpdate | None = None
         self.changes: list[ScheduleChange] = []
         self._steps = 0  # readings recorded
+
+    @property
+    def noise_scale(self) -> NoiseScale | None:
+        """The noise scale over the last window (None before the first report): a ``NoiseScale``
+        that ``Goal`` and ``Checklist`` take as it is."""
+        return None if self.latest is None else self.latest.noise_scale
 
     def record(
         self,
@@ -116,8 +123,8 @@ class NoiseScaleMonitor:
         micro_batch_size: int,
         world_size: int = 1,
         optimizer: str | None = None,
-    ) -> NoiseScaleReport | None:
-        """Add optimizer step ``optimizer_step``'s reading; every ``every`` readings, the report
+    ) -> MonitorUpdate | None:
+        """Add optimizer step ``optimizer_step``'s reading; every ``every`` readings, the update
         (and the change, which the caller applies from the next step on)."""
         if self.readings and _sizes(self.readings[0]) != _sizes(reading):
             self.readings.clear()
@@ -140,7 +147,7 @@ class NoiseScaleMonitor:
         if change is not None:
             self.changes.append(change)
             self.readings.clear()
-        self.latest = NoiseScaleReport(optimizer_step, evidence, self.average.b_simple, change)
+        self.latest = MonitorUpdate(optimizer_step, evidence, self.average.b_simple, change)
         return self.latest
 
 

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from two_ranks import counting_ddp, leave_group
 
 import batchfit
-from batchfit import MicroBatchStep
+from batchfit import MicroBatchOptions, MicroBatchStep
 from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask
 
 SAMPLES_PER_RANK = 200
@@ -97,7 +97,11 @@ def non_finite_on_one_rank(rank: int) -> dict[str, Any]:
     except Exception as error:
         raised = f"{type(error).__name__}: {error}"
     skipping = MicroBatchStep(
-        model, adam(model), loss_fn=nn.functional.cross_entropy, micro_batch_size=64, non_finite="skip"
+        model,
+        adam(model),
+        loss_fn=nn.functional.cross_entropy,
+        micro_batch_size=64,
+        options=MicroBatchOptions(non_finite="skip"),
     )
     skipping(batch(0))
     skipped = (skipping.skipped_steps, skipping.optimizer_steps)

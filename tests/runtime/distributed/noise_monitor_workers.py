@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from two_ranks import report_and_leave
 
-from batchfit import BatchSchedule, MicroBatchStep, NoiseScaleMonitor
+from batchfit import BatchSchedule, MicroBatchOptions, MicroBatchStep, NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading
 
 MICRO_BATCH_SIZE = 16
@@ -58,7 +58,7 @@ def train(rank: int, out: Path) -> dict[str, Any]:
         optimizer,
         loss_fn=nn.functional.cross_entropy,
         micro_batch_size=MICRO_BATCH_SIZE,
-        noise_scale=monitor,
+        options=MicroBatchOptions(noise_monitor=monitor),
     )
     weights, batch_sizes, reports = [], [], []
     for _ in range(STEPS):

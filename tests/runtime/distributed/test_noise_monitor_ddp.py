@@ -69,6 +69,6 @@ def test_both_ranks_report_the_estimate_of_the_readings_computed_apart_and_grow_
     for report, window in zip((first, second), (truth[:3], truth[3:]), strict=True):
         offline = estimate(window)
         assert offline.resolved and offline.low is not None and offline.low > 0
-        assert report["estimate"]["b_simple"] == pytest.approx(offline.b_simple, rel=1e-9)
-        assert report["estimate"]["low"] == pytest.approx(offline.low, rel=1e-9)
-        assert report["estimate"]["high"] == pytest.approx(offline.high, rel=1e-9)
+        assert report["noise_scale"]["b_simple"] == pytest.approx(offline.b_simple, rel=1e-9)
+        assert report["noise_scale"]["low"] == pytest.approx(offline.low, rel=1e-9)
+        assert report["noise_scale"]["high"] == pytest.approx(offline.high, rel=1e-9)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +16,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.integrations.transformers.loss_weights import LossWeights, weighted_loss
-from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchShrink, Outcome, merge_outcomes
+from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchOutcome, MicroBatchShrink
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
-from batchfit.runtime.distributed.gradients import GradientAverage, gradient_mask, prepare_average
+from batchfit.runtime.distributed.gradients import gradient_mask
 from batchfit.runtime.distributed.lockstep import Lockstep
+from batchfit.runtime.steps.micro_batch_loop import MicroBatchLoop, RanOutOfMemory
 from batchfit.runtime.steps.micro_batches import count_samples, micro_batch
 
 #: Where a training micro-batch ran out of memory: the Trainer's step runs forward and backward in one.
@@ -56,7 +56,6 @@ class TrainingMicroBatches:
     ) -> None:
         self.policy = MicroBatchShrink(micro_batch_size)
         self.training_step = training_step
-        self.on_change = on_change
         self.weights = weights
         #: (batch, num_items_in_batch, its first sample's place in the optimizer step) of this step.
         self.pending: list[tuple[Any, Any, int]] = []
@@ -64,6 +63,7 @@ class TrainingMicroBatches:
         self.group_samples = 0
         self.pending_step = -1  # the optimizer step (global_step) they belong to
         self.lockstep = Lockstep.current()
+        self.loop = MicroBatchLoop(self.policy, self.lockstep, on_change)
 
     @property
     def micro_batch_size(self) -> int:
@@ -80,29 +80,29 @@ class TrainingMicroBatches:
         self.pending.append((inputs, num_items_in_batch, start))
         if self.group_samples < start + samples:  # called outside the Trainer's loop
             self.group_samples = samples * int(trainer.current_gradient_accumulation_steps)
-        todo = self.pending[-1:]
-        while True:
-            failure, loss = self._run(trainer, model, todo)
-            if failure is None:
-                break
-            model.zero_grad(set_to_none=True)
-            self.on_change(self.policy.out_of_memory(trainer.state.global_step, samples, *failure))
-            gc.collect()  # the failed attempt's activations, held in cycles with its traceback
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            todo = list(self.pending)
+        loss = self.loop.run(
+            functools.partial(self._run, trainer, model, self.policy.micro_batch_size),
+            optimizer_step=trainer.state.global_step,
+            samples=samples,
+            drop=functools.partial(model.zero_grad, set_to_none=True),
+            cuda=torch.cuda.is_available(),
+        )
         if trainer.accelerator.sync_gradients:  # the optimizer step's last batch
             if isinstance(model, DistributedDataParallel) and self.lockstep is not None:
-                self._average(model, self.lockstep)
+                parameters = list(model.parameters())
+                self.loop.average(parameters, self.lockstep.run(lambda: gradient_mask(parameters)))
             self.pending.clear()
             self.policy.stepped(trainer.state.global_step, samples)
         return loss
 
     def _run(
-        self, trainer: Any, model: nn.Module, todo: list[tuple[Any, Any, int]]
-    ) -> tuple[Any, torch.Tensor]:
-        """Each batch of ``todo`` as micro-batches; where one ran out of memory on any rank (None:
-        nowhere), and the loss of the last batch."""
+        self, trainer: Any, model: nn.Module, first_micro_batch_size: int
+    ) -> torch.Tensor | RanOutOfMemory:
+        """The new batch as micro-batches, or after an out-of-memory (the micro-batch is no longer
+        ``first_micro_batch_size``) every batch of the optimizer step so far, its gradients dropped:
+        the loss of the last batch, or where a micro-batch ran out of memory on any rank."""
+        retry = self.policy.micro_batch_size != first_micro_batch_size
+        todo = list(self.pending) if retry else self.pending[-1:]
         if isinstance(model, DistributedDataParallel) and todo[0] is self.pending[0]:
             model.require_forward_param_sync = True  # buffers broadcast at the step's first forward
         losses: list[torch.Tensor] = []
@@ -110,8 +110,8 @@ class TrainingMicroBatches:
             losses = []
             failure = self._batch(trainer, model, batch, num_items_in_batch, start, losses)
             if failure is not None:
-                return failure, torch.zeros(())
-        return None, torch.stack(losses).sum()
+                return failure
+        return torch.stack(losses).sum()
 
     def _batch(
         self,
@@ -121,7 +121,7 @@ class TrainingMicroBatches:
         num_items_in_batch: Any,
         first: int,
         losses: list[torch.Tensor],
-    ) -> tuple[str, str] | None:
+    ) -> RanOutOfMemory | None:
         samples, start = count_samples(batch, 0), 0
         micro = self.policy.micro_batch_size
         context = (
@@ -136,9 +136,9 @@ class TrainingMicroBatches:
                 work = functools.partial(
                     self._micro_batch, trainer, model, part, num_items_in_batch, scale, losses
                 )
-                failure = merge_outcomes(self._exchange(work), ranks=self.lockstep is not None)
-                if failure is not None:
-                    return failure
+                outcomes = self.loop.micro_batch(work)
+                if isinstance(outcomes, RanOutOfMemory):
+                    return outcomes
                 start += piece
         return None
 
@@ -150,7 +150,7 @@ class TrainingMicroBatches:
         num_items_in_batch: Any,
         scale: tuple[int, float],
         losses: list[torch.Tensor],
-    ) -> Outcome:
+    ) -> MicroBatchOutcome:
         """The Trainer's step on ``part``, with ``scale``: the accumulation steps the Trainer divides
         by where its rule divides (the user's batches in the optimizer step), and the weight of its
         loss; this rank's outcome, an out-of-memory as a value."""
@@ -165,21 +165,12 @@ class TrainingMicroBatches:
         except BaseException as error:
             if not is_out_of_memory(error):
                 raise
-            return count_samples(part, 0), (PHASE, first_line(error))  # the other ranks must hear it
+            return MicroBatchOutcome(
+                count_samples(part, 0), (PHASE, first_line(error))
+            )  # the others must hear it
         finally:
             trainer.current_gradient_accumulation_steps = accumulation
-        return count_samples(part, 0), None
-
-    def _average(self, model: DistributedDataParallel, lockstep: Lockstep) -> None:
-        parameters = list(model.parameters())
-        masks = lockstep.run(lambda: gradient_mask(parameters))
-        # All the average's memory is taken in its own exchange, before any rank enters its collectives.
-        prepared: list[GradientAverage] = []
-        lockstep.run(lambda: prepared.append(prepare_average(parameters, masks)))
-        prepared[0].all_reduce(lockstep.group, lockstep.world_size)
-
-    def _exchange(self, work: Callable[[], Outcome]) -> list[Outcome]:
-        return [work()] if self.lockstep is None else self.lockstep.run(work)
+        return MicroBatchOutcome(count_samples(part, 0))
 
 
 def predict_in_lockstep(predict: Callable[[], Any], lockstep: Lockstep | None) -> Any:

@@ -13,8 +13,8 @@ from transformers import Trainer, TrainerCallback
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy.batch_schedule import ScheduleChange
-from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
-from batchfit.policy.noise_scale import GradientReading
+from batchfit.policy.noise_monitor import MonitorUpdate, NoiseScaleMonitor
+from batchfit.policy.noise_scale import GradientReading, NoiseScale
 from batchfit.runtime.steps.gradient_noise import AccumulationNoise
 from batchfit.runtime.steps.learning_rate import scale_learning_rate
 from batchfit.runtime.steps.micro_batches import count_samples
@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 
 class NoiseScaleMixin:
     """Puts the noise-scale monitor in a Trainer class: put it first, ``class MyTrainer(
-    NoiseScaleMixin, Trainer)`` (or before ``BatchfitTrainer``), and pass ``noise_scale=`` a
-    ``NoiseScaleMonitor``; the other arguments go to the Trainer.
+    NoiseScaleMixin, Trainer)`` (or before ``BatchfitTrainer``), and pass ``noise_monitor=`` a
+    ``NoiseScaleMonitor``; the other arguments go to the Trainer. ``trainer.noise_scale`` is the
+    monitor's latest ``NoiseScale`` (None before its first report), what ``Goal`` takes.
 
     Each optimizer step's ``gradient_accumulation_steps`` micro-batches (2 or more: one has no
     smaller batch to compare with) are read after each one's backward, before the Trainer clips or
@@ -52,15 +53,20 @@ class NoiseScaleMixin:
     accelerator: Any
     add_callback: Any
 
-    def __init__(self, *args: Any, noise_scale: NoiseScaleMonitor, **kwargs: Any) -> None:
-        if not isinstance(noise_scale, NoiseScaleMonitor):
+    def __init__(self, *args: Any, noise_monitor: NoiseScaleMonitor, **kwargs: Any) -> None:
+        if not isinstance(noise_monitor, NoiseScaleMonitor):
             raise ConfigurationError(
-                f"noise_scale must be a batchfit.NoiseScaleMonitor, got {type(noise_scale).__name__}."
+                f"noise_monitor must be a batchfit.NoiseScaleMonitor, got {type(noise_monitor).__name__}."
             )
-        self.noise_scale = noise_scale
+        self.noise_monitor = noise_monitor
         self._noise_steps = NoiseSteps()
         super().__init__(*args, **kwargs)
         self.add_callback(_NoiseScaleEvents(self))
+
+    @property
+    def noise_scale(self) -> NoiseScale | None:
+        """The monitor's latest noise scale (None before its first report)."""
+        return self.noise_monitor.noise_scale
 
     def training_step(
         self, model: torch.nn.Module, inputs: Any, num_items_in_batch: Any = None
@@ -132,7 +138,7 @@ class _NoiseScaleEvents(TrainerCallback):  # type: ignore[misc]
         trainer, steps = self.trainer, self.trainer._noise_steps
         reading, steps.reading = steps.reading, None
         if reading is not None:
-            report = trainer.noise_scale.record(
+            report = trainer.noise_monitor.record(
                 reading,
                 optimizer_step=state.global_step - 1,
                 accumulation_steps=reading.big_batch_size // reading.small_batch_size,
@@ -162,8 +168,8 @@ class _NoiseScaleEvents(TrainerCallback):  # type: ignore[misc]
                 f"optimizer step {trainer.state.global_step}"
             )
 
-    def _log(self, report: NoiseScaleReport) -> None:
-        noise, values = report.estimate, dict[str, float]()
+    def _log(self, report: MonitorUpdate) -> None:
+        noise, values = report.noise_scale, dict[str, float]()
         if noise.resolved:
             values["noise_scale/b_simple"] = noise.b_simple
         if noise.low is not None and noise.high is not None:
@@ -206,5 +212,5 @@ class NoiseScaleTrainer(NoiseScaleMixin, Trainer):  # type: ignore[misc]
     """The Trainer with the noise-scale monitor (``NoiseScaleMixin``)::
 
     trainer = NoiseScaleTrainer(model=model, args=args, train_dataset=train,
-                                noise_scale=batchfit.NoiseScaleMonitor(100))
+                                noise_monitor=batchfit.NoiseScaleMonitor(100))
     """

@@ -1,6 +1,6 @@
 """What ``MicroBatchStep`` accepts, checked once when it is made: a module, an optimizer that steps
-on gradients, one way to compute the loss, a GradScaler, a scheduler stepped without arguments, a
-positive clipping norm, a batch dimension, a noise-scale monitor, a non-finite policy, no FSDP."""
+on gradients, one way to compute the loss, a GradScaler, a scheduler stepped without arguments, no FSDP
+(``MicroBatchOptions`` checks its own fields)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import torch
 from torch import nn
 
 from batchfit.errors import ArgumentTypeError, ConfigurationError
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.runtime.distributed.sharded import is_fully_sharded
-from batchfit.runtime.steps.micro_batch_finite import NON_FINITE
 from batchfit.runtime.workloads.default_step import check_steps_on_gradients
 
 
@@ -24,10 +22,6 @@ def check_arguments(
     compute_loss: Any,
     scaler: Any,
     scheduler: Any,
-    max_grad_norm: Any,
-    batch_dim: Any,
-    noise_scale: Any,
-    non_finite: Any,
 ) -> None:
     if not isinstance(model, nn.Module):
         raise ArgumentTypeError(
@@ -55,35 +49,16 @@ def check_arguments(
             f"compute_loss must be callable, got {type(compute_loss).__name__}; pass "
             f"compute_loss(model, micro_batch) -> a scalar loss."
         )
-    _check_helpers(scaler, scheduler, noise_scale)
-    if max_grad_norm is not None and (
-        isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
-    ):
-        raise ArgumentTypeError(
-            f"max_grad_norm must be a number or None, got {type(max_grad_norm).__name__} "
-            f"({max_grad_norm!r}); pass the norm to clip the gradients to, such as 1.0, or None not to clip."
-        )
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ConfigurationError(f"max_grad_norm ({max_grad_norm}) must be positive; None does not clip.")
-    if isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim < 0:
-        raise ConfigurationError(
-            f"batch_dim ({batch_dim!r}) must be 0 or more: the dimension of the batch's tensors that "
-            f"holds the samples."
-        )
+    _check_helpers(scaler, scheduler)
     if is_fully_sharded(model):
         raise ConfigurationError(
             "MicroBatchStep does not run FSDP models: their backward runs collectives, so a rank that ran "
             "out of memory there would leave the others waiting. Use DistributedDataParallel."
         )
-    if non_finite not in NON_FINITE:
-        raise ConfigurationError(
-            f"non_finite ({non_finite!r}) must be 'raise' (a NonFiniteError when a loss or gradient is "
-            f"NaN or inf) or 'skip' (drop that step's gradients and step nothing, as a GradScaler does)."
-        )
 
 
-def _check_helpers(scaler: Any, scheduler: Any, noise_scale: Any) -> None:
-    """The scaler, scheduler and monitor are what MicroBatchStep calls them as, or None."""
+def _check_helpers(scaler: Any, scheduler: Any) -> None:
+    """The scaler and scheduler are what MicroBatchStep calls them as, or None."""
     if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
         raise ConfigurationError(
             f"scaler must be a torch.amp.GradScaler or None, got {type(scaler).__name__}; pass the "
@@ -100,9 +75,4 @@ def _check_helpers(scaler: Any, scheduler: Any, noise_scale: Any) -> None:
             f"scheduler must be a torch.optim.lr_scheduler.LRScheduler or None, got "
             f"{type(scheduler).__name__}; pass the scheduler of the optimizer, stepped once per optimizer "
             f"step, or None."
-        )
-    if noise_scale is not None and not isinstance(noise_scale, NoiseScaleMonitor):
-        raise ConfigurationError(
-            f"noise_scale must be a batchfit.NoiseScaleMonitor or None, got {type(noise_scale).__name__}; "
-            f"pass NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
         )

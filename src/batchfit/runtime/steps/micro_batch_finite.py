@@ -5,13 +5,14 @@ accumulated gradients are read for NaN and inf before the optimizer steps (where
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from batchfit.runtime.steps.finite import _finite, _non_finite
+from batchfit.errors import NonFiniteError
+from batchfit.runtime.steps.finite import WHAT_TO_CHECK, _finite, _non_finite
 
 #: What a ``MicroBatchStep`` does with a step whose loss or gradients are not finite: raise
 #: ``NonFiniteError``, or skip the optimizer step as a ``GradScaler`` does (logged and counted).
@@ -55,4 +56,35 @@ def what_is_not_finite(
     return (
         f"the gradients of {names} are not finite (NaN or inf) after the step's {len(sizes)} "
         f"micro-batches, whose losses are finite"
+    )
+
+
+def ranks_not_finite(
+    exchange: Callable[[Callable[[], str]], list[str]],
+    losses: Sequence[tuple[int, torch.Tensor]],
+    sizes: list[int],
+    model: nn.Module,
+    parameters: Sequence[nn.Parameter],
+) -> str | None:
+    """What is not finite among the losses and gradients, on every rank that holds one (the ranks
+    decide together through ``exchange``); None where all are finite."""
+
+    def here() -> str:
+        if all_finite([loss for _, loss in losses], parameters):
+            return ""
+        return what_is_not_finite(losses, sizes, list(model.named_parameters()))
+
+    found = exchange(here)
+    if not any(found):
+        return None
+    if len(found) == 1:
+        return found[0]
+    return "; ".join(f"on rank {rank}, {cause}" for rank, cause in enumerate(found) if cause)
+
+
+def non_finite_error(optimizer_step: int, micro_batch_size: int, cause: str) -> NonFiniteError:
+    return NonFiniteError(
+        f"MicroBatchStep, optimizer step {optimizer_step} (micro_batch_size {micro_batch_size}): {cause}; "
+        f"the optimizer did not step and the batch's gradients were dropped. Pass non_finite='skip' to "
+        f"skip such a step as a GradScaler does. {WHAT_TO_CHECK}"
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from batchfit.policy.noise_monitor import NoiseScaleMonitor, NoiseScaleReport
+from batchfit.policy.noise_monitor import MonitorUpdate, NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading
 from batchfit.runtime.distributed.lockstep import Lockstep
 from batchfit.runtime.steps.gradient_noise import AccumulationNoise
@@ -93,7 +93,7 @@ class StepNoise:
         optimizer_step: int,
         optimizer: torch.optim.Optimizer,
         schedulers: Iterable[Any],
-    ) -> NoiseScaleReport | None:
+    ) -> MonitorUpdate | None:
         """Feed ``reading`` to the monitor; apply the change it reports to the learning rate."""
         world_size = 1 if self.lockstep is None else self.lockstep.world_size
         micro = reading.small_batch_size
@@ -109,14 +109,36 @@ class StepNoise:
             scale_learning_rate(optimizer, report.change.learning_rate_factor, schedulers)
         return report
 
-    def batch_size_after(self, report: NoiseScaleReport, samples: int) -> int:
+    def after_step(
+        self,
+        reading: GradientReading,
+        optimizer_step: int,
+        optimizer: torch.optim.Optimizer,
+        schedulers: Iterable[Any],
+        log: logging.Logger,
+        samples: int,
+    ) -> int:
+        """Record the step's ``reading``; the per-device batch to feed from the next step on:
+        ``samples`` (this step's), or after a change the batch it asks for. A report goes to ``log``
+        (rank 0): INFO, or WARNING with a change."""
+        report = self.record(reading, optimizer_step, optimizer, schedulers)
+        if report is None:
+            return samples
+        batch_size = self.batch_size_after(report, samples)
+        if self.lockstep is None or self.lockstep.rank == 0:
+            log.log(
+                logging.INFO if report.change is None else logging.WARNING, report_line(report, batch_size)
+            )
+        return batch_size
+
+    def batch_size_after(self, report: MonitorUpdate, samples: int) -> int:
         """The per-device batch to feed from the next step on: ``samples`` (this step's), or after
         the report's change the batch it asks for."""
         world_size = 1 if self.lockstep is None else self.lockstep.world_size
         return samples if report.change is None else report.change.new_global_batch_size // world_size
 
 
-def report_line(report: NoiseScaleReport, batch_size: int) -> str:
+def report_line(report: MonitorUpdate, batch_size: int) -> str:
     """The report as ``MicroBatchStep`` logs it; after a change, with the per-device batch it asks for."""
     asks = "" if report.change is None else f"; feed batches of {batch_size} samples per device from now on"
     return f"MicroBatchStep: {report.line()}{asks}."
