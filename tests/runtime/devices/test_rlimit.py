@@ -1,4 +1,4 @@
-"""A search under a real OS memory limit: RLIMIT_AS in a subprocess, no batchfit memory_limit.
+"""A search under a real OS memory limit: RLIMIT_AS in a subprocess, no batchfit cap_memory.
 
 The CPU allocator itself fails (``DefaultCPUAllocator: can't allocate memory``) on batches that
 are too large; the search must treat that as an out-of-memory trial, back off, and return a batch
