@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import _harness
+import _tables_find
 import _workloads
-import tables
 import torch
 from _capped import CPU_CACHING, MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult, bench_device
 from _peers import COMPETITORS, available_competitors, quiet_competitors
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [row_dict(row, args.window) for row in rows],
     }
     print()
-    print(tables.find_table([{**session.to_dict(), **payload}]))
+    print(_tables_find.find_table([{**session.to_dict(), **payload}]))
     if not args.no_json:
         _harness.write_results(args.json or _harness.RESULTS / f"find-{kind}.json", session, payload)
     return 0 if all(verdict.exact for row in rows if (verdict := row.verdict("batchfit"))) else 1

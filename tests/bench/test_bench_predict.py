@@ -16,8 +16,8 @@ from batchfit import Workload
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import _tables_predict
 import predict as predict_bench
-import tables
 from _capped import CPU_CACHING
 from _truth import Curve
 
@@ -82,7 +82,7 @@ def test_a_tiny_case_records_under_one_cap_and_is_judged_by_the_truth_under_anot
     # An eval step keeps no activations for backward: more of it fits, by the truth and by MemTracker.
     assert evaluation["true_largest"] > train["true_largest"]
     assert evaluation["memtracker"]["answer"] > train["memtracker"]["answer"]
-    table = tables.predict_table([{"path": "run.json", "code": None, **_record(), "cases": [done]}])
+    table = _tables_predict.predict_table([{"path": "run.json", "code": None, **_record(), "cases": [done]}])
     assert "| cnn | train | 2MiB | 4MiB |" in table and "| cnn | eval | 2MiB | 4MiB |" in table
     assert "from the CPU alone" not in table  # the columns of a path no row ran are left out
     # A row from the CPU alone (the CUDA cases' ResNet-50 and GPT-2) gets its own four columns.
@@ -92,7 +92,9 @@ def test_a_tiny_case_records_under_one_cap_and_is_judged_by_the_truth_under_anot
         "cpu_alone": {**ours, "band": [1, 2], "error_samples": -3, "error_percent": -6.0, "within": False,
                       "truth_in_band": False},
     }  # fmt: skip
-    both = tables.predict_table([{"path": "run.json", **_record(), "cases": [{**done, "targets": [alone]}]}])
+    both = _tables_predict.predict_table(
+        [{"path": "run.json", **_record(), "cases": [{**done, "targets": [alone]}]}]
+    )
     header, _, line = both.splitlines()[:3]
     assert header.count("|") == line.count("|") == 18
     assert "| from the CPU alone | error | within | truth in band |" in header
@@ -110,7 +112,7 @@ def test_a_case_from_the_cpu_alone_widens_its_band_and_its_truth_holds_cuda_s_ad
     assert low <= ours["answer"] <= high and high > low  # 3% of 68 MiB moves it by samples
     assert ours["truth_in_band"] is (low <= largest <= high)
     assert row["memtracker"] is None  # MemTracker judges the recorded cases only
-    table = tables.predict_table([{"path": "run.json", **_record(), "cases": [done]}])
+    table = _tables_predict.predict_table([{"path": "run.json", **_record(), "cases": [done]}])
     assert done["recorded_by"] == {"train": "trace"}  # predict --device cpu's way: a fake-tensor trace
     assert "| cnn | train | cpu-alone (trace) | 68MiB |" in table
 
