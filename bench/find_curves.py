@@ -275,10 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  cap {format_bytes(curve.cap_bytes)}, budget {format_bytes(curve.budget_bytes)}")
         print(describe(curve), flush=True)
         curves.append(curve)
-    print(session.finish())
-    if not args.no_json:
-        payload = {"curves": [asdict(curve) for curve in curves]}
-        _harness.write_results(args.json or _harness.RESULTS / f"find-curves-{kind}.json", session, payload)
+    payload = {"curves": [asdict(curve) for curve in curves]}
+    _harness.save(args, session, _harness.RESULTS / f"find-curves-{kind}.json", payload)
     return 0
 
 

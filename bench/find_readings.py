@@ -16,7 +16,6 @@ from typing import Any
 import _harness
 import _tables_base
 import _tables_find
-import torch
 from _readings import read_row
 from _truth import WINDOW
 
@@ -84,9 +83,7 @@ def summary(rows: list[dict[str, Any]], method: str = "batchfit") -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(__doc__, quick="(not used)", json_default=DEFAULT_JSON)
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), ["torch", "batchfit"])
+    args, session = _harness.start(__doc__, argv, quick="(not used)", json_default=DEFAULT_JSON)
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     for path in recorded_files():
@@ -105,10 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         path: summary([r for r in rows if r["file"] == path])
         for path in dict.fromkeys(r["file"] for r in rows)
     }
-    print(session.finish())
     payload = {"files": recorded_files(), "skipped": skipped, "rows": rows, "summary": by_file}
-    if not args.no_json:
-        _harness.write_results(args.json or _harness.ROOT / DEFAULT_JSON, session, payload)
+    _harness.save(args, session, _harness.ROOT / DEFAULT_JSON, payload)
     return 0
 
 
