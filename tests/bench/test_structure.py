@@ -47,6 +47,11 @@ def test_every_function_counts_its_parameters_and_init_is_one_of_them(tmp_path: 
     assert said.endswith("  widest signature: 11  wide.py:Step.__init__")
 
 
+def test_bench_is_within_the_house_limits() -> None:
+    over = structure.measure(ROOT, "bench").over()
+    assert over == {what: [] for what in over}, structure.report("bench", structure.measure(ROOT, "bench"))
+
+
 def test_src_is_measured_with_its_init_signatures() -> None:
     # src's own debts are other work's to pay; here only that they are measured, __init__ included.
     shape = structure.measure(ROOT, "src")
