@@ -42,6 +42,30 @@ def parser(doc: str | None, *, quick: str, json_default: str) -> argparse.Argume
     return parser
 
 
+def start(
+    doc: str | None,
+    argv: list[str] | None,
+    *,
+    quick: str,
+    json_default: str,
+    packages: Sequence[str] = ("torch", "batchfit"),
+) -> tuple[argparse.Namespace, Session]:
+    """A CPU benchmark's opening: its options (``parser``) parsed from ``argv``, its session begun
+    and the machine it runs on printed."""
+    args = parser(doc, quick=quick, json_default=json_default).parse_args(argv)
+    session = Session(torch.device("cpu"), packages)
+    print(session.machine())
+    return args, session
+
+
+def save(args: argparse.Namespace, session: Session, default: Path, payload: dict[str, Any]) -> None:
+    """A benchmark's close: the session's time printed, then, unless ``--no-json``, the results file
+    at ``--json`` or ``default``."""
+    print(session.finish())
+    if not args.no_json:
+        write_results(args.json or default, session, payload)
+
+
 class Stopwatch:
     """Wall-clock (``time.perf_counter``) and process CPU seconds of a block."""
 

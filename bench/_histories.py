@@ -87,6 +87,11 @@ class History:
         return next(i for i in range(freed, len(self.events)) if self.events[i][0] == "alloc")
 
 
+def recorded(directory: Path = HISTORIES) -> list[str]:
+    """The recorded allocator histories' files, from the repository's root, as results files name them."""
+    return sorted(str(path.relative_to(ROOT)) for path in directory.glob("allocator-*"))
+
+
 def histories(workload: str, directory: Path = HISTORIES) -> dict[int, History]:
     """The recorded trials of ``workload``, by batch size."""
     data = json.loads((directory / f"allocator-history-cuda-{workload}.json").read_text())

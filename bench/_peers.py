@@ -15,6 +15,7 @@ import torch
 from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult
 from _harness import Stopwatch
 
+from batchfit import Workload
 from batchfit.runtime.workloads.batches import to_device
 
 LIGHTNING_INIT_VAL = 2
@@ -31,12 +32,40 @@ def run_lightning(bench: Bench) -> MethodResult:
     forward pass, which keeps the previous step's gradients alive through it). On a GPU, Lightning
     moves each batch to the device itself, inside the trial.
     """
-    import lightning.pytorch as pl
     from lightning.pytorch.tuner import batch_size_scaling
-    from lightning.pytorch.tuner.tuning import Tuner
 
     workload, state = bench.workload()
-    optimizer = state.optimizer
+    module = _lightning_module(bench, workload, state.optimizer)
+    sizes: list[int] = []
+    peaks: dict[int, int] = {}
+    original = batch_size_scaling._try_loop_run
+
+    def capped_try_loop_run(trainer: Any, params: dict[str, Any]) -> None:
+        batch_size = module.batch_size
+        sizes.append(batch_size)
+        state.reset()
+        with bench.capped(state) as measurement:
+            original(trainer, params)
+        peaks[batch_size] = measurement.peak_bytes
+
+    with tempfile.TemporaryDirectory() as root:
+        tuner, options = _lightning_tuner(bench, root)
+        batch_size_scaling._try_loop_run = capped_try_loop_run
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Lightning's advice on workers, logging intervals...
+                with Stopwatch() as watch:
+                    answer = tuner.scale_batch_size(module, **options)
+        finally:
+            batch_size_scaling._try_loop_run = original
+    return MethodResult(answer, sizes, watch.seconds, watch.cpu_seconds, peaks)
+
+
+def _lightning_module(bench: Bench, workload: Workload, optimizer: torch.optim.Optimizer) -> Any:
+    """The workload as a LightningModule with manual optimization: each step zeroes the gradients,
+    steps on the workload's loss and steps ``optimizer``; its data loader yields STEPS_PER_TRIAL
+    copies of the trial's host batch, made outside the cap when Lightning sets ``batch_size``."""
+    import lightning.pytorch as pl
 
     class HostBatches(torch.utils.data.IterableDataset[Any]):
         """STEPS_PER_TRIAL copies of the trial's host batch (made outside the cap)."""
@@ -85,49 +114,36 @@ def run_lightning(bench: Bench) -> MethodResult:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return optimizer
 
-    module = LitWorkload()
-    sizes: list[int] = []
-    peaks: dict[int, int] = {}
-    original = batch_size_scaling._try_loop_run
+    return LitWorkload()
 
-    def capped_try_loop_run(trainer: pl.Trainer, params: dict[str, Any]) -> None:
-        batch_size = module.batch_size
-        sizes.append(batch_size)
-        state.reset()
-        with bench.capped(state) as measurement:
-            original(trainer, params)
-        peaks[batch_size] = measurement.peak_bytes
 
-    with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(
-            accelerator="gpu" if bench.device.type == "cuda" else "cpu",
-            devices=[bench.device.index or 0] if bench.device.type == "cuda" else 1,
-            precision=bench.case.precision,  # type: ignore[arg-type]
-            max_epochs=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=root,
-        )
-        tuner = Tuner(trainer)
-        options: dict[str, Any] = {
-            "mode": "binsearch",
-            "steps_per_trial": STEPS_PER_TRIAL,
-            "init_val": LIGHTNING_INIT_VAL,
-            "max_trials": 25,
-        }
-        if "margin" in inspect.signature(tuner.scale_batch_size).parameters:
-            options["margin"] = 0.0  # Lightning >= 2.5 takes 5% off the boundary by default
-        batch_size_scaling._try_loop_run = capped_try_loop_run
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Lightning's advice on workers, logging intervals...
-                with Stopwatch() as watch:
-                    answer = tuner.scale_batch_size(module, **options)
-        finally:
-            batch_size_scaling._try_loop_run = original
-    return MethodResult(answer, sizes, watch.seconds, watch.cpu_seconds, peaks)
+def _lightning_tuner(bench: Bench, root: str) -> tuple[Any, dict[str, Any]]:
+    """Lightning's Tuner on a one-epoch Trainer for the bench's device and precision, writing under
+    ``root``, and the binsearch's options (its margin 0 where Lightning has one)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.tuner.tuning import Tuner
+
+    trainer = pl.Trainer(
+        accelerator="gpu" if bench.device.type == "cuda" else "cpu",
+        devices=[bench.device.index or 0] if bench.device.type == "cuda" else 1,
+        precision=bench.case.precision,  # type: ignore[arg-type]
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+    tuner = Tuner(trainer)
+    options: dict[str, Any] = {
+        "mode": "binsearch",
+        "steps_per_trial": STEPS_PER_TRIAL,
+        "init_val": LIGHTNING_INIT_VAL,
+        "max_trials": 25,
+    }
+    if "margin" in inspect.signature(tuner.scale_batch_size).parameters:
+        options["margin"] = 0.0  # Lightning >= 2.5 takes 5% off the boundary by default
+    return tuner, options
 
 
 def run_accelerate(bench: Bench) -> MethodResult:

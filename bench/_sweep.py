@@ -125,6 +125,61 @@ def step_timer(example: str, device: torch.device, steps_per_window: int) -> Ste
     return StepTimer(workload, resolve_device(device, None), steps_per_window, workload.tokens_per_sample)
 
 
+@dataclass
+class _Windows:
+    """Each size's timed windows and the pass each came from, and the seconds its first ``counted``
+    passes took (the sweep's own time)."""
+
+    timer: StepTimer
+    counted: int
+    rates: dict[int, list[float]]
+    passes: dict[int, list[int]]
+    seconds: dict[int, float]
+
+    @classmethod
+    def of(cls, timer: StepTimer, counted: int, sizes: list[int]) -> _Windows:
+        return cls(timer, counted, {b: [] for b in sizes}, {b: [] for b in sizes}, dict.fromkeys(sizes, 0.0))
+
+    def one_pass(self, batches: list[int], round_: int) -> None:
+        """A window of each of ``batches``, upwards on even passes and downwards on odd ones."""
+        for batch in sorted(batches, reverse=round_ % 2 == 1):
+            if round_ > 0:
+                # The first step after another shape runs slower: one untimed step puts the
+                # size back in its steady state. A sweep of one size at a time would not
+                # need it, so it is not counted.
+                self.timer.revisit(batch)
+            begin = time.perf_counter()
+            if round_ == 0:
+                self.timer.first_visit(batch)  # a warm-up step and a discarded first window
+            self.rates[batch].append(self.timer.window(batch))
+            self.passes[batch].append(round_)
+            if round_ < self.counted:
+                self.seconds[batch] += time.perf_counter() - begin
+        self.timer.end_round()
+
+    def contenders(self, sizes: list[int], extra: list[int]) -> list[int]:
+        """The sizes within ``CONTENDER_MARGIN`` of the best level, at least the top three, and ``extra``."""
+        level, _ = polish(table_of(self.rates, self.passes))
+        ranked = sorted(sizes, key=level.__getitem__, reverse=True)
+        floor = level[ranked[0]] + math.log(1 - CONTENDER_MARGIN)
+        # At least three: a size measured in passes of its own would carry their drift alone.
+        return sorted({*ranked[:3], *extra, *(batch for batch in sizes if level[batch] >= floor)})
+
+    def points(self) -> dict[int, SweepPoint]:
+        level, _ = polish(table_of(self.rates, self.passes))
+        return {
+            batch: SweepPoint(
+                batch,
+                self.rates[batch],
+                self.passes[batch],
+                statistics.median(self.rates[batch]),
+                math.exp(level[batch]),
+                self.seconds[batch],
+            )
+            for batch in self.rates
+        }
+
+
 def run_sweep(
     example: str,
     device: torch.device,
@@ -142,54 +197,18 @@ def run_sweep(
     are not the sweep's."""
     sizes = sweep_sizes(max_batch_size)
     everything = sorted(set(sizes) | set(extra))
-    rates: dict[int, list[float]] = {batch: [] for batch in everything}
-    passes: dict[int, list[int]] = {batch: [] for batch in everything}
-    seconds = dict.fromkeys(everything, 0.0)
-    contenders: list[int] = []
     with step_timer(example, device, STEPS_PER_WINDOW) as timer, Stopwatch() as watch:
-
-        def one_pass(batches: list[int], round_: int) -> None:
-            for batch in sorted(batches, reverse=round_ % 2 == 1):
-                if round_ > 0:
-                    # The first step after another shape runs slower: one untimed step puts the
-                    # size back in its steady state. A sweep of one size at a time would not
-                    # need it, so it is not counted.
-                    timer.revisit(batch)
-                begin = time.perf_counter()
-                if round_ == 0:
-                    timer.first_visit(batch)  # a warm-up step and a discarded first window
-                rates[batch].append(timer.window(batch))
-                passes[batch].append(round_)
-                if round_ < counted:
-                    seconds[batch] += time.perf_counter() - begin
-            timer.end_round()
-
+        measured = _Windows.of(timer, counted, everything)
         for round_ in range(windows):
-            one_pass(everything, round_)
-        level, _ = polish(table_of(rates, passes))
-        ranked = sorted(sizes, key=level.__getitem__, reverse=True)
-        floor = level[ranked[0]] + math.log(1 - CONTENDER_MARGIN)
-        # At least three: a size measured in passes of its own would carry their drift alone.
-        chosen = {*ranked[:3], *extra, *(batch for batch in sizes if level[batch] >= floor)}
-        contenders = sorted(chosen)
+            measured.one_pass(everything, round_)
+        contenders = measured.contenders(sizes, extra)
         began = time.perf_counter()
         round_ = windows
         while round_ < sharpen.windows and time.perf_counter() - began < sharpen.seconds:
-            one_pass(contenders, round_)
+            measured.one_pass(contenders, round_)
             round_ += 1
         sharpen_seconds = time.perf_counter() - began
-    level, _ = polish(table_of(rates, passes))
-    points = {
-        batch: SweepPoint(
-            batch,
-            rates[batch],
-            passes[batch],
-            statistics.median(rates[batch]),
-            math.exp(level[batch]),
-            seconds[batch],
-        )
-        for batch in everything
-    }
+    points = measured.points()
     for batch, point in points.items():
         note = "" if batch in sizes else " (extra: not in the sweep's time)"
         print(
@@ -206,7 +225,7 @@ def run_sweep(
     )
     return Sweep(
         {batch: points[batch] for batch in sizes},
-        sum(seconds[batch] for batch in sizes),
+        sum(measured.seconds[batch] for batch in sizes),
         watch.cpu_seconds,
         {batch: points[batch] for batch in everything if batch not in sizes},
         contenders,

@@ -86,10 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.reset_peak_memory_stats(device)
         trials.append(history(bench, batch_size))
         print(f"  batch {batch_size}: {len(trials[-1]['entries'])} trace entries", flush=True)
-    print(session.finish())
-    if not args.no_json:
-        path = args.json or _harness.RESULTS / f"allocator-history-cuda-{args.workload}.json"
-        _harness.write_results(path, session, {"workload": args.workload, "trials": trials})
+    path = _harness.RESULTS / f"allocator-history-cuda-{args.workload}.json"
+    _harness.save(args, session, path, {"workload": args.workload, "trials": trials})
     return 0
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from _harness import RESULTS, Session, parser, print_markdown_table, print_text_table, ratio, write_results
+from _harness import RESULTS, Session, parser, print_markdown_table, print_text_table, ratio, save
 from torch import nn
 
 from batchfit import BatchSchedule, MicroBatchOptions, MicroBatchStep, NoiseScaleMonitor
@@ -191,6 +191,19 @@ def main() -> None:
         runs = [train(seed, rate, accumulation, chosen) for seed in seeds]
         rows.append(summarise(name, runs, times))
         print(f"  {name}: {[run.steps for run in runs]} steps")
+    print_rows(rows, len(seeds))
+    payload = {
+        "task": task(len(seeds)),
+        "step_seconds": seconds,
+        "step_seconds_monitored": monitored,
+        "sweeps": {"smallest": small_sweep, "largest": large_sweep},
+        "rows": rows,
+    }
+    save(args, session, RESULTS / "batch-schedule-cpu.json", payload)
+
+
+def print_rows(rows: list[dict[str, Any]], seeds: int) -> None:
+    """Each method's row as text and as Markdown, the schedule's (the last) samples and time over each."""
     base = rows[2]
     headers = [
         "method",
@@ -204,7 +217,7 @@ def main() -> None:
     lines = [
         [
             row["method"],
-            f"{row['reached']}/{len(seeds)}",
+            f"{row['reached']}/{seeds}",
             f"{row['steps']:.0f}",
             f"{row['samples']:.0f}",
             f"{row['predicted_seconds']:.2f}",
@@ -216,27 +229,22 @@ def main() -> None:
     print_text_table(headers, lines)
     print()
     print_markdown_table(headers, lines, {0})
-    print(session.finish())
-    if not args.no_json:
-        payload = {
-            "task": {
-                "features": FEATURES,
-                "hidden": HIDDEN,
-                "classes": CLASSES,
-                "label_noise": LABEL_NOISE,
-                "micro_batch_size": MICRO_BATCH_SIZE,
-                "target_loss": TARGET_LOSS,
-                "max_steps": MAX_STEPS,
-                "held_out": HELD_OUT,
-                "monitor_every": MONITOR_EVERY,
-                "seeds": len(seeds),
-            },
-            "step_seconds": seconds,
-            "step_seconds_monitored": monitored,
-            "sweeps": {"smallest": small_sweep, "largest": large_sweep},
-            "rows": rows,
-        }
-        write_results(args.json or RESULTS / "batch-schedule-cpu.json", session, payload)
+
+
+def task(seeds: int) -> dict[str, Any]:
+    """The task the results file records: the student, the data and the target."""
+    return {
+        "features": FEATURES,
+        "hidden": HIDDEN,
+        "classes": CLASSES,
+        "label_noise": LABEL_NOISE,
+        "micro_batch_size": MICRO_BATCH_SIZE,
+        "target_loss": TARGET_LOSS,
+        "max_steps": MAX_STEPS,
+        "held_out": HELD_OUT,
+        "monitor_every": MONITOR_EVERY,
+        "seeds": seeds,
+    }
 
 
 if __name__ == "__main__":

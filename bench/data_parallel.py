@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _harness import RESULTS, Session, parser, print_text_table, write_results
+from _harness import RESULTS, Session, parser, print_text_table, save
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
@@ -272,9 +272,7 @@ def main() -> None:
         "seconds",
     ]
     print_text_table(fsdp_headers, fsdp_lines)
-    print(session.finish())
-    if not args.no_json:
-        write_results(args.json or RESULTS / "data-parallel-cpu.json", session, {"rows": rows})
+    save(args, session, RESULTS / "data-parallel-cpu.json", {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from typing import Any
 
 import _harness
 import _histories
-import torch
 
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.capacity_prediction import CapacityPredictor
@@ -262,12 +261,12 @@ def summary(found: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(
-        __doc__, quick="the same (about a minute)", json_default="bench/results/expandable-agreement.json"
+    args, session = _harness.start(
+        __doc__,
+        argv,
+        quick="the same (about a minute)",
+        json_default="bench/results/expandable-agreement.json",
     )
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), ["torch", "batchfit"])
-    print(session.machine())
     found = rows()
     for row in found:
         print(f"  {row['workload']} ({row['cap_bytes']} bytes): {row['agreeing']}/{len(row['points'])} agree")
@@ -279,15 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    model's largest {row['model_largest']}; agrees at gaps {row['agreeing_gaps_mib']} MiB")
     total = summary(found)
     print(total)
-    print(session.finish())
-    if not args.no_json:
-        path = args.json or _harness.RESULTS / "expandable-agreement.json"
-        histories = sorted(
-            str(p.relative_to(_harness.ROOT)) for p in _histories.HISTORIES.glob("allocator-*")
-        )
-        payload: dict[str, Any] = {"histories": histories, "truth": TRUTH, "gaps_mib": list(GAPS)}
-        payload["settling_steps"] = SETTLING_STEPS
-        _harness.write_results(path, session, payload | {"rows": found, "summary": total})
+    payload: dict[str, Any] = {"histories": _histories.recorded(), "truth": TRUTH, "gaps_mib": list(GAPS)}
+    payload |= {"settling_steps": SETTLING_STEPS, "rows": found, "summary": total}
+    _harness.save(args, session, _harness.RESULTS / "expandable-agreement.json", payload)
     return 0
 
 

@@ -14,25 +14,24 @@ are not the benchmark's).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import _harness
 import _sweep
 import _workloads
 import torch
-from _sweep import RULE_TOLERANCE, Sharpen, Sweep
+from _explore_rows import HEADERS, QUALITY_TARGET, TIME_TARGET, BatchfitRun, Row, print_summary, table_rows
+from _sweep import RULE_TOLERANCE, Sharpen
 
 import batchfit
 from batchfit.explore import ExploreResult
 from batchfit.runtime.devices.host import PINNED_MALLOC
 from batchfit.runtime.devices.resolve import parse_device
 
-QUALITY_TARGET = 0.97
-TIME_TARGET = 0.40
 PACKAGES = ("torch", "batchfit")
 
 #: The shared bound per example, chosen so each sweep takes about a minute or less on a quiet
@@ -49,58 +48,6 @@ NOISE_NOTE = (
     "NOTE: wall-clock throughput on a shared, possibly busy machine; other processes can slow "
     "any window. Compare the load averages; rerun when they are high."
 )
-
-
-@dataclass
-class BatchfitRun:
-    recommended: int
-    best_batch_size: int  # the fastest batch batchfit measured
-    confidence: int
-    stop_reason: str
-    measured: dict[int, list[float]]  # batch size -> its windows, in batchfit's own run
-    rounds: dict[int, list[int]]  # batch size -> the round of each of those windows
-    seconds: float
-    cpu_seconds: float
-
-
-@dataclass
-class Row:
-    example: str
-    max_batch_size: int
-    unit: str
-    sweep: Sweep
-    batchfit: BatchfitRun
-    quality: float  # the truth at batchfit's recommendation / the truth's best
-    time_ratio: float  # batchfit seconds / sweep seconds
-    truth_pick: int  # the smallest sweep batch within 3% of the sweep's best
-    truth_error: float  # relative standard error of the truth's level at its best
-    half_quality: float  # the truth's own 3% pick from its odd windows, scored on its even ones
-    quality_error: float  # the quality's relative standard error, from the truth's own windows
-    sweep_pick: int  # the sweep's own 3% pick, from the plain medians of its counted windows
-    sweep_pick_quality: float  # the truth at the sweep's own pick / the truth's best
-
-    @property
-    def quality_met(self) -> bool:
-        return self.quality >= QUALITY_TARGET
-
-    @property
-    def time_met(self) -> bool:
-        return self.time_ratio <= TIME_TARGET
-
-    @property
-    def no_larger(self) -> bool:
-        """The rule's judgement: the pick is no larger than the truth's smallest within 3%."""
-        return self.batchfit.recommended <= self.truth_pick
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self),
-            "quality_met": self.quality_met,
-            "time_met": self.time_met,
-            "no_larger": self.no_larger,
-            "sweep_best": self.sweep.best,
-            "sweep_best_batch_size": self.sweep.best_batch_size,
-        }
 
 
 def run_batchfit(
@@ -172,68 +119,36 @@ def bench_one(
     return row
 
 
-HEADERS = (
-    "example",
-    "max_batch_size",
-    "unit",
-    "sweep best (batch)",
-    "sweep 3% pick",
-    "truth +-",
-    "truth self",
-    "sweep's own pick",
-    "bf pick",
-    "bf conf",
-    "bf stop",
-    "quality",
-    "quality +-",
-    "bf s",
-    "sweep s",
-    "time ratio",
-    "targets",
-)
+def settings(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[Path, dict[str, int], tuple[int, int, Sharpen]]:
+    """The results file, each example's bound and the sweep's counted windows, truth windows and
+    sharpening, by ``--quick`` and the device."""
+    json_path: Path = args.json or (QUICK_RESULTS_PATH if args.quick else RESULTS_PATH)
+    if device.type == "cuda":
+        bounds = CUDA_QUICK_MAX_BATCH_SIZE if args.quick else CUDA_MAX_BATCH_SIZE
+        json_path = args.json or json_path.with_name(json_path.stem + "-cuda.json")
+    else:
+        bounds = QUICK_MAX_BATCH_SIZE if args.quick else MAX_BATCH_SIZE
+    counted = _sweep.QUICK_SWEEP_WINDOWS if args.quick else _sweep.SWEEP_WINDOWS
+    windows = _sweep.QUICK_TRUTH_WINDOWS if args.quick else _sweep.TRUTH_WINDOWS
+    sharpen = _sweep.QUICK_SHARPEN if args.quick else _sweep.SHARPEN
+    if device.type == "cuda" and not args.quick:
+        sharpen = _sweep.CUDA_SHARPEN
+    return json_path, bounds, (counted, windows, sharpen)
 
 
-def table_rows(rows: list[Row]) -> list[list[str]]:
-    lines = []
-    for row in rows:
-        targets = f"{'ok' if row.quality_met else 'MISS'}/{'ok' if row.time_met else 'MISS'}"
-        lines.append(
-            [
-                row.example,
-                str(row.max_batch_size),
-                row.unit,
-                f"{row.sweep.best:.0f} ({row.sweep.best_batch_size})",
-                str(row.truth_pick),
-                f"{row.truth_error:.1%}",
-                f"{row.half_quality:.3f}",
-                f"{row.sweep_pick} ({row.sweep_pick_quality:.3f})",
-                str(row.batchfit.recommended),
-                str(row.batchfit.confidence),
-                row.batchfit.stop_reason,
-                f"{row.quality:.3f}",
-                f"{row.quality_error:.1%}",
-                f"{row.batchfit.seconds:.1f}",
-                f"{row.sweep.seconds:.1f}",
-                f"{row.time_ratio:.3f}",
-                targets,
-            ]
-        )
-    return lines
-
-
-def print_summary(rows: list[Row]) -> None:
-    for row in rows:
-        print(
-            f"{row.example}: quality {row.quality:.3f} (target >= {QUALITY_TARGET}: "
-            f"{'met' if row.quality_met else 'NOT met'}), time ratio {row.time_ratio:.3f} "
-            f"(target <= {TIME_TARGET}: {'met' if row.time_met else 'NOT met'}), pick "
-            f"{row.batchfit.recommended} {'no larger than' if row.no_larger else 'LARGER than'} the "
-            f"rule's {row.truth_pick}"
-        )
-    met_quality, met_time = sum(row.quality_met for row in rows), sum(row.time_met for row in rows)
-    print(f"quality target (>= {QUALITY_TARGET}) met in {met_quality}/{len(rows)} examples")
-    print(f"time target (<= {TIME_TARGET}) met in {met_time}/{len(rows)} examples")
-    print(f"pick no larger than the rule's in {sum(row.no_larger for row in rows)}/{len(rows)} examples")
+def chosen(parser: argparse.ArgumentParser, names: str | None, bounds: dict[str, int]) -> list[str]:
+    """``--examples`` (default: every bounded one) less those whose workload cannot be built here."""
+    examples = names.split(",") if names else list(bounds)
+    skipped = {name: why for name in examples if (why := _workloads.missing(name)) is not None}
+    for name, why in skipped.items():
+        print(f"{name}: skipped: {why}")
+    examples = [name for name in examples if name not in skipped]
+    unknown = sorted(set(examples) - set(bounds))
+    if unknown:
+        parser.error(f"unknown example(s) {', '.join(unknown)}: choose from {', '.join(bounds)}")
+    return examples
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,27 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(PINNED_MALLOC)
         os.execv(sys.executable, [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)])
     malloc = "native" if args.native_malloc else " ".join(f"{k}={v}" for k, v in PINNED_MALLOC.items())
-    json_path: Path = args.json or (QUICK_RESULTS_PATH if args.quick else RESULTS_PATH)
     device = parse_device(args.device)
-    if device.type == "cuda":
-        bounds = CUDA_QUICK_MAX_BATCH_SIZE if args.quick else CUDA_MAX_BATCH_SIZE
-        json_path = args.json or json_path.with_name(json_path.stem + "-cuda.json")
-    else:
-        bounds = QUICK_MAX_BATCH_SIZE if args.quick else MAX_BATCH_SIZE
-    counted = _sweep.QUICK_SWEEP_WINDOWS if args.quick else _sweep.SWEEP_WINDOWS
-    windows = _sweep.QUICK_TRUTH_WINDOWS if args.quick else _sweep.TRUTH_WINDOWS
-    sharpen = _sweep.QUICK_SHARPEN if args.quick else _sweep.SHARPEN
-    if device.type == "cuda" and not args.quick:
-        sharpen = _sweep.CUDA_SHARPEN
-    examples = args.examples.split(",") if args.examples else list(bounds)
-    skipped = {name: why for name in examples if (why := _workloads.missing(name)) is not None}
-    for name, why in skipped.items():
-        print(f"{name}: skipped: {why}")
-    examples = [name for name in examples if name not in skipped]
-    unknown = sorted(set(examples) - set(bounds))
-    if unknown:
-        parser.error(f"unknown example(s) {', '.join(unknown)}: choose from {', '.join(bounds)}")
-
+    json_path, bounds, sweep = settings(args, device)
+    counted, windows, sharpen = sweep
+    examples = chosen(parser, args.examples, bounds)
     session = _harness.Session(device, PACKAGES)
     print(session.machine())
     print(f"malloc: {malloc}")

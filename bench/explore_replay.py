@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _explore_rows import QUALITY_TARGET, TIME_TARGET
+
 # bench/ is the script's directory, so on sys.path.
 from _sweep import RULE_TOLERANCE, STEPS_PER_WINDOW, SWEEP_WINDOWS, polish, table_of
-from explore import QUALITY_TARGET, TIME_TARGET
 
 from batchfit.errors import ConfigurationError
 from batchfit.policy.exploration import Rules, explore_rounds

@@ -21,25 +21,20 @@ import math
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import _harness
+import _tables_find
 import _workloads
-import tables
 import torch
 from _capped import CPU_CACHING, MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, MethodResult, bench_device
+from _find_rows import BOUNDS, Row, print_summary, row_dict
 from _peers import COMPETITORS, available_competitors, quiet_competitors
-from _readings import Readings, cell, read
-from _truth import CHECK_STEPS, TRUTH_STEPS, WINDOW, Curve, Verdict, judge, scan, settings, spans
+from _truth import CHECK_STEPS, TRUTH_STEPS, WINDOW, Curve, scan, settings, spans
 
 from batchfit import Workload
 from batchfit.units import format_bytes, parse_bytes
 
 PACKAGES = ("torch", "batchfit", "lightning", "accelerate", "torchvision", "transformers")
-#: The largest answer each method may give: batchfit's max_batch_size and accelerate's start;
-#: Lightning's binsearch has none.
-BOUNDS: dict[str, int | None] = {"batchfit": MAX_BATCH_SIZE, "accelerate": MAX_BATCH_SIZE, "lightning": None}
 
 #: CPU limits chosen so each answer lies in about 16..200 and the truth's scan stays short.
 #: The mlp's memory is nearly all fixed (weights, gradients, Adam state and its temporaries, about
@@ -74,33 +69,6 @@ QUICK: dict[str, list[Case]] = {
     "cuda": [Case("resnet50-amp", "10.5GiB", precision="16-mixed"), Case("cnn", "ref:128")],
     CPU_CACHING: [Case("cnn", "ref:64"), Case("transformer", "ref:64")],
 }
-
-
-@dataclass
-class Row:
-    case: Case
-    cap_bytes: int
-    truth: Curve
-    batchfit: MethodResult
-    competitors: dict[str, MethodResult | None]  # None: the tool is not installed
-    # The GPU's live bytes before the methods and after each, in the order they ran (CUDA only).
-    live_bytes: dict[str, int] = field(default_factory=dict)
-
-    def verdict(self, method: str) -> Verdict | None:
-        """A method's answer judged on the truth's curve, within the method's own bound."""
-        result = self.batchfit if method == "batchfit" else self.competitors.get(method)
-        if result is None or result.answer is None:
-            return None
-        return judge(self.truth, result.answer, BOUNDS.get(method))
-
-    def readings(self, method: str, window: float = WINDOW) -> Readings | None:
-        """A method's answer read strictly (``_readings``): the largest fitting size probed up to
-        its bound, no failure probed below it, and its CHECK_STEPS-step check, each apart."""
-        result = self.batchfit if method == "batchfit" else self.competitors.get(method)
-        if result is None or result.answer is None:
-            return None
-        trains = self.truth.trains.get(result.answer)
-        return read(self.truth.fits, result.answer, BOUNDS.get(method), trains, scanned=window > 0)
 
 
 def leftovers(live: dict[str, int], floor: int = 1 << 20) -> str:
@@ -208,52 +176,6 @@ def bench_one(bench: Bench, competitors: dict[str, bool], repeat: int, width: fl
     return Row(bench.case, bench.cap_bytes, truth, ours, results, live)
 
 
-#: Lightning's trials and time over batchfit's, at least, in every row: 3 on the CPU (where the
-#: fake-tensor forecast places the real trials), 2 on CUDA and its model (every trial is real).
-LIGHTNING_TARGET = {"cpu": 3.0, "cuda": 2.0, CPU_CACHING: 2.0}
-
-
-def print_summary(rows: list[Row], device: str, window: float = WINDOW) -> None:
-    """How often each method was exact (the weak check: the answer fits, the size above it fails, it
-    trains), each strict reading apart, and Lightning's trials and time over batchfit's."""
-    for name in ("batchfit", *COMPETITORS):
-        judged = [(row, verdict) for row in rows if (verdict := row.verdict(name)) is not None]
-        if not judged:
-            continue
-        exact = sum(verdict.exact for _, verdict in judged)
-        trained = sum(bool(verdict.trains) for _, verdict in judged)
-        print(f"{name}: exact {exact}/{len(judged)}; its answer trained {CHECK_STEPS} steps: {trained}")
-        strict = [(row, found) for row, _ in judged if (found := row.readings(name, window)) is not None]
-        for reading, said in (("largest", "the largest fitting size probed up to its bound"),
-                              ("none_below_fails", "no failure probed below it")):  # fmt: skip
-            values = [getattr(found, reading) for _, found in strict]
-            print(
-                f"  strictly, {said}: {values.count(True)}/{len(strict)} (not measured: {values.count(None)})"
-            )
-        for row, found in strict:
-            if found.strict is not True:
-                print(f"  NOT STRICT: {row.case.name} at {row.case.cap}: {found.answer}: {cell(found)}")
-        for row, verdict in judged:
-            if not verdict.exact:
-                print(
-                    f"  NOT EXACT: {row.case.name} at {row.case.cap}: {verdict.answer}, judged against "
-                    f"{verdict.reference}; trains {CHECK_STEPS} steps: {verdict.trains}"
-                )
-        if name == "batchfit":
-            continue
-        ran = [(row, row.competitors[name]) for row, _ in judged]
-        trials = [r.trials / row.batchfit.trials for row, r in ran if r is not None]
-        seconds = [r.seconds / row.batchfit.seconds for row, r in ran if r is not None]
-        cpu = [r.cpu_seconds / row.batchfit.cpu_seconds for row, r in ran if r is not None]
-        print(f"  as multiples of batchfit's: trials {_spread(trials)}, seconds {_spread(seconds)}, ", end="")
-        print(f"CPU seconds {_spread(cpu)}")
-        if name == "lightning":
-            target = LIGHTNING_TARGET[device]
-            met = all(ratio >= target for ratio in trials + seconds)
-            print(f"  target, at most 1/{target:g} of Lightning's trials and time in every row:", end=" ")
-            print("met" if met else "NOT met")
-
-
 def prepared(
     case: Case,
     device: torch.device,
@@ -284,26 +206,6 @@ def select_cases(
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)} on {kind}")
     return [case for case in cases if case.workload in wanted]
-
-
-def _spread(ratios: list[float]) -> str:
-    if not ratios:
-        return "-"
-    return f"{min(ratios):.1f}..{max(ratios):.1f} (geometric mean {statistics.geometric_mean(ratios):.1f})"
-
-
-def row_dict(row: Row, window: float = WINDOW) -> dict[str, Any]:
-    """A row as the results file holds it: the curve, every method's search, its verdict and its
-    strict readings."""
-    verdicts = {
-        name: asdict(verdict) | {"exact": verdict.exact}
-        for name in ("batchfit", *COMPETITORS)
-        if (verdict := row.verdict(name)) is not None
-    }
-    readings = {
-        name: found.to_dict() for name in ("batchfit", *COMPETITORS) if (found := row.readings(name, window))
-    }
-    return asdict(row) | {"truth": row.truth.to_dict(), "verdicts": verdicts, "readings": readings}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [row_dict(row, args.window) for row in rows],
     }
     print()
-    print(tables.find_table([{**session.to_dict(), **payload}]))
+    print(_tables_find.find_table([{**session.to_dict(), **payload}]))
     if not args.no_json:
         _harness.write_results(args.json or _harness.RESULTS / f"find-{kind}.json", session, payload)
     return 0 if all(verdict.exact for row in rows if (verdict := row.verdict("batchfit"))) else 1

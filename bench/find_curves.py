@@ -44,7 +44,9 @@ import torch
 from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, bench_device
 from find import PACKAGES, prepared, select_cases
 
+from batchfit import Workload
 from batchfit.policy.trial import Trial
+from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
@@ -151,26 +153,8 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
     snapshot.set_gradients_aside()
     try:
         budget = target.capacity_bytes(resident_tensors(workload.model, state.optimizer))
+        short, longer = _runners(workload, target, budget, snapshot)
         confirm_steps = target.confirm_steps
-        recording = confirm_steps is not None  # as find records its opening behind a caching allocator
-        short = TrialRunner.on(
-            workload, target, "train", STEPS_PER_TRIAL, budget, snapshot, None, record=recording
-        )
-        longer = (
-            TrialRunner.on(
-                workload,
-                target,
-                "train",
-                confirm_steps,
-                budget,
-                snapshot,
-                None,
-                record=recording,
-                record_steps=STEPS_PER_TRIAL,  # as find records a confirming trial
-            )
-            if confirm_steps is not None and confirm_steps > STEPS_PER_TRIAL
-            else None
-        )
         shorts: dict[int, tuple[Trial, float]] = {}
 
         def run_short(batch_size: int) -> tuple[Trial, float]:
@@ -216,6 +200,32 @@ def record(case: Case, device: torch.device, kind: str | None = None) -> Curve:
     curve.seconds = time.perf_counter() - started
     _find_itself(bench, curve)
     return curve
+
+
+def _runners(
+    workload: Workload, target: Device, budget: int, snapshot: TrainingSnapshot
+) -> tuple[TrialRunner, TrialRunner | None]:
+    """find's runners of the case: its short trials, and behind a caching allocator that asks for
+    more steps its confirming trials; each records its opening as find's do there."""
+    confirm_steps = target.confirm_steps
+    recording = confirm_steps is not None  # as find records its opening behind a caching allocator
+    short = TrialRunner.on(
+        workload, target, "train", STEPS_PER_TRIAL, budget, snapshot, None, record=recording
+    )
+    if confirm_steps is None or confirm_steps <= STEPS_PER_TRIAL:
+        return short, None
+    longer = TrialRunner.on(
+        workload,
+        target,
+        "train",
+        confirm_steps,
+        budget,
+        snapshot,
+        None,
+        record=recording,
+        record_steps=STEPS_PER_TRIAL,  # as find records a confirming trial
+    )
+    return short, longer
 
 
 def timed(runner: TrialRunner, batch_size: int) -> tuple[Trial, float]:
@@ -275,10 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  cap {format_bytes(curve.cap_bytes)}, budget {format_bytes(curve.budget_bytes)}")
         print(describe(curve), flush=True)
         curves.append(curve)
-    print(session.finish())
-    if not args.no_json:
-        payload = {"curves": [asdict(curve) for curve in curves]}
-        _harness.write_results(args.json or _harness.RESULTS / f"find-curves-{kind}.json", session, payload)
+    payload = {"curves": [asdict(curve) for curve in curves]}
+    _harness.save(args, session, _harness.RESULTS / f"find-curves-{kind}.json", payload)
     return 0
 
 

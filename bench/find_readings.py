@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import _harness
-import tables
-import torch
+import _tables_base
+import _tables_find
 from _readings import read_row
 from _truth import WINDOW
 
@@ -30,15 +30,15 @@ def recorded_files() -> list[str]:
 
 def weak_exact(row: dict[str, Any], method: str) -> bool:
     """The weak verdict the tables print: ``N exact``."""
-    return tables._verdict_cell(row, method).endswith(" exact")
+    return _tables_find._verdict_cell(row, method).endswith(" exact")
 
 
 def read_file(path: str) -> tuple[list[dict[str, Any]], str | None]:
     """The file's rows read, or why it has none to read."""
-    data = tables.load(path)
+    data = _tables_base.load(path)
     if "rows" not in data:
         return [], "no find rows (a recording of trials near the boundaries, not an answer judged)"
-    bounds = data.get("bounds") or tables.FIND_BOUNDS
+    bounds = data.get("bounds") or _tables_find.FIND_BOUNDS
     window = data.get("truth", {}).get("window", WINDOW) if data.get("truth") else 0.0
     rows = []
     for row in data["rows"]:
@@ -50,10 +50,10 @@ def read_file(path: str) -> tuple[list[dict[str, Any]], str | None]:
         rows.append(
             {
                 "file": path,
-                "workload": tables._name(row),
-                "cap": tables._cap(row),
+                "workload": _tables_find._name(row),
+                "cap": _tables_find._cap(row),
                 "truth_kind": "scan" if "fits" in row["truth"] else "bisection",
-                "truth": tables._truth_cell(row, window if "fits" in row["truth"] else None),
+                "truth": _tables_find._truth_cell(row, window if "fits" in row["truth"] else None),
                 "trials": len(row["batchfit"]["sizes"]),
                 "methods": methods,
             }
@@ -83,9 +83,7 @@ def summary(rows: list[dict[str, Any]], method: str = "batchfit") -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(__doc__, quick="(not used)", json_default=DEFAULT_JSON)
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), ["torch", "batchfit"])
+    args, session = _harness.start(__doc__, argv, quick="(not used)", json_default=DEFAULT_JSON)
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     for path in recorded_files():
@@ -104,10 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         path: summary([r for r in rows if r["file"] == path])
         for path in dict.fromkeys(r["file"] for r in rows)
     }
-    print(session.finish())
     payload = {"files": recorded_files(), "skipped": skipped, "rows": rows, "summary": by_file}
-    if not args.no_json:
-        _harness.write_results(args.json or _harness.ROOT / DEFAULT_JSON, session, payload)
+    _harness.save(args, session, _harness.ROOT / DEFAULT_JSON, payload)
     return 0
 
 

@@ -135,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     _harness.print_text_table(
         ["case", "cap", "optimizer", "answer", "real trials", "traces", "wall s", "CPU s"], lines
     )
-    print(session.finish())
-    if not args.no_json:
-        _harness.write_results(args.json or RESULTS / "forecast-trained-cpu.json", session, {"rows": rows})
+    _harness.save(args, session, RESULTS / "forecast-trained-cpu.json", {"rows": rows})
     return 0
 
 

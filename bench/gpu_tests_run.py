@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import _harness
-import torch
 
 DEFAULT_JSON = "bench/data/cpu-2026-11-28/gpu-tests-run.json"
 NEVER_RUN = _harness.ROOT / "bench" / "gpu_never_run.txt"
@@ -165,9 +164,9 @@ def write_list(nodes: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(__doc__, quick="(not used)", json_default=DEFAULT_JSON)
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), ["torch", "batchfit", "pytest"])
+    args, session = _harness.start(
+        __doc__, argv, quick="(not used)", json_default=DEFAULT_JSON, packages=["torch", "batchfit", "pytest"]
+    )
     logs = [read_log(log) for log in LOGS]
     for log in logs:
         print(f"{log['log']} at {log['commit']}: {len(log['collected'])} collected, {log['tally']}")
@@ -175,10 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     missing = never_run(logs, now)
     print(f"gpu tests now: {len(now)}; never passed on a GPU: {len(missing)}")
     write_list(missing)
-    print(session.finish())
-    if not args.no_json:
-        payload = {"logs": logs, "gpu_tests_now": now, "never_run": missing}
-        _harness.write_results(args.json or _harness.ROOT / DEFAULT_JSON, session, payload)
+    payload = {"logs": logs, "gpu_tests_now": now, "never_run": missing}
+    _harness.save(args, session, _harness.ROOT / DEFAULT_JSON, payload)
     return 0
 
 

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 import torch
-from _harness import RESULTS, Session, parser, print_text_table, ratio, write_results
+from _harness import RESULTS, Session, parser, print_text_table, ratio, save
 
 #: (example, memory limit, max batch size): a boundary inside the range for each.
 CASES = (("mlp", "48MiB", 1024), ("cnn", "256MiB", 512), ("transformer", "1GiB", 512))
@@ -83,9 +83,7 @@ def main() -> None:
         )
     headers = ["case", "answer 1 / 2 ranks", "trials 1 / 2", "1 rank", "2 ranks", "2 ranks / 1"]
     print_text_table(headers, lines)
-    print(session.finish())
-    if not args.no_json:
-        write_results(args.json or RESULTS / "lockstep-cpu.json", session, {"rows": rows})
+    save(args, session, RESULTS / "lockstep-cpu.json", {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ checkpoints of the first half of the steps, from the start. Intervals are a boot
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import random
@@ -29,18 +28,27 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from _harness import RESULTS, Session, parser, print_markdown_table, print_text_table, write_results
+from _harness import RESULTS, Session, parser, save
+from _noise_report import fitted, report, summary_lines
+from _noise_task import (
+    CLASSES,
+    EVALUATE_EVERY,
+    FEATURES,
+    HELD_OUT,
+    HIDDEN,
+    LABEL_NOISE,
+    TEACHER_SCALE,
+    Run,
+    Task,
+    steps_to_target,
+    student,
+)
 from torch import nn
 
 import batchfit
 from batchfit import Sampling
 from batchfit.policy.noise_scale import GradientReading, estimate
 
-FEATURES, HIDDEN, CLASSES = 32, 128, 10
-LABEL_NOISE = 0.2
-TEACHER_SCALE = 6.0  # the teacher's logits: sharp enough that the floor is well below the start
-HELD_OUT = 16384
-EVALUATE_EVERY = 16  # steps between held-out evaluations; a crossing is then found step by step
 RATE_LADDER = tuple(2.0**power for power in range(-6, 7))  # 1/64 to 64
 BOOTSTRAPS = 2000
 
@@ -61,81 +69,6 @@ class Settings:
 
 FULL = Settings((32, 64, 128, 256, 512, 1024, 2048), 5, 1.40, (0.5, 1.0, 2.0), 3000, 8, (1024, 128), 10)
 QUICK = Settings((64, 512), 2, 1.60, (1.0, 2.0), 600, 2, (256, 64), 4)
-
-
-class Task:
-    """The teacher, the feature scales and the one held-out set every run is judged on."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.scales = torch.logspace(0, -1, FEATURES)
-        weights = torch.randn(FEATURES, CLASSES, generator=generator) / math.sqrt(FEATURES)
-        self.teacher = TEACHER_SCALE * weights / self.scales[:, None]  # it sees the unscaled features
-        self.held_out = self.draw(HELD_OUT, torch.Generator().manual_seed(1))
-
-    def draw(self, samples: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = torch.randn(samples, FEATURES, generator=generator) * self.scales
-        labels = (inputs @ self.teacher).softmax(dim=1).multinomial(1, generator=generator).squeeze(1)
-        noisy = torch.rand(samples, generator=generator) < LABEL_NOISE
-        random_labels = torch.randint(0, CLASSES, (samples,), generator=generator)
-        return inputs, torch.where(noisy, random_labels, labels)
-
-    def loss(self, model: nn.Module) -> float:
-        with torch.no_grad():
-            return float(nn.functional.cross_entropy(model(self.held_out[0]), self.held_out[1]))
-
-
-def student(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
-
-
-class Run:
-    """One seed's SGD run at one batch size and learning rate; its batches come from its own
-    generator, so a copy of (weights, generator) replays it exactly."""
-
-    def __init__(self, task: Task, seed: int, batch_size: int, learning_rate: float) -> None:
-        self.task, self.batch_size, self.learning_rate = task, batch_size, learning_rate
-        self.model, self.steps = student(seed), 0
-        self.generator = torch.Generator().manual_seed(10_000 + seed)
-
-    def step(self) -> None:
-        inputs, labels = self.task.draw(self.batch_size, self.generator)
-        self.model.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(self.model(inputs), labels).backward()
-        with torch.no_grad():
-            for parameter in self.model.parameters():
-                if parameter.grad is not None:
-                    parameter.add_(parameter.grad, alpha=-self.learning_rate)
-        self.steps += 1
-
-    def saved(self) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
-        return copy.deepcopy(self.model.state_dict()), self.generator.get_state(), self.steps
-
-    def restore(self, saved: tuple[dict[str, torch.Tensor], torch.Tensor, int]) -> None:
-        self.model.load_state_dict(saved[0])
-        self.generator.set_state(saved[1])
-        self.steps = saved[2]
-
-
-def steps_to_target(run: Run, target: float, max_steps: int) -> int | None:
-    """The first step after which the held-out loss is at most ``target`` (None: not by
-    ``max_steps``, or diverged). Evaluated every ``EVALUATE_EVERY`` steps; the steps between the
-    last evaluation above the target and the first at or below it are replayed one at a time."""
-    start = run.task.loss(run.model)
-    while run.steps < max_steps:
-        saved = run.saved()
-        for _ in range(min(EVALUATE_EVERY, max_steps - run.steps)):
-            run.step()
-        loss = run.task.loss(run.model)
-        if not math.isfinite(loss) or loss > start + 1.0:
-            return None  # diverged
-        if loss <= target:
-            run.restore(saved)
-            while run.task.loss(run.model) > target:
-                run.step()
-            return run.steps
-    return None
 
 
 def median_steps(steps: Sequence[int | None]) -> float:
@@ -285,39 +218,36 @@ def main(argv: list[str] | None = None) -> None:
     seeds = range(settings.seeds)
     found = summary(rows, readings, seeds, early)
     intervals = bootstrap(rows, readings, settings.seeds, early)
-    report(settings, rows, readings, found, intervals)
-    print(session.finish())
-    if not args.no_json:
-        payload = {
-            "workload": f"mlp {FEATURES}-{HIDDEN}-{CLASSES}, SGD, {LABEL_NOISE:.0%} label noise",
-            "task": {
-                "features": FEATURES,
-                "hidden": HIDDEN,
-                "classes": CLASSES,
-                "label_noise": LABEL_NOISE,
-                "teacher_scale": TEACHER_SCALE,
-                "held_out": HELD_OUT,
-                "evaluate_every": EVALUATE_EVERY,
-                "optimizer": "SGD",
-                "rate_ladder": list(RATE_LADDER),
-                "bootstraps": BOOTSTRAPS,
-                **asdict(settings),
-            },
-            "rows": [{**row, "fitted_steps": fitted(found, row["batch_size"])} for row in rows],
-            "checkpoints": checkpoint_rows(readings, int(largest["median_steps"]), settings),
-            "early_checkpoints": early + 1,
-            "fit": found,
-            "intervals": intervals,
-            "lines": summary_lines(found, intervals),
-            "ratios": {
-                name: found["b_crit"] / found[f"b_simple_{name}"] for name in ("start", "early", "run")
-            },
-        }
-        write_results(args.json or RESULTS / "noise-prediction-cpu.json", session, payload)
+    report(rows, found, intervals)
+    payload = {
+        "workload": f"mlp {FEATURES}-{HIDDEN}-{CLASSES}, SGD, {LABEL_NOISE:.0%} label noise",
+        "task": task_record(settings),
+        "rows": [{**row, "fitted_steps": fitted(found, row["batch_size"])} for row in rows],
+        "checkpoints": checkpoint_rows(readings, int(largest["median_steps"]), settings),
+        "early_checkpoints": early + 1,
+        "fit": found,
+        "intervals": intervals,
+        "lines": summary_lines(found, intervals),
+        "ratios": {name: found["b_crit"] / found[f"b_simple_{name}"] for name in ("start", "early", "run")},
+    }
+    save(args, session, RESULTS / "noise-prediction-cpu.json", payload)
 
 
-def fitted(found: dict[str, float], batch_size: int) -> float:
-    return found["s_min"] * (1 + found["b_crit"] / batch_size)
+def task_record(settings: Settings) -> dict[str, Any]:
+    """The task and the settings as the results file records them."""
+    return {
+        "features": FEATURES,
+        "hidden": HIDDEN,
+        "classes": CLASSES,
+        "label_noise": LABEL_NOISE,
+        "teacher_scale": TEACHER_SCALE,
+        "held_out": HELD_OUT,
+        "evaluate_every": EVALUATE_EVERY,
+        "optimizer": "SGD",
+        "rate_ladder": list(RATE_LADDER),
+        "bootstraps": BOOTSTRAPS,
+        **asdict(settings),
+    }
 
 
 def checkpoint_rows(
@@ -329,60 +259,6 @@ def checkpoint_rows(
         scale = estimate([r for per_seed in readings for r in per_seed[mark]])
         rows.append({"step": round(mark * steps / settings.checkpoints), **scale.to_dict()})
     return rows
-
-
-def report(
-    settings: Settings,
-    rows: list[dict[str, Any]],
-    readings: list[list[list[GradientReading]]],
-    found: dict[str, float],
-    intervals: dict[str, list[float]],
-) -> None:
-    headers = ["batch", "lr", "steps (median)", "steps (min-max)", "fitted S(B)"]
-    lines = [
-        [
-            str(row["batch_size"]),
-            f"{row['learning_rate']:g}",
-            f"{row['median_steps']:.0f}",
-            spread(row["steps"]),
-            f"{fitted(found, row['batch_size']):.0f}",
-        ]
-        for row in rows
-    ]
-    print_text_table(headers, lines)
-    print()
-    print_markdown_table(headers, lines, ())
-    print()
-    for line in summary_lines(found, intervals):
-        print(line)
-
-
-def spread(steps: Sequence[int | None]) -> str:
-    values = [math.inf if value is None else value for value in steps]
-    return f"{min(values):.0f}-{max(values):.0f}"
-
-
-def summary_lines(found: dict[str, float], intervals: dict[str, list[float]]) -> list[str]:
-    def interval(name: str, digits: str = ".0f") -> str:
-        low, high = intervals[name]
-        return f"(90%: {low:{digits}}-{high:{digits}})"
-
-    ratios = ", ".join(
-        f"{where} {found['b_crit'] / found[f'b_simple_{name}']:.2f} {interval(f'ratio_{name}', '.2f')}"
-        for name, where in (("start", "at the start"), ("run", "over the run"))
-    )
-    early = found["b_crit"] / found["b_simple_early"]
-    fitted = f"S_min = {found['s_min']:.0f} {interval('s_min')}, B_crit = {found['b_crit']:.0f} "
-    scales = (
-        f"B_simple: {found['b_simple_start']:.0f} at the start {interval('b_simple_start')}, "
-        f"{found['b_simple_early']:.0f} early {interval('b_simple_early')}, "
-        f"{found['b_simple_run']:.0f} over the run {interval('b_simple_run')}"
-    )
-    return [
-        fitted + interval("b_crit"),
-        scales,
-        f"B_crit / B_simple early = {early:.2f} {interval('ratio_early', '.2f')}; {ratios}",
-    ]
 
 
 if __name__ == "__main__":

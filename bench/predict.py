@@ -42,24 +42,24 @@ Run: ``python bench/predict.py --device cpu-caching [--quick] [--workloads cnn,t
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from typing import Any
 
 import _harness
+import _tables_predict
 import _workloads
-import tables
 import torch
-from _capped import CPU_CACHING, STEPS_PER_TRIAL, Bench, Case, bench_device
+from _capped import STEPS_PER_TRIAL, Bench, Case, bench_device
+from _predict_cases import CASES, CPU_ALONE, PredictCase, select
+from _predict_judged import TargetRow, describe, judged, pairs, true_largest
 from _probes import MAX_BATCH_SIZE, memtracker_answer, truth_probe
-from _truth import Curve, scan, settings
+from _truth import scan, settings
 
 from batchfit import BatchSizes, Targets, Trials, Workload
-from batchfit.policy.capacity_prediction import CapacityPrediction
 from batchfit.policy.trial import Mode
 from batchfit.predict import CPU_RECORDING_BYTES, predict_on
 from batchfit.prediction import Prediction
@@ -71,114 +71,6 @@ PACKAGES = ("torch", "batchfit", "torchvision", "transformers")
 #: The targets: within this share of the true largest batch (at least 1 sample), by where the
 #: trials were recorded.
 TOLERANCE = {"device": 0.03, "cpu-alone": 0.05}
-
-
-#: ``recorded`` for a case predicted from the CPU alone only, on the modelled allocator: its
-#: truth holds what that path adds for CUDA (cuBLAS's workspace, a foreach optimizer step).
-CPU_ALONE = "cpu-alone"
-
-
-@dataclass(frozen=True)
-class PredictCase:
-    """A workload recorded under ``recorded`` and predicted under each of ``targets`` (sizes, or
-    ``ref:B``: what a 2-step trial at ``B`` reserved, rounded up to a MiB), in each of ``modes``;
-    ``cpu_alone``: also predicted from the CPU alone (``predict --device cpu``'s path), judged on
-    the same truths. ``recorded=CPU_ALONE``: predicted from the CPU alone only, its band widened by
-    the parts the CPU does not model, judged on a truth that holds what that path adds for CUDA."""
-
-    workload: str
-    recorded: str
-    targets: tuple[str, ...]
-    cpu_alone: bool = False
-    modes: tuple[Mode, ...] = ("train", "eval")
-
-
-def _gpu_cases(top: str) -> list[PredictCase]:
-    up, down = ("24GiB", "40GiB", top), ("24GiB", "16GiB")
-    return [
-        case
-        for name in ("resnet50", "resnet50-amp", "vit-b16", "gpt2", "mlp", "cnn", "transformer")
-        for case in (
-            PredictCase(name, "16GiB", up, cpu_alone=name in ("resnet50", "gpt2"), modes=("train",)),
-            PredictCase(name, top, down, modes=("train",)),
-        )
-    ]
-
-
-#: On the modelled allocator: recorded where batch 8 fits, predicted at one cap below and two above,
-#: answers near 8, 24 and 32 (the truth's scan at 64 takes minutes a case on 2 cores), train and
-#: eval, and the cnn and the transformer from the CPU alone at the top one with room for cuBLAS's
-#: two workspaces, training: every row's scan is a minute or less on 2 shared cores. A cap is what
-#: a reference batch reserved, or a size where that is another's (segments come in 2 MiB steps: the
-#: cnn's batch 24 reserves what its 16 does). The mlp is left out: its memory is nearly all fixed,
-#: so caps a MiB apart are hundreds of samples apart, and its scan near 512 takes 4 minutes.
-CASES: dict[str, Callable[[str], list[PredictCase]]] = {
-    CPU_CACHING: lambda _: [
-        PredictCase("cnn", "ref:16", ("ref:8", "54MiB", "ref:32"), modes=("train",)),
-        PredictCase("transformer", "ref:16", ("ref:8", "ref:24", "ref:32"), modes=("train",)),
-        PredictCase("gpt2-tiny", "ref:12", ("ref:6", "ref:16", "ref:24"), modes=("train",)),
-        PredictCase("cnn", "ref:16", ("ref:8", "54MiB", "ref:32"), modes=("eval",)),
-        PredictCase("transformer", "ref:16", ("ref:8", "ref:24", "ref:32"), modes=("eval",)),
-        PredictCase("gpt2-tiny", "ref:12", ("ref:6", "ref:16", "ref:24"), modes=("eval",)),
-        PredictCase("cnn", CPU_ALONE, ("ref:32+64MiB",), modes=("train",)),
-        PredictCase("transformer", CPU_ALONE, ("ref:32+64MiB",), modes=("train",)),
-    ],
-    "cuda": _gpu_cases,
-}
-QUICK: dict[str, Callable[[str], list[PredictCase]]] = {
-    CPU_CACHING: lambda _: [
-        PredictCase("cnn", "ref:16", ("54MiB",)),
-        PredictCase("cnn", CPU_ALONE, ("118MiB",)),
-    ],
-    "cuda": lambda top: [PredictCase("cnn", "16GiB", ("24GiB", top), modes=("train",))],
-}
-
-
-@dataclass
-class Judged:
-    """One method's answer under one target cap, judged on the truth there."""
-
-    answer: int | None
-    band: tuple[int | None, int | None] | None  # the prediction's; None for MemTracker
-    error_samples: int | None
-    error_percent: float | None
-    allowed_samples: float | None
-    within: bool | None
-    truth_in_band: bool | None = None  # None: no band (MemTracker), or no truth or no lower end
-
-
-@dataclass
-class TargetRow:
-    mode: str
-    cap: str
-    cap_bytes: int
-    truth: dict[str, Any]  # the curve (``Curve.to_dict``)
-    true_largest: int | None  # the largest size below the first that failed
-    predicted: Judged
-    cpu_alone: Judged | None
-    memtracker: Judged | None
-    memtracker_peaks: dict[int, int] = field(default_factory=dict)
-
-
-def true_largest(curve: Curve) -> int | None:
-    """The largest probed size that fitted below the first that failed (the largest fitting where
-    none failed): what a prediction answers, the largest size below the first that is not placed."""
-    first = min((b for b, fit in curve.fits.items() if not fit), default=None)
-    below = [b for b, fit in curve.fits.items() if fit and (first is None or b < first)]
-    return max(below, default=None)
-
-
-def judged(
-    answer: int | None, truth: int | None, share: float, band: tuple[int | None, int | None] | None = None
-) -> Judged:
-    inside = None
-    if band is not None and truth is not None and band[0] is not None:
-        inside = band[0] <= truth and (band[1] is None or truth <= band[1])
-    if answer is None or truth is None:
-        return Judged(answer, band, None, None, None, None, inside)
-    allowed = max(1.0, share * truth)
-    error = answer - truth
-    return Judged(answer, band, error, 100 * error / truth, allowed, abs(error) <= allowed, inside)
 
 
 def cap_bytes(bench: Bench, cap: str, top: int) -> int:
@@ -249,37 +141,7 @@ def bench_case(
             f"({watch.seconds:.1f} s with the replays, every mode)",
             flush=True,
         )
-        warm = BatchSizes(max_batch_size=MAX_BATCH_SIZE).candidates(mode).first
-        probe = truth_probe(bench, mode, warm, as_cuda=alone_only)
-        share = TOLERANCE["cpu-alone" if alone_only else "device"]
-        peaks: dict[int, int] = {}
-        for cap, size, row in zip(case.targets, caps, prediction.rows, strict=True):
-            ours = getattr(row, mode)
-            if ours is None:
-                raise RuntimeError(f"{case.workload}: no {mode} prediction under {cap}")
-            tracked = (
-                memtracker_answer(bench, size, peaks, mode, warm) if memtracker and not alone_only else None
-            )
-            theirs = getattr(alone.rows[caps.index(size)], mode) if alone is not None else None
-            bench.cap_bytes = size
-            others = [a for a in (tracked, theirs.batch_size if theirs else None) if a is not None]
-            curve = scan(probe, ours.batch_size or 1, others)
-            largest = true_largest(curve)
-            target_row = TargetRow(
-                mode,
-                cap,
-                size,
-                curve.to_dict(),
-                largest,
-                judged(ours.batch_size, largest, share, ours.band),
-                None
-                if theirs is None
-                else judged(theirs.batch_size, largest, TOLERANCE["cpu-alone"], theirs.band),
-                judged(tracked, largest, share) if memtracker and not alone_only else None,
-                dict(sorted(peaks.items())),
-            )
-            print(f"  {mode} under {cap} ({format_bytes(size)}): {describe(target_row)}", flush=True)
-            rows.append(asdict(target_row))
+        rows += [asdict(row) for row in target_rows(bench, case, mode, caps, (prediction, alone), memtracker)]
     return {
         "workload": case.workload,
         "recorded": case.recorded,
@@ -287,7 +149,7 @@ def bench_case(
         "recorded_trials": {
             mode: [asdict(trial) for trial in trials] for mode, trials in prediction.recorded_trials.items()
         },
-        "pairs": {mode: _pairs(getattr(prediction.rows[0], mode)) for mode in case.modes},
+        "pairs": {mode: pairs(getattr(prediction.rows[0], mode)) for mode in case.modes},
         "recorded_by": prediction.recorded_by,
         "untraced": prediction.untraced,
         "predict_seconds": prediction.seconds,
@@ -298,54 +160,48 @@ def bench_case(
     }
 
 
-def _pairs(said: CapacityPrediction | None) -> list[list[int]]:
-    return [list(pair) for pair in said.pairs] if said is not None else []
-
-
-def describe(row: TargetRow) -> str:
-    """A target's line: the truth, the prediction and its band, MemTracker's, each error."""
-    curve = Curve.from_dict(row.truth)
-
-    def said(name: str, judged: Judged | None) -> str:
-        if judged is None:
-            return ""
-        error = (
-            ""
-            if judged.error_samples is None
-            else f" ({judged.error_samples:+d}, {judged.error_percent:+.1f}%)"
+def target_rows(
+    bench: Bench,
+    case: PredictCase,
+    mode: Mode,
+    caps: list[int],
+    predictions: tuple[Prediction, Prediction | None],
+    memtracker: bool,
+) -> list[TargetRow]:
+    """One mode's rows: at each target cap the truth scanned around the prediction (and the CPU
+    alone's and MemTracker's answers), each answer judged on it."""
+    (prediction, alone), alone_only = predictions, case.recorded == CPU_ALONE
+    warm = BatchSizes(max_batch_size=MAX_BATCH_SIZE).candidates(mode).first
+    probe = truth_probe(bench, mode, warm, as_cuda=alone_only)
+    share = TOLERANCE["cpu-alone" if alone_only else "device"]
+    peaks: dict[int, int] = {}
+    rows = []
+    for cap, size, row in zip(case.targets, caps, prediction.rows, strict=True):
+        ours = getattr(row, mode)
+        if ours is None:
+            raise RuntimeError(f"{case.workload}: no {mode} prediction under {cap}")
+        tracked = memtracker_answer(bench, size, peaks, mode, warm) if memtracker and not alone_only else None
+        theirs = getattr(alone.rows[caps.index(size)], mode) if alone is not None else None
+        bench.cap_bytes = size
+        others = [a for a in (tracked, theirs.batch_size if theirs else None) if a is not None]
+        curve = scan(probe, ours.batch_size or 1, others)
+        largest = true_largest(curve)
+        target_row = TargetRow(
+            mode,
+            cap,
+            size,
+            curve.to_dict(),
+            largest,
+            judged(ours.batch_size, largest, share, ours.band),
+            None
+            if theirs is None
+            else judged(theirs.batch_size, largest, TOLERANCE["cpu-alone"], theirs.band),
+            judged(tracked, largest, share) if memtracker and not alone_only else None,
+            dict(sorted(peaks.items())),
         )
-        band = f" band {judged.band[0]}-{judged.band[1]}" if judged.band else ""
-        inside = {True: ", truth in band", False: ", truth outside band", None: ""}[judged.truth_in_band]
-        return f"; {name} {judged.answer}{band}{error}{' within' if judged.within else ''}{inside}"
-
-    return (
-        f"truth {row.true_largest} ({curve.describe()})"
-        + said("predicted", row.predicted)
-        + said("from the CPU alone", row.cpu_alone)
-        + said("MemTracker", row.memtracker)
-    )
-
-
-def select(
-    parser: argparse.ArgumentParser, kind: str, args: argparse.Namespace, top: str
-) -> list[PredictCase]:
-    """The cases on this kind of device (``--quick``'s few, or all), kept to ``--workloads``, and
-    each case's targets to ``--targets`` (cases left with none are dropped): on a GPU the truth's
-    scans at 40 and 80 GiB take many minutes each, so a device call runs a few."""
-    cases = (QUICK if args.quick else CASES)[kind](top)
-    if args.workloads is not None:
-        wanted = args.workloads.split(",")
-        unknown = sorted(set(wanted) - {case.workload for case in CASES[kind](top)})
-        if unknown:
-            parser.error(f"unknown workload(s) {', '.join(unknown)} on {kind}")
-        cases = [case for case in cases if case.workload in wanted]
-    if args.targets is not None:
-        kept = set(args.targets.split(","))
-        cases = [replace(case, targets=tuple(t for t in case.targets if t in kept)) for case in cases]
-        cases = [case for case in cases if case.targets]
-        if not cases:
-            parser.error(f"no case has a target among {args.targets} on {kind}")
-    return cases
+        print(f"  {mode} under {cap} ({format_bytes(size)}): {describe(target_row)}", flush=True)
+        rows.append(target_row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": results,
     }
     print()
-    print(tables.predict_table([{**session.to_dict(), **payload}]))
+    print(_tables_predict.predict_table([{**session.to_dict(), **payload}]))
     if not args.no_json:
         _harness.write_results(args.json or _harness.RESULTS / f"predict-{kind}.json", session, payload)
     judged_rows = [row["predicted"] for case in results for row in case["targets"]]

@@ -116,28 +116,22 @@ def cpu_alone_row(workload: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(
+    args, session = _harness.start(
         __doc__,
+        argv,
         quick="the model and the replay only",
         json_default="bench/results/predict-histories-cpu.json",
+        packages=["torch", "batchfit", "torchvision", "transformers"],
     )
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), ["torch", "batchfit", "torchvision", "transformers"])
-    print(session.machine())
     model = [row for workload in _histories.WORKLOADS for row in model_rows(workload)]
     replay = [replay_row(workload) for workload in _histories.WORKLOADS]
     alone = [] if args.quick else [cpu_alone_row(workload) for workload in CPU_ALONE]
     for row in model:
         print(f"  {row['workload']} {row['batch_size']}: model {row['model_reserved_bytes']}, "
               f"CUDA {row['cuda_reserved_bytes']} reserved")  # fmt: skip
-    print(session.finish())
-    if not args.no_json:
-        path = args.json or _harness.RESULTS / "predict-histories-cpu.json"
-        histories = sorted(
-            str(p.relative_to(_harness.ROOT)) for p in _histories.HISTORIES.glob("allocator-*")
-        )
-        payload = {"histories": histories, "model": model, "replay": replay, "cpu_alone": alone}
-        _harness.write_results(path, session, payload | {"cpu_alone_skipped": SKIPPED})
+    payload = {"histories": _histories.recorded(), "model": model, "replay": replay, "cpu_alone": alone}
+    payload["cpu_alone_skipped"] = SKIPPED
+    _harness.save(args, session, _harness.RESULTS / "predict-histories-cpu.json", payload)
     return 0
 
 

@@ -97,10 +97,13 @@ def measure(workload: batchfit.Workload, mode: Mode, real: bool) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(__doc__, quick="the cnn alone", json_default="bench/results/predict-trace.json")
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), PACKAGES)
-    print(session.machine())
+    args, session = _harness.start(
+        __doc__,
+        argv,
+        quick="the cnn alone",
+        json_default="bench/results/predict-trace.json",
+        packages=PACKAGES,
+    )
     rows = []
     built = [(name, True) for name in (WORKLOADS[:1] if args.quick else WORKLOADS)]
     for name, real in [*built, *([] if args.quick else [(META_LM, False)])]:
@@ -111,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             workload = meta_lm() if name == META_LM else _workloads.build(name, torch.device("cpu"))
             rows.append(measure(workload, mode, real))
             print(f"  {name} {mode}: {rows[-1]}", flush=True)
-    print(session.finish())
-    if not args.no_json:
-        _harness.write_results(args.json or _harness.RESULTS / "predict-trace.json", session, {"rows": rows})
+    _harness.save(args, session, _harness.RESULTS / "predict-trace.json", {"rows": rows})
     return 0
 
 

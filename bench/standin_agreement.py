@@ -25,7 +25,6 @@ from typing import Any
 
 import _harness
 import _histories
-import torch
 
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.runtime.devices.cuda import CudaDevice
@@ -146,14 +145,12 @@ def summary(found: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(
+    args, session = _harness.start(
         __doc__,
+        argv,
         quick="the same (it takes about a second)",
         json_default="bench/results/standin-agreement.json",
     )
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), ["torch", "batchfit"])
-    print(session.machine())
     found = rows()
     for row in found:
         missed = [size for size, verdicts in row["sizes"].items() if verdicts["truth"] != verdicts["model"]]
@@ -164,14 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         for edge in row["edges"]:
             print(f"    edge {edge['truth']}: model {edge['model']} (off by {edge['off']})")
     total = summary(found)
-    print(session.finish())
-    if not args.no_json:
-        path = args.json or _harness.RESULTS / "standin-agreement.json"
-        recorded = _histories.HISTORIES.glob("allocator-*")
-        histories = sorted(str(p.relative_to(_harness.ROOT)) for p in recorded)
-        payload = {"histories": histories, "truths": list(TRUTHS), "steps": TRUTH_STEPS}
-        payload |= {"target": {"agreement": TARGET_AGREEMENT, "edge": TARGET_EDGE}}
-        _harness.write_results(path, session, payload | {"rows": found, "summary": total})
+    payload = {"histories": _histories.recorded(), "truths": list(TRUTHS), "steps": TRUTH_STEPS}
+    payload |= {"target": {"agreement": TARGET_AGREEMENT, "edge": TARGET_EDGE}}
+    _harness.save(
+        args,
+        session,
+        _harness.RESULTS / "standin-agreement.json",
+        payload | {"rows": found, "summary": total},
+    )
     return 0
 
 

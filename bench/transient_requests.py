@@ -14,7 +14,6 @@ import sys
 from typing import Any
 
 import _harness
-import torch
 
 DEFAULT_JSON = "bench/data/cpu-2026-11-28/transient-requests.json"
 HISTORIES = ("resnet50", "resnet50-amp", "cnn")
@@ -60,9 +59,7 @@ def rows() -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(__doc__, quick="(not used)", json_default=DEFAULT_JSON)
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), ["torch", "batchfit"])
+    args, session = _harness.start(__doc__, argv, quick="(not used)", json_default=DEFAULT_JSON)
     found = rows()
     for row in found:
         largest, total = row["largest_bytes"] / 2**20, row["total_bytes"] / 2**20
@@ -70,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['workload']:<13} {row['batch_size']:>2}: {row['transient']} of {row['requests']} requests "
             f"freed before the next, largest {largest:.1f} MiB, {total:.0f} MiB in all"
         )
-    print(session.finish())
-    if not args.no_json:
-        _harness.write_results(args.json or _harness.ROOT / DEFAULT_JSON, session, {"rows": found})
+    _harness.save(args, session, _harness.ROOT / DEFAULT_JSON, {"rows": found})
     return 0
 
 

@@ -35,7 +35,6 @@ from typing import Any
 import _harness
 import _histories
 import standin_agreement
-import torch
 
 from batchfit.policy.allocation_record import ALLOC, AllocationRecord
 from batchfit.policy.allocation_replay import AllocationReplay
@@ -199,12 +198,12 @@ def rows() -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _harness.parser(
-        __doc__, quick="the same (it takes a few seconds)", json_default="bench/results/trials-replay.json"
+    args, session = _harness.start(
+        __doc__,
+        argv,
+        quick="the same (it takes a few seconds)",
+        json_default="bench/results/trials-replay.json",
     )
-    args = parser.parse_args(argv)
-    session = _harness.Session(torch.device("cpu"), ["torch", "batchfit"])
-    print(session.machine())
     found = rows()
     headers = ("workload", "cap", "truth", "largest fit", "band top", "seed", "answer", "trials", "sizes")
     lines = [
@@ -226,15 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {row['workload']}: {row['account']}")
     met = all(row["real_trials"] <= TARGET for row in found)
     print(f"\nat most {TARGET} real trials on every case: {'met' if met else 'NOT met'} (x: out of memory)")
-    print(session.finish())
-    if not args.no_json:
-        path = args.json or _harness.RESULTS / "trials-replay.json"
-        payload: dict[str, Any] = {
-            "truths": list(standin_agreement.TRUTHS),
-            "histories": str(_histories.HISTORIES.relative_to(_harness.ROOT)),
-        }
-        payload |= {"opening_steps": OPENING_STEPS, "confirm_steps": CONFIRM_STEPS, "target": TARGET}
-        _harness.write_results(path, session, payload | {"rows": found, "met": met})
+    payload: dict[str, Any] = {
+        "truths": list(standin_agreement.TRUTHS),
+        "histories": str(_histories.HISTORIES.relative_to(_harness.ROOT)),
+    }
+    payload |= {"opening_steps": OPENING_STEPS, "confirm_steps": CONFIRM_STEPS, "target": TARGET}
+    _harness.save(
+        args, session, _harness.RESULTS / "trials-replay.json", payload | {"rows": found, "met": met}
+    )
     return 0
 
 

@@ -16,6 +16,7 @@ from batchfit.runtime.steps.reach import grad_scalers
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import _find_rows
 import find as find_bench
 import find_curves
 from _capped import FreshState
@@ -46,9 +47,9 @@ def test_the_summary_judges_lightning_against_each_device_s_target(
     ours = find_bench.MethodResult(64, [2, 4, 70, 64, 65], 1.0, 1.0)
     lightning = find_bench.MethodResult(64, [2, 4, 8, 16, 32, 64, 128, 96, 80, 72, 68, 66, 65], 3.0, 3.0)
     truth = Curve({size: size <= 64 for size in range(56, 72)}, {64: True})
-    row = find_bench.Row(find_bench.Case("cnn", "ref:64"), 2**27, truth, ours, {"lightning": lightning})
-    find_bench.print_summary([row], kind)
-    target = find_bench.LIGHTNING_TARGET[kind]
+    row = _find_rows.Row(find_bench.Case("cnn", "ref:64"), 2**27, truth, ours, {"lightning": lightning})
+    _find_rows.print_summary([row], kind)
+    target = _find_rows.LIGHTNING_TARGET[kind]
     verdict = "met" if 13 / 5 >= target and 3.0 >= target else "NOT met"
     expected = f"at most 1/{target:g} of Lightning's trials and time in every row: {verdict}"
     out = capsys.readouterr().out
@@ -73,7 +74,7 @@ def test_the_bench_s_truth_on_a_cpu_stand_in_is_the_brute_force_curve(kind: str,
     assert {size: again.probe(size, TRUTH_STEPS) for size in sorted(truth.fits)} == truth.fits
     verdict = row.verdict("batchfit")
     assert verdict is not None and verdict.exact and verdict.trains
-    payload = find_bench.row_dict(row)
+    payload = _find_rows.row_dict(row)
     assert payload["verdicts"]["batchfit"]["exact"] and Curve.from_dict(payload["truth"]).fits == truth.fits
 
 

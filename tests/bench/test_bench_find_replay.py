@@ -25,6 +25,7 @@ from batchfit.runtime.steps.stepping import StepSpec
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
+import _recorded_trials  # noqa: E402
 import find_curves  # noqa: E402
 import find_replay  # noqa: E402
 from _capped import CPU_CACHING, STEPS_PER_TRIAL, Bench, Case  # noqa: E402
@@ -78,19 +79,21 @@ def test_the_replay_takes_the_live_search_s_path(curve: find_curves.Curve) -> No
         live = search_and_confirm(runner.run, Candidates.between(1, 512), curve.budget_bytes)
     finally:
         snapshot.restore(gradients=True)
-    replayed = find_replay.replay_batchfit(find_replay.Recorded.from_dict(asdict(curve)))
+    replayed = find_replay.replay_batchfit(_recorded_trials.Recorded.from_dict(asdict(curve)))
     assert replayed.sizes == [t.batch_size for t in live.trials]
     assert replayed.answer == live.batch_size == curve.largest_fitting
 
 
-def _recorded(fits_up_to: int, sizes: list[int], longs_fail: tuple[int, ...] = ()) -> find_replay.Recorded:
+def _recorded(
+    fits_up_to: int, sizes: list[int], longs_fail: tuple[int, ...] = ()
+) -> _recorded_trials.Recorded:
     def trial(size: int, steps: int, fits: bool) -> Trial:
         peak = 1000 + 10 * size
         return Trial(size, "ok" if fits else "oom", peak, 0.1 if fits else None, steps=steps)
 
     shorts = {s: trial(s, 2, s <= fits_up_to) for s in sizes}
     longs = {s: trial(s, 10, s not in longs_fail) for s in sizes if s <= fits_up_to and s >= fits_up_to // 2}
-    return find_replay.Recorded(
+    return _recorded_trials.Recorded(
         "made", "1KiB", 1000 + 10 * fits_up_to, 512, 10, sizes, shorts, longs, [], None, 0
     )
 
@@ -103,7 +106,7 @@ def test_unrecorded_sizes_are_interpolated_or_fail_above_a_failure() -> None:
     assert recorded.modelled == {40, 300}
     assert recorded.long(50).fits and recorded.long(50).steps == 10  # below the longer trials
     gappy = _recorded(100, [1, 2, 4, 8, 16, 32, 64, 128])
-    with pytest.raises(find_replay.GapError, match="between 64 and 128"):
+    with pytest.raises(_recorded_trials.GapError, match="between 64 and 128"):
         gappy.short(100)
 
 
@@ -243,7 +246,7 @@ def test_on_the_modelled_caching_allocator_the_replay_takes_the_live_path_with_i
         )
     finally:
         snapshot.restore(gradients=True)
-    recorded = find_replay.Recorded.from_dict(asdict(curve))
+    recorded = _recorded_trials.Recorded.from_dict(asdict(curve))
     replayed = find_replay.replay_batchfit(recorded)
     assert replayed.sizes == [t.batch_size for t in live.trials] == curve.find_sizes
     assert sorted(curve.records) == ["1", "2", "3", "4"] and replayed.sizes[:2] == [2, 4]
@@ -278,12 +281,12 @@ class _Forecast:
         return self.boundary  # it never changes
 
 
-def _h100(name: str) -> find_replay.Recorded:
+def _h100(name: str) -> _recorded_trials.Recorded:
     files = {
         "resnet50-amp": "find-curves-cuda-resnet50-amp.json",
         "transformer": "find-curves-cuda-cnn-transformer.json",
     }
-    (recorded,) = [r for r in find_replay.load([H100 / files[name]]) if r.name == name]
+    (recorded,) = [r for r in _recorded_trials.load([H100 / files[name]]) if r.name == name]
     return recorded
 
 

@@ -13,6 +13,7 @@ import pytest
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import _noise_task
 import noise_prediction
 import tables
 
@@ -30,17 +31,17 @@ def test_the_fit_recovers_s_min_and_b_crit_from_exact_steps(s_min: float, b_crit
 
 
 def test_the_replayed_first_crossing_is_the_one_evaluating_every_step_finds() -> None:
-    task, target = noise_prediction.Task(), 2.0
-    found = noise_prediction.steps_to_target(noise_prediction.Run(task, 0, 64, 0.5), target, 500)
-    every = noise_prediction.Run(task, 0, 64, 0.5)
+    task, target = _noise_task.Task(), 2.0
+    found = _noise_task.steps_to_target(_noise_task.Run(task, 0, 64, 0.5), target, 500)
+    every = _noise_task.Run(task, 0, 64, 0.5)
     while task.loss(every.model) > target:
         every.step()
-    assert found == every.steps and found % noise_prediction.EVALUATE_EVERY != 0  # found inside a stride
+    assert found == every.steps and found % _noise_task.EVALUATE_EVERY != 0  # found inside a stride
 
 
 def test_a_run_that_cannot_reach_the_target_counts_as_never() -> None:
-    task = noise_prediction.Task()
-    assert noise_prediction.steps_to_target(noise_prediction.Run(task, 0, 64, 0.5), 0.0, 40) is None
+    task = _noise_task.Task()
+    assert _noise_task.steps_to_target(_noise_task.Run(task, 0, 64, 0.5), 0.0, 40) is None
     assert noise_prediction.median_steps([10, None, None]) == math.inf
 
 

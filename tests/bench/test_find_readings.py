@@ -111,15 +111,16 @@ def test_the_results_file_is_what_the_reader_gives_and_the_docs_say() -> None:
 def test_find_s_rows_and_summary_read_the_h200_transformer_s_bands_apart(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    import _find_rows
     import find as find_bench
 
     # The H200's transformer curve: the answer 156 tops a band above two failing ones.
     recorded = json.loads((ROOT / SCAN).read_text())
     curve = Curve.from_dict(recorded["rows"][2]["truth"])
     ours = find_bench.MethodResult(156, [2, 4, 160, 155, 157, 156], 1.0, 1.0)
-    row = find_bench.Row(find_bench.Case("transformer", "ref:128"), 2**28, curve, ours, {})
+    row = _find_rows.Row(find_bench.Case("transformer", "ref:128"), 2**28, curve, ours, {})
     assert row.verdict("batchfit") is not None and row.verdict("batchfit").exact  # type: ignore[union-attr]
-    readings = find_bench.row_dict(row)["readings"]["batchfit"]
+    readings = _find_rows.row_dict(row)["readings"]["batchfit"]
     assert (readings["largest"], readings["none_below_fails"], readings["trains"], readings["strict"]) == (
         True,
         False,
@@ -128,8 +129,8 @@ def test_find_s_rows_and_summary_read_the_h200_transformer_s_bands_apart(
     )
     assert readings["failing_below"] == "141-144, 149-152" and readings["above"] == "157-175"
     # A boundary check (--window 0) reads no yes from its few sizes.
-    assert find_bench.row_dict(row, window=0)["readings"]["batchfit"]["largest"] is None
-    find_bench.print_summary([row], "cuda")
+    assert _find_rows.row_dict(row, window=0)["readings"]["batchfit"]["largest"] is None
+    _find_rows.print_summary([row], "cuda")
     out = capsys.readouterr().out
     assert "batchfit: exact 1/1" in out
     assert "  strictly, the largest fitting size probed up to its bound: 1/1 (not measured: 0)" in out

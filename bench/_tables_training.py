@@ -1,0 +1,126 @@
+"""The tables of what a batch size does to training: bench/compare.py's techniques, bench/explore.py's
+pick against its sweep, bench/batch_schedule.py's schedule and bench/noise_prediction.py's S(B)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from _tables_base import markdown, provenance
+from _truth import CHECK_STEPS, Curve, judge
+
+
+def compare_table(files: list[dict[str, Any]]) -> str:
+    """bench/compare.py's rows that have a largest batch, each judged on its truth."""
+    lines = []
+    for data in files:
+        bound = data.get("max_batch_size", 1024)
+        for case in data["cases"]:
+            rows, truths = case["comparison"]["rows"], case["truths"]
+            for row, truth in zip(rows, truths, strict=True):
+                if truth is None or row["batch_size"] is None:
+                    continue
+                answer = row["batch_size"]
+                if isinstance(truth, dict):
+                    curve = Curve.from_dict(truth)
+                    verdict = judge(curve, answer, bound)
+                    said = "exact" if verdict.exact else f"truth {verdict.reference}"
+                    if verdict.trains is False:
+                        said += f", fails {CHECK_STEPS} steps"
+                    described = curve.describe()
+                else:  # the bisected truth of the older files
+                    said = "exact" if truth == answer else f"truth {truth}"
+                    described = f"{truth} (bisected)"
+                ratio = row.get("throughput_ratio")
+                lines.append(
+                    [
+                        case["workload"],
+                        case["limit"],
+                        row["technique"],
+                        str(answer),
+                        said,
+                        described,
+                        "-" if row.get("batch_ratio") is None else f"{row['batch_ratio']:.2f}x",
+                        "-" if ratio is None else f"{ratio:.2f}x",
+                    ]
+                )
+    headers = ["workload", "limit", "technique", "answer", "verdict", "truth", "x batch", "x samples/s"]
+    return markdown(headers, lines, (0, 1, 2, 4, 5)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
+def explore_table(files: list[dict[str, Any]]) -> str:
+    """bench/explore.py's rows: the pick against the sweep's truth."""
+    lines = []
+    for data in files:
+        for row in data["rows"]:
+            ours = row["batchfit"]
+            lines.append(
+                [
+                    row["example"],
+                    str(row["max_batch_size"]),
+                    str(row["sweep_best_batch_size"]),
+                    str(row["truth_pick"]),
+                    str(ours["recommended"]),
+                    f"{ours['confidence']} ({ours['stop_reason']})",
+                    f"{row['quality']:.3f}",
+                    f"{ours['seconds']:.1f}",
+                    f"{row['sweep']['seconds']:.1f}",
+                    f"{row['time_ratio']:.3f}",
+                ]
+            )
+    headers = [
+        "example",
+        "max",
+        "truth's best",
+        "truth's 3% pick",
+        "bf pick",
+        "bf confidence",
+        "quality",
+        "bf s",
+        "sweep s",
+        "time ratio",
+    ]
+    return markdown(headers, lines, (0, 5)) + "\n\n" + "\n".join(provenance(f) for f in files)
+
+
+def _times(value: float, base: float) -> str:
+    return f"{value / base:.2f}x" if base > 0 else "-"
+
+
+def batch_schedule_table(files: list[dict[str, Any]]) -> str:
+    """``bench/batch_schedule.py``: each method's steps, samples and predicted time to the target,
+    medians over the seeds, and the schedule's over each (the schedule is the last row)."""
+    (data,) = files
+    rows, seeds = data["rows"], data["task"]["seeds"]
+    schedule = rows[-1]
+    lines = [
+        [row["method"], f"{row['reached']}/{seeds}", f"{row['steps']:.0f}", f"{row['samples']:.0f}",
+         f"{row['predicted_seconds']:.2f}", _times(schedule["samples"], row["samples"]),
+         _times(schedule["predicted_seconds"], row["predicted_seconds"])]
+        for row in rows
+    ]  # fmt: skip
+    headers = ["method", "reached", "steps", "samples", "predicted s", "schedule's samples / this",
+               "schedule's time / this"]  # fmt: skip
+    return markdown(headers, lines, (0,)) + "\n\n" + provenance(data)
+
+
+def noise_prediction_table(files: list[dict[str, Any]]) -> str:
+    """``bench/noise_prediction.py``: steps to the target per batch size against the fitted S(B),
+    then the fit's and the ratio's lines as the bench printed them."""
+    (data,) = files
+    fit = data["fit"]
+    lines = []
+    for row in data["rows"]:
+        runs = [math.inf if steps is None else steps for steps in row["steps"]]
+        lines.append(
+            [
+                str(row["batch_size"]),
+                f"{row['learning_rate']:g}",
+                f"{row['median_steps']:.0f}",
+                f"{min(runs):.0f}-{max(runs):.0f}",
+                f"{fit['s_min'] * (1 + fit['b_crit'] / row['batch_size']):.0f}",
+            ]
+        )
+    headers = ["batch", "learning rate", "steps (median)", "steps (range)", "fitted S(B)"]
+    said = "\n".join(f"- {line}" for line in data["lines"])
+    return f"{markdown(headers, lines, ())}\n\n{said}\n\n{provenance(data)}"
