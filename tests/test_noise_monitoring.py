@@ -12,7 +12,9 @@ import torch
 from micro_batch_helpers import make_model
 from torch import nn
 
-from batchfit import BatchSchedule, MicroBatchStep, NoiseScaleMonitor
+from batchfit import MicroBatchStep
+from batchfit.policy.batch_schedule import BatchSchedule
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading, estimate
 
 cross_entropy = nn.functional.cross_entropy

@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from batchfit import BatchSchedule, NoiseScaleMonitor
 from batchfit.errors import ConfigurationError
+from batchfit.policy.batch_schedule import BatchSchedule
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning_tiny import SAMPLES, Classifier, trainer  # noqa: E402
