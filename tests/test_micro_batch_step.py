@@ -24,8 +24,9 @@ from micro_batch_helpers import (
 from torch import nn
 
 import batchfit
-from batchfit import MicroBatchChange, MicroBatchStep
+from batchfit import MicroBatchStep
 from batchfit.errors import ConfigurationError, DoesNotFitError, OptimizerStepOutOfMemoryError
+from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.runtime.steps.micro_batches import plain
 
 cross_entropy = nn.functional.cross_entropy
@@ -370,8 +371,8 @@ def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
         (
             {"micro_batch_size": 8, "noise_scale": 100},
             (
-                "noise_scale must be a batchfit.NoiseScaleMonitor or None, got int; pass "
-                "NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
+                "noise_scale must be a batchfit.policy.noise_monitor.NoiseScaleMonitor or None, got int; "
+                "pass NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
             ),
         ),
         (

@@ -55,7 +55,8 @@ class NoiseScaleMixin:
     def __init__(self, *args: Any, noise_scale: NoiseScaleMonitor, **kwargs: Any) -> None:
         if not isinstance(noise_scale, NoiseScaleMonitor):
             raise ConfigurationError(
-                f"noise_scale must be a batchfit.NoiseScaleMonitor, got {type(noise_scale).__name__}."
+                "noise_scale must be a batchfit.policy.noise_monitor.NoiseScaleMonitor, got "
+                f"{type(noise_scale).__name__}."
             )
         self.noise_scale = noise_scale
         self._noise_steps = NoiseSteps()
@@ -206,5 +207,5 @@ class NoiseScaleTrainer(NoiseScaleMixin, Trainer):  # type: ignore[misc]
     """The Trainer with the noise-scale monitor (``NoiseScaleMixin``)::
 
     trainer = NoiseScaleTrainer(model=model, args=args, train_dataset=train,
-                                noise_scale=batchfit.NoiseScaleMonitor(100))
+                                noise_scale=NoiseScaleMonitor(100))
     """

@@ -103,6 +103,7 @@ def _check_helpers(scaler: Any, scheduler: Any, noise_scale: Any) -> None:
         )
     if noise_scale is not None and not isinstance(noise_scale, NoiseScaleMonitor):
         raise ConfigurationError(
-            f"noise_scale must be a batchfit.NoiseScaleMonitor or None, got {type(noise_scale).__name__}; "
-            f"pass NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
+            f"noise_scale must be a batchfit.policy.noise_monitor.NoiseScaleMonitor or None, got "
+            f"{type(noise_scale).__name__}; pass NoiseScaleMonitor(every=100) to log the gradient noise "
+            f"scale, or None."
         )
