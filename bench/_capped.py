@@ -21,6 +21,7 @@ from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.measurement import Measurement
+from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.reach import grad_scalers
@@ -156,7 +157,7 @@ class Bench:
             with self.capped(state) as measurement:
                 self.train_steps(workload, state.optimizer, host, steps)
         except Exception as error:
-            if not batchfit.is_out_of_memory(error):
+            if not is_out_of_memory(error):
                 raise
             del error
             state.reset()

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 from _capped import STEPS_PER_TRIAL, Bench
 
-import batchfit
 from batchfit import BatchSizes, Workload
 from batchfit.cpu_alone import cuda_defaults
 from batchfit.policy.capacity_prediction import largest_placed
 from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.trial import Mode
+from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.workloads.batches import to_device
 
 #: The candidates every method answers from: up to 4096 (ResNet-50 at 80 GiB trains past 512).
@@ -103,7 +103,7 @@ def truth_probe(bench: Bench, mode: Mode, warm: int, as_cuda: bool = False) -> C
                     torch.cuda.synchronize(bench.device)
                 del kept
         except Exception as error:
-            if not batchfit.is_out_of_memory(error):
+            if not is_out_of_memory(error):
                 raise
             del error
             return False

@@ -27,7 +27,9 @@ import torch
 from _harness import RESULTS, Session, parser, print_markdown_table, print_text_table, ratio, save
 from torch import nn
 
-from batchfit import BatchSchedule, MicroBatchOptions, MicroBatchStep, NoiseScaleMonitor
+from batchfit import MicroBatchOptions, MicroBatchStep
+from batchfit.policy.batch_schedule import BatchSchedule
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 
 FEATURES, HIDDEN, CLASSES = 32, 128, 10
 LABEL_NOISE = 0.2

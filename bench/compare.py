@@ -29,6 +29,7 @@ from _workloads import build, missing
 import batchfit
 from batchfit.comparison import Comparison
 from batchfit.policy.techniques import repeated_block
+from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import parse_device
 from batchfit.runtime.steps.techniques import applied, module_blocks
 from batchfit.runtime.workloads.batches import to_device
@@ -91,7 +92,7 @@ def fits(
                     torch.cuda.synchronize(device)
         return True
     except Exception as error:  # cuDNN's "unable to find an engine" under the cap is one too
-        if not batchfit.is_out_of_memory(error):
+        if not is_out_of_memory(error):
             raise
         return False
     finally:

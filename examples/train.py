@@ -34,7 +34,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import batchfit
-from batchfit import ExperimentConfig, apply_autobatch, load_config, load_workload
+from batchfit import apply_autobatch, load_config, load_workload
+from batchfit.config import ExperimentConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,18 +16,18 @@ from tiny_workloads import build
 from batchfit import (
     Advice,
     Baseline,
-    Checklist,
     ConfigurationError,
     ExploreResult,
-    Recommendation,
-    Scaling,
     Timing,
-    Unsettled,
     advise,
     find_batch_size,
     plan,
 )
+from batchfit.advise import Checklist
 from batchfit.policy.advice import Change, costly, noisy, rank
+from batchfit.policy.choose import Recommendation
+from batchfit.policy.plan_options import Scaling
+from batchfit.policy.settling import Unsettled
 from batchfit.policy.throughput import Point
 from batchfit.runtime.workloads.examples import build_example
 

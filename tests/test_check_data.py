@@ -31,8 +31,8 @@ from data_workloads import (
 )
 from torch import nn
 
-from batchfit import ConfigurationError, DataCheck, LoaderSearch, LoaderSetting, Workload, check_data
-from batchfit.policy.loader_settings import WAIT_SHARE_THRESHOLD
+from batchfit import ConfigurationError, DataCheck, Workload, check_data
+from batchfit.policy.loader_settings import WAIT_SHARE_THRESHOLD, LoaderSearch, LoaderSetting
 from batchfit.runtime.data import loop as data_loop
 
 #: Long enough for several batches of the slow datasets (about 70 ms each at 0 workers).

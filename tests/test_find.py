@@ -34,15 +34,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 import batchfit
-from batchfit import (
-    BatchSizes,
-    ConfigurationError,
-    DeviceUnavailableError,
-    DoesNotFitError,
-    Trials,
-    Workload,
-    find_batch_size,
-)
+from batchfit import BatchSizes, ConfigurationError, DoesNotFitError, Trials, Workload, find_batch_size
+from batchfit.errors import DeviceUnavailableError
 from batchfit.find import find_on
 from batchfit.options import ResolvedDevice
 from batchfit.policy.search import DEFAULT_TUNING, Tuning
@@ -127,7 +120,7 @@ def test_eval_answer_is_the_true_maximum(kind: str, limit: int) -> None:
 
 
 def test_result_holds_the_evidence(mlp_workload: Workload) -> None:
-    seen: list[batchfit.Trial] = []
+    seen: list[Trial] = []
     result = find_batch_size(mlp_workload, device="cpu", memory_limit="3MiB", on_progress=trials_into(seen))
     assert tuple(seen) == result.trials
     document = result.to_dict()

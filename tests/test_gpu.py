@@ -26,16 +26,18 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import batchfit
-from batchfit import BatchSizes, Mode, SearchResult, Timing, Workload, find_batch_size
+from batchfit import BatchSizes, SearchResult, Timing, Workload, find_batch_size
+from batchfit.errors import NonFiniteError
 from batchfit.find import find_on
 from batchfit.options import ResolvedDevice
 from batchfit.policy.allocation_replay import AllocationReplay
-from batchfit.policy.trial import Trial
+from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.runtime.devices.allocator_settings import expandable_segments, set_allocator_settings
 from batchfit.runtime.devices.caching_device import CachingCpuDevice, GarbageCollector
 from batchfit.runtime.devices.cuda import CudaDevice, user_memory_fraction
 from batchfit.runtime.devices.device import Device
+from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import cap_memory, parse_device, resolve_device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.finite import WHAT_TO_CHECK, LossLog
@@ -165,7 +167,7 @@ def fits(workload: Workload, mode: str, device: str, cap: int, batch_size: int) 
                 torch.cuda.synchronize(target)
         return True
     except Exception as error:  # cuDNN's "unable to find an engine" under the cap is one too
-        if not batchfit.is_out_of_memory(error):
+        if not is_out_of_memory(error):
             raise
         return False
     finally:
@@ -945,7 +947,7 @@ def test_on_cuda_a_loss_that_turns_nan_stops_the_search_at_its_step() -> None:
 
     workload.loss_fn = loss_fn
     sizes = BatchSizes(min_batch_size=8, max_batch_size=8)
-    with pytest.raises(batchfit.NonFiniteError) as info:
+    with pytest.raises(NonFiniteError) as info:
         find_batch_size(workload, device="cuda", memory_limit="1GiB", sizes=sizes)
     assert str(info.value) == (
         "the train step's loss is nan at batch_size=8, step 2 of 2; batchfit does not answer from steps "

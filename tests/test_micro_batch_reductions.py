@@ -28,8 +28,12 @@ from micro_batch_helpers import (
 from torch import nn
 
 import batchfit
-from batchfit import BatchSchedule, MicroBatchOptions, MicroBatchStep, NoiseScaleMonitor
+from batchfit import MicroBatchOptions, MicroBatchStep
+from batchfit.policy.batch_schedule import BatchSchedule
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.errors import NonFiniteError
+from batchfit.policy.batch_schedule import BatchSchedule
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.runtime.steps.finite import WHAT_TO_CHECK
 
 cross_entropy = nn.functional.cross_entropy

@@ -25,8 +25,10 @@ from micro_batch_helpers import (
 from torch import nn
 
 import batchfit
-from batchfit import MicroBatchChange, MicroBatchOptions, MicroBatchStep
+from batchfit import MicroBatchOptions, MicroBatchStep
+from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.errors import ConfigurationError, DoesNotFitError, OptimizerStepOutOfMemoryError
+from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.runtime.steps.micro_batches import plain
 
 cross_entropy = nn.functional.cross_entropy
@@ -390,8 +392,8 @@ def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
         (
             {"micro_batch_size": 8, "noise_monitor": 100},
             (
-                "noise_monitor must be a batchfit.NoiseScaleMonitor or None, got int; pass "
-                "NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
+                "noise_monitor must be a batchfit.policy.noise_monitor.NoiseScaleMonitor or None, got int; "
+                "pass NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
             ),
         ),
         (

@@ -12,16 +12,11 @@ import torch
 from micro_batch_helpers import make_model
 from torch import nn
 
-from batchfit import (
-    BatchSchedule,
-    Checklist,
-    Goal,
-    MicroBatchOptions,
-    MicroBatchStep,
-    NoiseScale,
-    NoiseScaleMonitor,
-)
+from batchfit import Goal, MicroBatchOptions, MicroBatchStep, NoiseScale
+from batchfit.advise import Checklist
+from batchfit.policy.batch_schedule import BatchSchedule
 from batchfit.policy.goodput import ThroughputAt, goodput
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading, estimate
 
 cross_entropy = nn.functional.cross_entropy

@@ -14,7 +14,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 import batchfit
-from batchfit import ConfigurationError, NonFiniteError, Sampling, Workload
+from batchfit import ConfigurationError, Sampling, Workload
+from batchfit.errors import NonFiniteError
 
 DIMENSIONS, SAMPLES = 8, 20_000
 

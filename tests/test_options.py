@@ -13,8 +13,10 @@ from tiny_workloads import build
 
 import batchfit
 from batchfit import BatchSizes, ConfigurationError, Goal, Timing, Trials, Where
+from batchfit.advise import Checklist
 from batchfit.cli import flags
 from batchfit.options import mode_named
+from batchfit.policy.loader_settings import LoaderSetting
 
 
 @pytest.mark.parametrize(
@@ -107,10 +109,10 @@ def test_flags_are_the_fields_with_dashes_and_their_help() -> None:
 def test_a_literal_field_is_a_flag_with_choices_and_a_bool_a_switch() -> None:
     parser = argparse.ArgumentParser()
     flags.add_options(parser, Goal)
-    flags.add_options(parser, batchfit.LoaderSetting)
+    flags.add_options(parser, LoaderSetting)
     parsed = parser.parse_args(["--objective", "max-throughput", "--pin-memory"])
     assert flags.options(parsed, Goal).objective == "max-throughput"
-    assert flags.options(parsed, batchfit.LoaderSetting).pin_memory is True
+    assert flags.options(parsed, LoaderSetting).pin_memory is True
     with pytest.raises(SystemExit):
         parser.parse_args(["--objective", "fastest"])
 
@@ -190,14 +192,32 @@ def test_a_spec_or_anything_else_is_not_a_workload_either(given: object, message
             "Timing",
             "dict ({'windows': 3}); pass timing=batchfit.Timing(...)",
         ),
-        ("check_data", "current", 4, "LoaderSetting", "int (4); pass current=batchfit.LoaderSetting(...)"),
-        ("check_data", "search", 8, "LoaderSearch", "int (8); pass search=batchfit.LoaderSearch(...)"),
+        (
+            "check_data",
+            "current",
+            4,
+            "LoaderSetting",
+            (
+                "int (4); pass current=LoaderSetting(...) "
+                "(from batchfit.policy.loader_settings import LoaderSetting)"
+            ),
+        ),
+        (
+            "check_data",
+            "search",
+            8,
+            "LoaderSearch",
+            (
+                "int (8); pass search=LoaderSearch(...) "
+                "(from batchfit.policy.loader_settings import LoaderSearch)"
+            ),
+        ),
         (
             "advise",
             "checklist",
             ("find",),
             "Checklist",
-            "tuple (('find',)); pass checklist=batchfit.Checklist(...)",
+            "tuple (('find',)); pass checklist=Checklist(...) (from batchfit.advise import Checklist)",
         ),
         ("advise", "baseline", 0.1, "Baseline", "float (0.1); pass baseline=batchfit.Baseline(...)"),
         ("noise_scale", "sampling", 64, "Sampling", "int (64); pass sampling=batchfit.Sampling(...)"),
@@ -220,7 +240,8 @@ def test_an_options_object_of_the_wrong_type_is_named_with_what_to_pass(
 ) -> None:
     with pytest.raises(ConfigurationError) as raised:
         VERBS[verb](build("mlp"), device="cpu", **{name: value})
-    assert str(raised.value) == f"{verb}'s {name} must be a batchfit.{kind}, got {got}."
+    written = f"batchfit.{kind}" if kind in batchfit.__all__ else kind  # one from its module: by name
+    assert str(raised.value) == f"{verb}'s {name} must be a {written}, got {got}."
 
 
 def test_analyze_takes_its_options_per_mode_and_plan_its_baseline_typed() -> None:
@@ -267,15 +288,15 @@ def test_on_progress_that_is_not_a_function_is_refused_before_any_trial() -> Non
         (lambda: BatchSizes(max_batch_size="64"), "max_batch_size must be a positive integer, got '64'."),
         (lambda: Trials(steps_per_trial=2.0), "steps_per_trial must be a positive integer, got 2.0."),
         (
-            lambda: batchfit.LoaderSetting(num_workers=2, pin_memory="no").check(),
+            lambda: LoaderSetting(num_workers=2, pin_memory="no").check(),
             "pin_memory must be True or False, got str ('no').",
         ),
         (
-            lambda: batchfit.Checklist(skip="compare"),
+            lambda: Checklist(skip="compare"),
             "Checklist.skip must be a tuple of names, got str ('compare'); pass skip=('compare',).",
         ),
         (
-            lambda: batchfit.Checklist(techniques="amp"),
+            lambda: Checklist(techniques="amp"),
             (
                 "Checklist.techniques must be a tuple of names, got str ('amp'); pass techniques=('amp', "
                 "'checkpointing')."

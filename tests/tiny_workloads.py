@@ -11,7 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from batchfit import Event, OnProgress, Trial, Workload
+from batchfit import Event, Workload
+from batchfit.policy.trial import Trial
+from batchfit.progress import OnProgress
 
 
 def tiny_mlp(width: int = 256) -> nn.Module:

@@ -4,6 +4,7 @@ upper bounds of a search (eval's is twice train's: an eval step keeps no activat
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import field
 from typing import Any
 
@@ -71,13 +72,23 @@ def check_memory_fraction(memory_fraction: object, name: str = "memory_fraction"
         )
 
 
+def exported(kind: type) -> bool:
+    """Whether a user imports ``kind`` from ``batchfit`` itself (its ``__all__``), not its module."""
+    package = sys.modules.get("batchfit")  # initialised before any of its modules runs a check
+    names = getattr(package, "__all__", ())
+    return kind.__name__ in names and getattr(package, kind.__name__, None) is kind
+
+
 def type_name(value: object) -> str:
-    """``value``'s type as a user writes it: ``int``, ``torch.nn.Sequential``, ``batchfit.Trials``."""
+    """``value``'s type as a user writes it: ``int``, ``torch.nn.Sequential``, ``batchfit.Trials``,
+    ``batchfit.policy.trial.Trial`` (a type batchfit does not export)."""
     kind = type(value)
     module = kind.__module__
     if module == "builtins":
         return kind.__qualname__
-    for public in ("torch.nn", "torch.optim", "torch.utils.data", "batchfit"):
+    if module.startswith("batchfit."):
+        return f"batchfit.{kind.__qualname__}" if exported(kind) else f"{module}.{kind.__qualname__}"
+    for public in ("torch.nn", "torch.optim", "torch.utils.data"):
         if module.startswith(f"{public}."):  # torch.nn.modules.container.Sequential: torch.nn's
             return f"{public}.{kind.__qualname__}"
     return f"{module}.{kind.__qualname__}"
@@ -107,12 +118,15 @@ def check_option(owner: str, name: str, value: object, kind: type, *, optional: 
     elif kind.__name__ == "Trials" and isinstance(value, int) and not isinstance(value, bool):
         example = f"steps_per_trial={value}"
     none = " (or None)" if optional else ""
+    written, imported = f"batchfit.{kind.__name__}", ""
+    if not exported(kind):  # an option imported from its module: say from which
+        written, imported = kind.__name__, f" (from {kind.__module__} import {kind.__name__})"
     check_type(
         f"{owner}'s {name}",
         value,
         isinstance(value, kind) or (optional and value is None),
-        f"a batchfit.{kind.__name__}{none}",
-        f"{name}=batchfit.{kind.__name__}({example})",
+        f"a {written}{none}",
+        f"{name}={written}({example}){imported}",
     )
 
 

@@ -211,7 +211,7 @@ def _check_workload(workload: Workload, device: torch.device, fixed_weights: boo
             "Workload.train_step does its own backward and optimizer step, so batchfit cannot read "
             "its micro-batches' gradients; give the Workload a loss_fn (or a model that returns its "
             "loss) for noise_scale, or read the noise scale inside your own loop with "
-            "batchfit.AccumulationNoise (docs/goodput.md)."
+            "batchfit.runtime.steps.gradient_noise.AccumulationNoise (docs/goodput.md)."
         )
     if not fixed_weights and workload.optimizer is None:
         raise ConfigurationError(

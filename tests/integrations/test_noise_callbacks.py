@@ -11,8 +11,12 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from batchfit import BatchSchedule, Goal, NoiseScaleMonitor
+from batchfit import Goal
+from batchfit.policy.batch_schedule import BatchSchedule
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.errors import ConfigurationError
+from batchfit.policy.batch_schedule import BatchSchedule
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning_tiny import SAMPLES, Classifier, trainer  # noqa: E402

@@ -439,7 +439,7 @@ def test_options_are_frozen_and_the_common_call_is_short() -> None:
         1024
     )
     # The rule by default: the optimizer's, linear while the optimizer is not known.
-    assert (batchfit.Scaling(), batchfit.TrainingFacts()) == (Scaling(None), TrainingFacts(False))
+    assert (Scaling(), TrainingFacts()) == (Scaling(None), TrainingFacts(False))
     assert make(1024).scaling_rule == "linear"
 
 

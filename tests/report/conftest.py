@@ -15,12 +15,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import batchfit
-from batchfit import BatchSizes, Checklist, LoaderSearch, Timing, find_batch_size
-from batchfit.advise import advise
+from batchfit import BatchSizes, Timing, find_batch_size
+from batchfit.advise import Checklist, advise
 from batchfit.analyze import analyze
 from batchfit.check_data import check_data
 from batchfit.compare import compare
 from batchfit.explore import ExploreResult, explore, with_goodput
+from batchfit.policy.loader_settings import LoaderSearch
 from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.plan import plan
 from batchfit.policy.plan_options import Baseline

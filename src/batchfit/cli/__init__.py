@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 import batchfit
-from batchfit import BatchfitError, ConfigurationError, DeviceUnavailableError, RankFailedError
+from batchfit import BatchfitError, ConfigurationError
 from batchfit.cli import (
     advise,
     analyze,
@@ -27,6 +27,7 @@ from batchfit.cli import (
     report,
 )
 from batchfit.cli.launch import exit_launched, launched_world_size
+from batchfit.errors import DeviceUnavailableError, RankFailedError
 
 DEBUG_VARIABLE = "BATCHFIT_DEBUG"
 #: The exit codes: the command's answer is yes (or it ran), no (or its run failed), or it could not

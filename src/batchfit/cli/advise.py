@@ -8,10 +8,12 @@ import shlex
 from typing import Any
 
 import batchfit
-from batchfit import Baseline, BatchSizes, Checklist, ConfigurationError, Timing, Where
+from batchfit import Baseline, BatchSizes, ConfigurationError, Timing, Where
+from batchfit.advise import STEPS as ADVISE_STEPS
+from batchfit.advise import Checklist
 from batchfit.cli import flags
 
-STEPS = ", ".join(batchfit.ADVISE_STEPS)
+STEPS = ", ".join(ADVISE_STEPS)
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -58,7 +60,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     skip = tuple(step.strip() for step in args.skip.split(",") if step.strip())
-    unknown = [step for step in skip if step not in batchfit.ADVISE_STEPS]
+    unknown = [step for step in skip if step not in ADVISE_STEPS]
     if unknown:
         raise ConfigurationError(f"--skip {args.skip!r}: the steps are {STEPS}.")
     techniques = None if args.techniques is None else tuple(args.techniques.split(","))

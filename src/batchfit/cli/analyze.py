@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import batchfit
-from batchfit import ConfigurationError, ExperimentConfig, Mode, Where
+from batchfit import ConfigurationError, Where
+from batchfit.autobatch import analyze_config
 from batchfit.cli import flags
+from batchfit.config import ExperimentConfig
+from batchfit.policy.trial import Mode
 
 FORMATS = ("text", "json", "jsonl", "csv")
 
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, cfg: ExperimentConfig, fractions: list[float], modes: list[Mode]) -> int:
     workload = batchfit.load_workload(cfg.WORKLOAD, device=cfg.DEVICE, source="WORKLOAD")
     with flags.progress(args, "analyze") as display:
-        analysis = batchfit.analyze_config(cfg, workload, fractions, modes, on_progress=display.hear)
+        analysis = analyze_config(cfg, workload, fractions, modes, on_progress=display.hear)
     flags.say(
         f"{analysis.trials_run} real trials for {len(analysis.rows)} searches "
         f"({analysis.separate_trials} if run separately), {analysis.traces_run} fake-tensor traces "

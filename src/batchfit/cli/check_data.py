@@ -7,8 +7,9 @@ import argparse
 from typing import Any
 
 import batchfit
-from batchfit import LoaderSearch, LoaderSetting, Where
+from batchfit import Where
 from batchfit.cli import flags
+from batchfit.policy.loader_settings import LoaderSearch, LoaderSetting
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ from typing import Any
 import batchfit
 from batchfit import BatchSizes, Timing, Where
 from batchfit.cli import flags
+from batchfit.policy.techniques import TECHNIQUES
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -24,7 +25,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--techniques",
         default=None,
         help=(
-            f"comma-separated settings, each one of {', '.join(batchfit.TECHNIQUES)} or several joined "
+            f"comma-separated settings, each one of {', '.join(TECHNIQUES)} or several joined "
             "with '+' (amp+checkpointing), or accumulation; amp is bfloat16 where the device runs it, "
             "else float16 with a GradScaler, as amp-fp16 always is; compile is torch.compile of the "
             "model, not among the defaults (default: the usual ones for the device)"

@@ -6,8 +6,9 @@ import argparse
 from typing import Any
 
 import batchfit
-from batchfit import BatchSizes, Mode, SearchResult, Trials, Where
+from batchfit import BatchSizes, SearchResult, Trials, Where
 from batchfit.cli import flags
+from batchfit.policy.trial import Mode
 
 FORMATS = ("text", "json")
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import batchfit
-from batchfit import ConfigurationError, Mode, Where, Workload
+from batchfit import ConfigurationError, Where, Workload
 from batchfit.cli.launch import launched_process_group, launched_world_size
 from batchfit.cli.progress import Display
+from batchfit.policy.trial import Mode
 
 T = TypeVar("T")
 

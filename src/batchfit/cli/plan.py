@@ -6,8 +6,9 @@ import argparse
 from typing import Any
 
 import batchfit
-from batchfit import Baseline, Scaling, TrainingFacts
+from batchfit import Baseline
 from batchfit.cli import flags
+from batchfit.policy.plan_options import Scaling, TrainingFacts
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
-from batchfit import Event, Recommendation, Trial
+from batchfit import Event
+from batchfit.policy.choose import Recommendation
+from batchfit.policy.trial import Trial
 
 
 @dataclass(frozen=True)

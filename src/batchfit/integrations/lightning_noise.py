@@ -45,7 +45,8 @@ class NoiseScaleCallback(Callback):
     def __init__(self, monitor: NoiseScaleMonitor) -> None:
         if not isinstance(monitor, NoiseScaleMonitor):
             raise ConfigurationError(
-                f"monitor must be a batchfit.NoiseScaleMonitor, got {type(monitor).__name__}."
+                "monitor must be a batchfit.policy.noise_monitor.NoiseScaleMonitor, got "
+                f"{type(monitor).__name__}."
             )
         self.monitor = monitor
         self._collector: AccumulationNoise | None = None

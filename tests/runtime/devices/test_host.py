@@ -11,7 +11,6 @@ import pytest
 import torch
 from rlimit_child import vm_size_bytes
 
-from batchfit import is_out_of_memory
 from batchfit.runtime.devices.host import (
     PINNED_MALLOC,
     data_limited,
@@ -19,6 +18,7 @@ from batchfit.runtime.devices.host import (
     malloc_advice,
     malloc_thresholds_move,
 )
+from batchfit.runtime.devices.oom import is_out_of_memory
 
 
 def test_host_capacity_is_bounded_by_ram_and_rlimit() -> None:

@@ -22,9 +22,10 @@ import pytest
 import torch
 
 import batchfit
+from batchfit.errors import HostOutOfMemoryError
 from batchfit.runtime.devices.device import CappedCpuDevice, CpuDevice
 from batchfit.runtime.devices.host import HostMemory, _cgroup_headroom, _status_bytes, host_available_bytes
-from batchfit.runtime.devices.oom import is_host_out_of_memory
+from batchfit.runtime.devices.oom import is_host_out_of_memory, is_out_of_memory
 from batchfit.units import format_bytes
 
 CHILD = Path(__file__).with_name("host_limit_child.py")
@@ -207,17 +208,17 @@ def test_host_out_of_memory_is_told_from_the_cap_s_and_from_other_errors() -> No
         bytearray(2**62)
     with pytest.raises(torch.OutOfMemoryError) as cap, batchfit.cap_memory("1MiB"):
         torch.empty(2**20)
-    assert is_host_out_of_memory(allocator.value) and batchfit.is_out_of_memory(allocator.value)
+    assert is_host_out_of_memory(allocator.value) and is_out_of_memory(allocator.value)
     assert is_host_out_of_memory(python.value)
     assert is_host_out_of_memory(OSError(errno.ENOMEM, os.strerror(errno.ENOMEM)))
     assert is_host_out_of_memory(RuntimeError("std::bad_alloc"))
     # batchfit's cap follows the CPU allocator's message, and is the budget's, not the host's.
-    assert batchfit.is_out_of_memory(cap.value) and not is_host_out_of_memory(cap.value)
+    assert is_out_of_memory(cap.value) and not is_host_out_of_memory(cap.value)
     assert not is_host_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not is_host_out_of_memory(OSError(errno.ENOENT, "No such file or directory"))
     assert not is_host_out_of_memory(ValueError("cannot allocate memory"))
-    assert issubclass(batchfit.HostOutOfMemoryError, batchfit.BatchfitError)
-    assert issubclass(batchfit.HostOutOfMemoryError, MemoryError)
+    assert issubclass(HostOutOfMemoryError, batchfit.BatchfitError)
+    assert issubclass(HostOutOfMemoryError, MemoryError)
 
 
 def write(path: Path, text: str) -> None:

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchfit import is_out_of_memory
-from batchfit.runtime.devices.oom import fragmented
+from batchfit.runtime.devices.oom import fragmented, is_out_of_memory
 
 MiB = 1 << 20
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import batchfit
+from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.tracker import StorageTracker, dense_parts, resident_tensors
 
 
@@ -52,7 +53,7 @@ def test_cap_memory_raises_a_recognisable_out_of_memory() -> None:
     message = str(info.value)
     assert "out of memory" in message and "DefaultCPUAllocator: can't allocate memory" in message
     assert "you tried to allocate 400000 bytes" in message and "a limit of 1048576 bytes" in message
-    assert batchfit.is_out_of_memory(info.value)
+    assert is_out_of_memory(info.value)
     assert isinstance(info.value, RuntimeError) and len(info.value.args) == 1
     del keep
 

@@ -16,7 +16,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from two_ranks import report_and_leave
 
-from batchfit import BatchSchedule, MicroBatchOptions, MicroBatchStep, NoiseScaleMonitor
+from batchfit import MicroBatchOptions, MicroBatchStep
+from batchfit.policy.batch_schedule import BatchSchedule
+from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.policy.noise_scale import GradientReading
 
 MICRO_BATCH_SIZE = 16

@@ -12,7 +12,8 @@ import torch
 from tiny_workloads import build
 from torch import nn
 
-from batchfit import BatchSizes, NonFiniteError, Trials, Workload, find_batch_size
+from batchfit import BatchSizes, Trials, Workload, find_batch_size
+from batchfit.errors import NonFiniteError
 from batchfit.runtime.steps.finite import WHAT_TO_CHECK, loss_in
 from batchfit.runtime.workloads.examples import build_example
 

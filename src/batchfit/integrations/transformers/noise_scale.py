@@ -56,7 +56,8 @@ class NoiseScaleMixin:
     def __init__(self, *args: Any, noise_monitor: NoiseScaleMonitor, **kwargs: Any) -> None:
         if not isinstance(noise_monitor, NoiseScaleMonitor):
             raise ConfigurationError(
-                f"noise_monitor must be a batchfit.NoiseScaleMonitor, got {type(noise_monitor).__name__}."
+                "noise_monitor must be a batchfit.policy.noise_monitor.NoiseScaleMonitor, got "
+                f"{type(noise_monitor).__name__}."
             )
         self.noise_monitor = noise_monitor
         self._noise_steps = NoiseSteps()
@@ -212,5 +213,5 @@ class NoiseScaleTrainer(NoiseScaleMixin, Trainer):  # type: ignore[misc]
     """The Trainer with the noise-scale monitor (``NoiseScaleMixin``)::
 
     trainer = NoiseScaleTrainer(model=model, args=args, train_dataset=train,
-                                noise_monitor=batchfit.NoiseScaleMonitor(100))
+                                noise_monitor=NoiseScaleMonitor(100))
     """

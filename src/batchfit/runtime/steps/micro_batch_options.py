@@ -64,6 +64,7 @@ class MicroBatchOptions:
         monitor = self.noise_monitor
         if monitor is not None and not isinstance(monitor, NoiseScaleMonitor):
             raise ConfigurationError(
-                f"noise_monitor must be a batchfit.NoiseScaleMonitor or None, got {type(monitor).__name__}; "
-                f"pass NoiseScaleMonitor(every=100) to log the gradient noise scale, or None."
+                f"noise_monitor must be a batchfit.policy.noise_monitor.NoiseScaleMonitor or None, got "
+                f"{type(monitor).__name__}; pass NoiseScaleMonitor(every=100) to log the gradient noise "
+                f"scale, or None."
             )
