@@ -29,8 +29,6 @@ from torch import nn
 
 import batchfit
 from batchfit import MicroBatchOptions, MicroBatchStep
-from batchfit.policy.batch_schedule import BatchSchedule
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.errors import NonFiniteError
 from batchfit.policy.batch_schedule import BatchSchedule
 from batchfit.policy.noise_monitor import NoiseScaleMonitor

@@ -26,7 +26,6 @@ from torch import nn
 
 import batchfit
 from batchfit import MicroBatchOptions, MicroBatchStep
-from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.errors import ConfigurationError, DoesNotFitError, OptimizerStepOutOfMemoryError
 from batchfit.policy.micro_batch import MicroBatchChange
 from batchfit.runtime.steps.micro_batches import plain

@@ -61,4 +61,3 @@ def test_a_name_sent_to_its_module_imports_from_there_and_is_not_public(module: 
     imported = importlib.import_module(module)
     assert {name for name in names if not hasattr(imported, name)} == set()
     assert names & set(batchfit.__all__) == set()
-

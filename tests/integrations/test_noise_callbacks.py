@@ -12,8 +12,6 @@ import torch
 from torch.utils.data import TensorDataset
 
 from batchfit import Goal
-from batchfit.policy.batch_schedule import BatchSchedule
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.errors import ConfigurationError
 from batchfit.policy.batch_schedule import BatchSchedule
 from batchfit.policy.noise_monitor import NoiseScaleMonitor

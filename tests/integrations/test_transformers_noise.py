@@ -20,8 +20,6 @@ from hf_models import VOCAB, gpt2, language_modelling, token_examples
 from transformers import TrainerCallback, TrainingArguments
 
 from batchfit import BatchSizes, Goal
-from batchfit.policy.batch_schedule import BatchSchedule
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
 from batchfit.errors import ConfigurationError
 from batchfit.integrations.transformers import BatchfitTrainer, NoiseScaleMixin, NoiseScaleTrainer
 from batchfit.policy.batch_schedule import BatchSchedule
