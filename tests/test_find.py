@@ -44,11 +44,11 @@ from batchfit import (
     find_batch_size,
 )
 from batchfit.find import find_on
-from batchfit.options import Target
 from batchfit.policy.search import DEFAULT_TUNING, Tuning
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import build_example
+from batchfit.where import Target
 
 
 def brute_force(

@@ -28,7 +28,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import batchfit
 from batchfit import BatchSizes, Mode, SearchResult, Timing, Workload, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import Target
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.trial import Trial
 from batchfit.policy.trial_cache import TrialCache
@@ -43,6 +42,7 @@ from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
+from batchfit.where import Target
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 #: The devices with the CPU's stand-in for CUDA's caching allocator too.

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from batchfit.analyze import Analysis, analyze
 from batchfit.config import AutobatchConfig, ExperimentConfig
 from batchfit.find import find_batch_size
-from batchfit.options import BatchSizes, Trials
+from batchfit.options import BatchSizes, Trials, Where
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress
 from batchfit.runtime.workloads.specs import load_workload
@@ -36,6 +36,12 @@ def sizes_from_config(auto: AutobatchConfig, mode: Mode) -> BatchSizes:
     return BatchSizes(getattr(auto, "MIN_BATCH_SIZE" + suffix), getattr(auto, "MAX_BATCH_SIZE" + suffix))
 
 
+def where_from_config(cfg: ExperimentConfig, mode: Mode) -> Where:
+    """Where a ``mode`` search runs: the config's DEVICE and MEMORY_LIMIT, at its share of memory."""
+    fraction = getattr(cfg.DATA.AUTOBATCH, "TARGET_MEMORY_FRACTION" + SUFFIXES[mode])
+    return Where(cfg.DEVICE, cfg.MEMORY_LIMIT, fraction)
+
+
 def trials_from_config(auto: AutobatchConfig, mode: Mode) -> Trials:
     return Trials(getattr(auto, "STEPS_PER_TRIAL" + SUFFIXES[mode]))
 
@@ -53,9 +59,7 @@ def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchRes
         result = find_batch_size(
             workload,
             mode,
-            device=cfg.DEVICE,
-            memory_limit=cfg.MEMORY_LIMIT,
-            memory_fraction=getattr(auto, "TARGET_MEMORY_FRACTION" + suffix),
+            where=where_from_config(cfg, mode),
             sizes=sizes_from_config(auto, mode),
             trials=trials_from_config(auto, mode),
             on_progress=functools.partial(_log_trial, level=level),
@@ -82,10 +86,9 @@ def analyze_config(
         workload,
         memory_fractions,
         modes,
-        device=cfg.DEVICE,
-        memory_limit=cfg.MEMORY_LIMIT,
-        sizes={mode: sizes_from_config(auto, mode) for mode in SUFFIXES},
-        trials={mode: trials_from_config(auto, mode) for mode in SUFFIXES},
+        where=Where(cfg.DEVICE, cfg.MEMORY_LIMIT),
+        sizes_by_mode={mode: sizes_from_config(auto, mode) for mode in SUFFIXES},
+        trials_by_mode={mode: trials_from_config(auto, mode) for mode in SUFFIXES},
         on_progress=on_progress,
     )
 

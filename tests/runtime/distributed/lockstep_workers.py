@@ -33,11 +33,11 @@ from batchfit import (
     memory_limit,
 )
 from batchfit.find import find_on
-from batchfit.options import Target
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import StorageTracker
 from batchfit.runtime.distributed.data_parallel import bucket_bytes
 from batchfit.units import parse_bytes
+from batchfit.where import Target
 
 
 def _failing(rank: int, error_rank: int, error: BaseException, after_steps: int) -> Workload:

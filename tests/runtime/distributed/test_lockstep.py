@@ -15,8 +15,8 @@ from two_ranks import run_ranks
 
 from batchfit import BatchSizes, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import Target
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.where import Target
 
 pytestmark = pytest.mark.distributed
 
