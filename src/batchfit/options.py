@@ -2,7 +2,8 @@
 measure (``Where``), which batch sizes (``BatchSizes``), how a memory trial runs (``Trials``), how
 throughput is timed (``Timing``), what explore aims at (``Goal``) and how the noise scale is
 sampled (``Sampling``). The command line's flags are generated from their fields, so a flag is its
-field's name with dashes and says what its field says."""
+field's name with dashes and says what its field says. They are pure data: this module imports no
+algorithm and no torch (``batchfit.where`` resolves a ``Where`` into a device)."""
 
 from __future__ import annotations
 

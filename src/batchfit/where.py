@@ -43,7 +43,10 @@ def where_of(
         "memory_fraction": memory_fraction,
     }
     given = {name: value for name, value in loose.items() if value is not None}
-    made = Where(device, memory_limit, Where.memory_fraction if memory_fraction is None else memory_fraction)
+    if memory_fraction is None:  # Where's own default
+        made = Where(device, memory_limit)
+    else:
+        made = Where(device, memory_limit, memory_fraction)
     if where is None:
         return made
     for name in given:
