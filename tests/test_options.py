@@ -13,8 +13,9 @@ from tiny_workloads import build
 
 import batchfit
 from batchfit import BatchSizes, ConfigurationError, Goal, Timing, Trials, Where
+from batchfit.checks import check_device
 from batchfit.cli import flags
-from batchfit.options import check_device, mode_named
+from batchfit.options import mode_named
 from batchfit.where import where_of
 
 

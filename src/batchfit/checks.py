@@ -1,9 +1,12 @@
-"""The checks and defaults every verb shares: positive sizes, ranges, memory fractions, and the
-upper bounds of a search (eval's is twice train's: an eval step keeps no activations for backward)."""
+"""The checks, defaults and plain vocabulary every verb and policy shares: positive sizes, ranges,
+memory fractions, devices named, the chooser's rules, ``Mode``, ``Objective`` and the ``Candidates``
+a search walks, and the upper bounds of a search (eval's is twice train's: an eval step keeps no
+activations for backward). Pure: the options objects validate with these, importing no algorithm."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -113,6 +116,40 @@ def check_noise_scale(noise_scale: object) -> float:
             "batches measured: measure it at smaller batches."
         )
     return float(value)
+
+
+#: The device types torch names besides the two batchfit measures: named, they are unsupported,
+#: not unknown.
+OTHER_TORCH_DEVICES = frozenset(
+    {
+        *("fpga", "hip", "hpu", "ipu", "lazy", "maia", "meta", "mkldnn", "mps", "mtia", "opencl"),
+        *("opengl", "privateuseone", "ve", "vulkan", "xla", "xpu"),
+    }
+)
+
+
+def check_device(device: object) -> str:
+    """``device`` as torch writes it (``cpu``, ``cuda``, ``cuda:N``), read without torch; a
+    ConfigurationError naming what to pass for any other."""
+    is_torch_device = type(device).__module__ == "torch" and type(device).__name__ == "device"
+    text = str(device) if is_torch_device else device
+    shown = text if isinstance(text, str) else device
+    parsed = re.fullmatch(r"([a-z_]+)(?::(\d+))?", text) if isinstance(text, str) else None
+    kind = parsed.group(1) if parsed else None
+    if kind == "meta":
+        raise ConfigurationError(
+            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices; a "
+            f"model built on the meta device is predicted from its shapes with batchfit.predict("
+            f"workload, batchfit.Targets(capacities='24GiB'), device='cpu') (batchfit predict "
+            f"--device cpu --capacities 24GiB)."
+        )
+    if kind in OTHER_TORCH_DEVICES:
+        raise ConfigurationError(
+            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
+        )
+    if kind not in ("cpu", "cuda"):
+        raise ConfigurationError(f"device={shown!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'.")
+    return str(text)
 
 
 def check_memory_fraction(memory_fraction: object, name: str = "memory_fraction") -> None:

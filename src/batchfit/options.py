@@ -8,7 +8,6 @@ algorithm and no torch (``batchfit.where`` resolves a ``Where`` into a device)."
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ from batchfit.checks import (
     Objective,
     check_batch_range,
     check_choice_rules,
+    check_device,
     check_divisible,
     check_flag,
     check_memory_fraction,
@@ -38,15 +38,6 @@ if TYPE_CHECKING:
     import torch
 
     from batchfit.policy.noise_scale import NoiseScale
-
-#: The device types torch names besides the two batchfit measures: named, they are unsupported,
-#: not unknown.
-OTHER_TORCH_DEVICES = frozenset(
-    {
-        *("fpga", "hip", "hpu", "ipu", "lazy", "maia", "meta", "mkldnn", "mps", "mtia", "opencl"),
-        *("opengl", "privateuseone", "ve", "vulkan", "xla", "xpu"),
-    }
-)
 
 
 def mode_named(mode: str) -> Mode:
@@ -80,30 +71,6 @@ class Where:
         check_memory_fraction(self.memory_fraction)
         limit = None if self.memory_limit is None else parse_bytes(self.memory_limit, name="memory_limit")
         object.__setattr__(self, "memory_limit_bytes", limit)
-
-
-def check_device(device: object) -> str:
-    """``device`` as torch writes it (``cpu``, ``cuda``, ``cuda:N``), read without torch; a
-    ConfigurationError naming what to pass for any other."""
-    is_torch_device = type(device).__module__ == "torch" and type(device).__name__ == "device"
-    text = str(device) if is_torch_device else device
-    shown = text if isinstance(text, str) else device
-    parsed = re.fullmatch(r"([a-z_]+)(?::(\d+))?", text) if isinstance(text, str) else None
-    kind = parsed.group(1) if parsed else None
-    if kind == "meta":
-        raise ConfigurationError(
-            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices; a "
-            f"model built on the meta device is predicted from its shapes with batchfit.predict("
-            f"workload, batchfit.Targets(capacities='24GiB'), device='cpu') (batchfit predict "
-            f"--device cpu --capacities 24GiB)."
-        )
-    if kind in OTHER_TORCH_DEVICES:
-        raise ConfigurationError(
-            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
-        )
-    if kind not in ("cpu", "cuda"):
-        raise ConfigurationError(f"device={shown!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'.")
-    return str(text)
 
 
 @dataclass(frozen=True)
