@@ -16,7 +16,6 @@ import torch
 
 import batchfit
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import Device
@@ -27,6 +26,7 @@ from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.workloads.batches import to_device
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.where import ResolvedDevice
 
 STEPS_PER_TRIAL = 2
 #: The benchmark's name for the CPU with CUDA's caching allocator modelled on its real allocations.

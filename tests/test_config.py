@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from batchfit.autobatch import sizes_from_config, trials_from_config, where_from_config
 from batchfit.config import (
+    SEARCH_KEYS,
     AutobatchConfig,
     DataConfig,
     ExperimentConfig,
@@ -17,6 +20,7 @@ from batchfit.config import (
     save_config,
 )
 from batchfit.errors import ConfigurationError
+from batchfit.options import BatchSizes, Trials, Where
 
 # The seed's "Configuration" section, word for word, indented as YAML.
 SEED_CONFIG = """\
@@ -456,3 +460,22 @@ def test_config_to_dict_is_keyed_as_the_yaml() -> None:
     assert list(values) == ["WORKLOAD", "DEVICE", "MEMORY_LIMIT", "DATA"]
     assert list(values["DATA"]) == ["BATCH_SIZE", "BATCH_SIZE_VAL", "AUTOBATCH"]
     assert values["DATA"]["AUTOBATCH"]["MAX_BATCH_SIZE_VAL"] == 1024
+
+
+def test_every_search_key_sets_an_options_field_and_has_its_eval_twin() -> None:
+    keys = {key.name for key in dataclasses.fields(AutobatchConfig)}
+    for key, (kind, name) in SEARCH_KEYS.items():
+        assert name in {field.name for field in dataclasses.fields(kind) if field.init}, key
+    switches = {"ENABLED", "ENABLED_VAL", "LOG_LEVEL", "LOG_LEVEL_VAL"}
+    assert keys - switches == set(SEARCH_KEYS) | {f"{key}_VAL" for key in SEARCH_KEYS}
+
+
+def test_the_options_of_each_mode_s_search_are_its_keys() -> None:
+    overrides = [f"{AUTO}.MIN_BATCH_SIZE_VAL", "3", f"{AUTO}.MAX_BATCH_SIZE_VAL", "40"]
+    overrides += [f"{AUTO}.STEPS_PER_TRIAL_VAL", "4", f"{AUTO}.TARGET_MEMORY_FRACTION_VAL", "0.5"]
+    cfg = load_config(None, ["DEVICE", "cpu", "MEMORY_LIMIT", "64MiB", *overrides])
+    assert where_from_config(cfg, "eval") == Where("cpu", "64MiB", 0.5)
+    assert sizes_from_config(cfg.DATA.AUTOBATCH, "eval") == BatchSizes(3, 40)
+    assert trials_from_config(cfg.DATA.AUTOBATCH, "eval") == Trials(4)
+    assert where_from_config(cfg, "train") == Where("cpu", "64MiB", 0.8)
+    assert sizes_from_config(cfg.DATA.AUTOBATCH, "train") == BatchSizes(1, 512)

@@ -37,11 +37,11 @@ import batchfit
 from batchfit import BatchSizes, ConfigurationError, DoesNotFitError, Trials, Workload, find_batch_size
 from batchfit.errors import DeviceUnavailableError
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.policy.search import DEFAULT_TUNING, Tuning
 from batchfit.policy.trial import Trial
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import build_example
+from batchfit.where import ResolvedDevice
 
 
 def brute_force(

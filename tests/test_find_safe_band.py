@@ -9,8 +9,8 @@ from tiny_workloads import segment_crossing
 
 from batchfit import BatchSizes, DoesNotFitError
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.where import ResolvedDevice
 
 CAP = 60 * 2**20  # 2,049-2,559 fail under it; 2,048 and 2,560-3,072 fit
 

@@ -29,7 +29,6 @@ import batchfit
 from batchfit import BatchSizes, SearchResult, Timing, Workload, find_batch_size
 from batchfit.errors import NonFiniteError
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import TrialCache
@@ -45,6 +44,7 @@ from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
+from batchfit.where import ResolvedDevice
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 #: The devices with the CPU's stand-in for CUDA's caching allocator too.

@@ -5,6 +5,8 @@ round a circle)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,23 @@ def test_the_core_never_imports_an_integration_or_the_trainers_they_adapt() -> N
         for name in core
     }
     assert {name: modules for name, modules in found.items() if modules} == {}
+
+
+def test_the_options_are_pure_data_importing_no_algorithm_and_no_torch() -> None:
+    # Loaded alone (the package's __init__, which imports every verb, left out): what options.py
+    # itself brings in when it runs, its annotations' names (torch, NoiseScale) unimported.
+    code = (
+        "import importlib, sys, types\n"
+        f"package = types.ModuleType('batchfit'); package.__path__ = [{str(PACKAGE)!r}]\n"
+        "sys.modules['batchfit'] = package\n"
+        "importlib.import_module('batchfit.options')\n"
+        "print(*sorted(m for m in sys.modules if m.split('.')[0] in ('batchfit', 'torch')))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert set(ran.stdout.split()) == {
+        "batchfit",
+        "batchfit.checks",
+        "batchfit.errors",
+        "batchfit.options",
+        "batchfit.units",
+    }

@@ -14,9 +14,11 @@ from tiny_workloads import build
 import batchfit
 from batchfit import BatchSizes, ConfigurationError, Goal, Timing, Trials, Where
 from batchfit.advise import Checklist
+from batchfit.checks import check_device
 from batchfit.cli import flags
 from batchfit.options import mode_named
 from batchfit.policy.loader_settings import LoaderSetting
+from batchfit.where import where_of
 
 
 @pytest.mark.parametrize(
@@ -49,11 +51,11 @@ def test_an_option_is_checked_when_it_is_made(make: object, message: str) -> Non
 
 def test_where_parses_once_and_keeps_cuda_without_an_index() -> None:
     where = Where("cuda", "2GiB", 0.5)
-    assert where.torch_device is not None and where.torch_device.type == "cuda"
-    assert where.torch_device.index is None  # each rank's own under torchrun
+    assert where.device == "cuda"  # no index: each rank's own under torchrun
+    assert check_device(torch.device("cuda")) == "cuda" and check_device("cuda:1") == "cuda:1"
     assert where.memory_limit_bytes == 2 * 1024**3
-    assert Where().torch_device is None and Where("cpu").on_cpu
-    assert where.keywords() == {"device": "cuda", "memory_limit": "2GiB", "memory_fraction": 0.5}
+    assert Where().device is None and Where("cpu").device == "cpu"
+    assert where_of("find_batch_size", None, "cuda", "2GiB", 0.5) == where  # the loose keywords' Where
 
 
 def test_eval_takes_twice_the_training_range_only_when_one_range_serves_both() -> None:
@@ -80,15 +82,32 @@ def test_a_mode_that_is_none_is_named_in_the_error() -> None:
         mode_named("test")
 
 
-@pytest.mark.parametrize(
-    "verb", [batchfit.find_batch_size, batchfit.explore, batchfit.compare, batchfit.advise]
-)
-def test_where_a_verb_is_measured_is_where_s_own_fields_and_defaults(verb: object) -> None:
+#: Each public verb, and the loose keywords it keeps as the one-line call's shorthand for ``where``.
+LOOSE = {
+    batchfit.find_batch_size: ("device", "memory_limit", "memory_fraction"),
+    batchfit.explore: ("device", "memory_limit", "memory_fraction"),
+    batchfit.compare: ("device", "memory_limit", "memory_fraction"),
+    batchfit.advise: ("device", "memory_limit", "memory_fraction"),
+    batchfit.check: ("device", "memory_limit", "memory_fraction"),
+    batchfit.noise_scale: ("device", "memory_limit", "memory_fraction"),
+    batchfit.predict: ("device", "memory_limit", "memory_fraction"),
+    batchfit.analyze: ("device", "memory_limit"),  # its memory_fractions are swept
+    batchfit.check_data: ("device",),  # a data loader needs no capacity
+}
+
+
+@pytest.mark.parametrize("verb", list(LOOSE))
+def test_every_verb_takes_a_where_and_keeps_where_s_fields_as_its_shorthand(verb: object) -> None:
     parameters = inspect.signature(verb).parameters  # type: ignore[arg-type]
-    for field in dataclasses.fields(Where):
-        if field.init:
-            assert parameters[field.name].default == field.default, (verb, field.name)
-            assert parameters[field.name].kind is inspect.Parameter.KEYWORD_ONLY
+    fields = {field.name for field in dataclasses.fields(Where) if field.init}
+    assert parameters["where"].default is None
+    assert parameters["where"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "on_progress" in parameters
+    assert set(LOOSE[verb]) <= fields and fields & set(parameters) == set(LOOSE[verb])  # type: ignore[index]
+    for name in LOOSE[verb]:  # type: ignore[index]
+        assert parameters[name].default is None, (verb, name)  # None: where's own default
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+    assert where_of("verb", None) == Where()  # nothing given: where's defaults
 
 
 def test_flags_are_the_fields_with_dashes_and_their_help() -> None:
@@ -246,11 +265,11 @@ def test_an_options_object_of_the_wrong_type_is_named_with_what_to_pass(
 
 def test_analyze_takes_its_options_per_mode_and_plan_its_baseline_typed() -> None:
     with pytest.raises(ConfigurationError) as raised:
-        batchfit.analyze(build("mlp"), [0.8], sizes=BatchSizes(), device="cpu")  # type: ignore[arg-type]
+        batchfit.analyze(build("mlp"), [0.8], sizes_by_mode=BatchSizes(), device="cpu")  # type: ignore[arg-type]
     assert str(raised.value) == (
-        "analyze's sizes must be a mapping of mode to batchfit.BatchSizes (or None), got "
+        "analyze's sizes_by_mode must be a mapping of mode to batchfit.BatchSizes (or None), got "
         "batchfit.BatchSizes; "
-        "pass sizes={'train': batchfit.BatchSizes(...)}."
+        "pass sizes_by_mode={'train': batchfit.BatchSizes(...)}."
     )
     with pytest.raises(ConfigurationError) as raised:
         batchfit.plan(1024, 0.1)  # type: ignore[arg-type]
@@ -426,3 +445,31 @@ def test_a_model_on_the_meta_device_is_sent_to_predict_and_predict_answers_as_fo
     real = batchfit.predict(_on_meta("cpu"), batchfit.Targets(capacities="24GiB"), device="cpu")
     assert followed.cpu_alone and followed.rows == real.rows
     assert followed.rows[0].train is not None and followed.rows[0].train.batch_size >= 1
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_a_loose_keyword_that_disagrees_with_where_is_an_error_naming_both(verb: str) -> None:
+    where = Where("cpu", "64MiB", 0.5)
+    with pytest.raises(ConfigurationError) as raised:
+        VERBS[verb](build("mlp"), where=where, device="cuda")
+    assert str(raised.value) == (
+        f"{verb} was given where=Where(device='cpu', memory_limit='64MiB', memory_fraction=0.5) and "
+        "device='cuda', which disagree (where.device is 'cpu'): pass one of them, "
+        "where=Where(..., device='cuda') or the keyword alone."
+    )
+
+
+def test_a_loose_keyword_that_says_what_where_says_is_where() -> None:
+    where = Where("cpu", "64MiB", 0.5)
+    assert where_of("find_batch_size", where, "cpu", 64 * 2**20, 0.5) is where
+    with pytest.raises(ConfigurationError, match=r"memory_fraction=0.8, which disagree"):
+        where_of("find_batch_size", where, memory_fraction=0.8)
+    with pytest.raises(ConfigurationError, match=r"find_batch_size's where must be a batchfit.Where"):
+        where_of("find_batch_size", "cpu")  # type: ignore[arg-type]
+
+
+def test_a_search_given_where_answers_as_one_given_its_loose_keywords() -> None:
+    loose = batchfit.find_batch_size(build("mlp"), device="cpu", memory_limit="3MiB", memory_fraction=0.9)
+    where = batchfit.find_batch_size(build("mlp"), where=Where("cpu", "3MiB", 0.9))
+    assert where.batch_size == loose.batch_size and where.budget_bytes == loose.budget_bytes
+    assert where.batch_size < 512  # the capacity was applied

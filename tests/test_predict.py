@@ -14,7 +14,6 @@ import batchfit
 from batchfit import ConfigurationError, Targets, Trials
 from batchfit.cli import main
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.predict import predict_on, record
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -22,6 +21,7 @@ from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
 from batchfit.starting_evidence import StartingEvidence
+from batchfit.where import ResolvedDevice
 
 MiB = 2**20
 

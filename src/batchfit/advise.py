@@ -17,7 +17,7 @@ from batchfit.comparison import Comparison
 from batchfit.errors import ConfigurationError
 from batchfit.explore import ExploreResult, explore_on
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, Goal, ResolvedDevice, Timing, Where
+from batchfit.options import BatchSizes, Goal, Timing, Where
 from batchfit.policy.advice import Change, costly, noisy, rank
 from batchfit.policy.goodput import noise_scale_of
 from batchfit.policy.noise_scale import NoiseScale
@@ -29,6 +29,7 @@ from batchfit.runtime.data.dataloaders import LoaderFactory
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
+from batchfit.where import ResolvedDevice, target_of
 
 #: The steps advise runs, in order; each can be skipped.
 STEPS = ("find", "explore", "compare", "check-data", "plan")
@@ -74,9 +75,10 @@ class Checklist:
 def advise(
     workload: Workload,
     *,
+    where: Where | None = None,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    memory_fraction: float = 0.8,
+    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     timing: Timing = ADVISE_TIMING,
     checklist: Checklist = Checklist(),
@@ -91,6 +93,9 @@ def advise(
     ``checklist.skip`` names it. ``on_progress`` hears each step as it starts (``started``,
     labelled with the step) and the steps' own events. The model, optimizer and RNG are left as
     they were.
+    ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
+    ``memory_fraction`` are its shorthand for the one-line call (one that disagrees with
+    ``where`` is a ConfigurationError).
     """
     check_entry(
         "advise",
@@ -104,7 +109,7 @@ def advise(
         check_option("advise", "baseline", baseline, Baseline)
     started = time.perf_counter()
     run = _Checklist(
-        ResolvedDevice.of(Where(device, memory_limit, memory_fraction)), workload, checklist, on_progress
+        target_of("advise", where, device, memory_limit, memory_fraction), workload, checklist, on_progress
     )
     train, evaluation = run.find(replace(sizes, global_batch_size=None, world_size=None))
     largest = None if train is None else train.batch_size

@@ -18,7 +18,7 @@ import torch
 from batchfit.checks import check_memory_fraction, check_option, type_name
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, ResolvedDevice, Trials, Where, mode_named
+from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
@@ -26,6 +26,7 @@ from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
+from batchfit.where import target_of
 
 #: What ``Analysis.render`` writes: the report file's suffixes, and the table the CLI prints.
 REPORT_FORMATS = ("json", "jsonl", "csv")
@@ -97,17 +98,21 @@ def analyze(
     memory_fractions: Sequence[float],
     modes: Sequence[str] = ("train", "eval"),
     *,
+    where: Where | None = None,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    sizes: Mapping[Mode, BatchSizes] | None = None,
-    trials: Mapping[Mode, Trials] | None = None,
+    sizes_by_mode: Mapping[Mode, BatchSizes] | None = None,
+    trials_by_mode: Mapping[Mode, Trials] | None = None,
     on_progress: OnProgress | None = None,
 ) -> Analysis:
-    """One search per (memory_fraction, mode), each mode's in ``sizes[mode]`` with
-    ``trials[mode]`` (the defaults where a mode is missing); each mode's searches share one cache
-    of measurements. ``on_progress`` hears every trial, labelled ``mode@fraction``."""
+    """One search per (memory_fraction, mode), each mode's in ``sizes_by_mode[mode]`` with
+    ``trials_by_mode[mode]`` (the defaults where a mode is missing); each mode's searches share one
+    cache of measurements. ``on_progress`` hears every trial, labelled ``mode@fraction``. ``where``
+    says where to measure (a ``batchfit.Where``; ``memory_fractions`` replace its
+    ``memory_fraction``), ``device`` and ``memory_limit`` its shorthand."""
     check_entry("analyze", workload, on_progress)
-    for name, given, kind in (("sizes", sizes, BatchSizes), ("trials", trials, Trials)):
+    by_mode = (("sizes_by_mode", sizes_by_mode, BatchSizes), ("trials_by_mode", trials_by_mode, Trials))
+    for name, given, kind in by_mode:
         for value in (given or {}).values() if isinstance(given, Mapping) else ():
             check_option("analyze", f"{name}[mode]", value, kind)
         if given is not None and not isinstance(given, Mapping):
@@ -120,7 +125,7 @@ def analyze(
     for fraction in memory_fractions:
         check_memory_fraction(fraction)
     named = [mode_named(mode) for mode in dict.fromkeys(modes)]
-    base = ResolvedDevice.of(Where(device, memory_limit))
+    base = target_of("analyze", where, device, memory_limit)
     rows, results = [], []
     caches = {mode: TrialCache() for mode in named}
     for mode in named:
@@ -131,8 +136,8 @@ def analyze(
                 replace(base, memory_fraction=memory_fraction),
                 workload,
                 mode,
-                (sizes or {}).get(mode) or BatchSizes(),
-                (trials or {}).get(mode) or Trials(),
+                (sizes_by_mode or {}).get(mode) or BatchSizes(),
+                (trials_by_mode or {}).get(mode) or Trials(),
                 _told(on_progress, f"{mode}@{memory_fraction:g}"),
                 cache,
             )

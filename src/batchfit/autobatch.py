@@ -7,11 +7,12 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from batchfit.analyze import Analysis, analyze
-from batchfit.config import AutobatchConfig, ExperimentConfig
+from batchfit.config import SEARCH_KEYS, AutobatchConfig, ExperimentConfig
 from batchfit.find import find_batch_size
-from batchfit.options import BatchSizes, Trials
+from batchfit.options import BatchSizes, Trials, Where
 from batchfit.policy.trial import Mode
 from batchfit.progress import Event, OnProgress
 from batchfit.runtime.workloads.specs import load_workload
@@ -30,14 +31,24 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
     return load_workload(cfg.WORKLOAD, device=cfg.DEVICE, source="WORKLOAD")
 
 
+def fields_from_config(auto: AutobatchConfig, mode: Mode, kind: type) -> dict[str, Any]:
+    """The fields of options object ``kind`` that ``DATA.AUTOBATCH`` sets for a ``mode`` search."""
+    suffix = SUFFIXES[mode]
+    return {name: getattr(auto, key + suffix) for key, (owner, name) in SEARCH_KEYS.items() if owner is kind}
+
+
 def sizes_from_config(auto: AutobatchConfig, mode: Mode) -> BatchSizes:
     """The sizes a ``mode`` search may answer, as ``DATA.AUTOBATCH`` sets them."""
-    suffix = SUFFIXES[mode]
-    return BatchSizes(getattr(auto, "MIN_BATCH_SIZE" + suffix), getattr(auto, "MAX_BATCH_SIZE" + suffix))
+    return BatchSizes(**fields_from_config(auto, mode, BatchSizes))
+
+
+def where_from_config(cfg: ExperimentConfig, mode: Mode) -> Where:
+    """Where a ``mode`` search runs: the config's DEVICE and MEMORY_LIMIT, at its share of memory."""
+    return Where(cfg.DEVICE, cfg.MEMORY_LIMIT, **fields_from_config(cfg.DATA.AUTOBATCH, mode, Where))
 
 
 def trials_from_config(auto: AutobatchConfig, mode: Mode) -> Trials:
-    return Trials(getattr(auto, "STEPS_PER_TRIAL" + SUFFIXES[mode]))
+    return Trials(**fields_from_config(auto, mode, Trials))
 
 
 def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchResult]:
@@ -53,9 +64,7 @@ def apply_autobatch(cfg: ExperimentConfig, workload: Workload) -> list[SearchRes
         result = find_batch_size(
             workload,
             mode,
-            device=cfg.DEVICE,
-            memory_limit=cfg.MEMORY_LIMIT,
-            memory_fraction=getattr(auto, "TARGET_MEMORY_FRACTION" + suffix),
+            where=where_from_config(cfg, mode),
             sizes=sizes_from_config(auto, mode),
             trials=trials_from_config(auto, mode),
             on_progress=functools.partial(_log_trial, level=level),
@@ -82,10 +91,9 @@ def analyze_config(
         workload,
         memory_fractions,
         modes,
-        device=cfg.DEVICE,
-        memory_limit=cfg.MEMORY_LIMIT,
-        sizes={mode: sizes_from_config(auto, mode) for mode in SUFFIXES},
-        trials={mode: trials_from_config(auto, mode) for mode in SUFFIXES},
+        where=Where(cfg.DEVICE, cfg.MEMORY_LIMIT),
+        sizes_by_mode={mode: sizes_from_config(auto, mode) for mode in SUFFIXES},
+        trials_by_mode={mode: trials_from_config(auto, mode) for mode in SUFFIXES},
         on_progress=on_progress,
     )
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from batchfit.checks import check_positive_int
-from batchfit.options import ResolvedDevice, Where
+from batchfit.options import Where
 from batchfit.policy.loader_settings import (
     KNOBS,
     WAIT_SHARE_THRESHOLD,
@@ -33,6 +33,7 @@ from batchfit.runtime.devices.host import usable_cores
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.specs import load_function
 from batchfit.runtime.workloads.workload import Workload, check_model_on
+from batchfit.where import target_of
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ def check_data(
     workload: Workload,
     batch_size: int,
     *,
+    where: Where | None = None,
     device: str | torch.device | None = None,
     loader: LoaderFactory | str | None = None,
     current: LoaderSetting = LoaderSetting(),
@@ -143,19 +145,20 @@ def check_data(
     cheapest within ``search.tolerance`` of the fastest is recommended. Each pass times at least
     ``search.window_seconds``; no setting is started after ``search.time_budget_seconds``. ``on_progress``
     hears each setting as it is measured, the current one first. The model, optimizer and RNG
-    are left as they were. docs/check-data.md explains.
+    are left as they were. docs/check-data.md explains. ``where`` says where to measure (a
+    ``batchfit.Where``; its device alone matters here), ``device`` its shorthand.
     """
     started = time.perf_counter()
     check_entry(
         "check_data", workload, on_progress, current=(current, LoaderSetting), search=(search, LoaderSearch)
     )
     check_positive_int("batch_size", batch_size)
+    target = target_of("check_data", where, device).device
     if search.max_num_workers is None:
         search = replace(search, max_num_workers=usable_cores())
     factory = load_function(loader, "loader") if isinstance(loader, str) else loader
     source = LoaderSource(workload, batch_size, factory)
     source.check(current)
-    target = ResolvedDevice.of(Where(device)).device
     check_model_on(workload.module, target.torch_device)
     return _Check(source, current, search, started, on_progress).run(target)
 

@@ -1,15 +1,24 @@
-"""The checks and defaults every verb shares: positive sizes, ranges, memory fractions, and the
-upper bounds of a search (eval's is twice train's: an eval step keeps no activations for backward)."""
+"""The checks, defaults and plain vocabulary every verb and policy shares: positive sizes, ranges,
+memory fractions, devices named, the chooser's rules, ``Mode``, ``Objective`` and the ``Candidates``
+a search walks, and the upper bounds of a search (eval's is twice train's: an eval step keeps no
+activations for backward). Pure: the options objects validate with these, importing no algorithm."""
 
 from __future__ import annotations
 
 import math
+import re
 import sys
-from dataclasses import field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from batchfit.errors import ArgumentTypeError, ConfigurationError
-from batchfit.policy.trial import Mode
+
+#: What a step does: train (forward, backward, optimizer step) or eval (forward alone).
+Mode = Literal["train", "eval"]
+#: What explore recommends: the smallest batch within the tolerance of the fastest, or the fastest.
+Objective = Literal["smallest-within-tolerance", "max-throughput"]
+#: Samples within this share of the fewest count as as few (the sample-optimal batch's default).
+SAMPLE_TOLERANCE = 0.1
 
 #: Upper bound of a training search when none is given (the seed's MAX_BATCH_SIZE).
 DEFAULT_MAX_BATCH_SIZE = 512
@@ -58,6 +67,90 @@ def check_batch_range(min_batch_size: object, max_batch_size: object) -> None:
             f"min_batch_size ({min_batch_size}) is larger than max_batch_size ({max_batch_size}); "
             f"pass min_batch_size <= max_batch_size."
         )
+
+
+def check_multiple_in_range(min_batch_size: int, max_batch_size: int, multiple_of: int | None) -> None:
+    """A multiple of ``multiple_of`` lies in [min_batch_size, max_batch_size]."""
+    step = 1 if multiple_of is None else check_positive_int("multiple_of", multiple_of)
+    if -(-min_batch_size // step) * step > max_batch_size // step * step:
+        raise ConfigurationError(
+            f"no multiple of {step} lies in [min_batch_size, max_batch_size] = "
+            f"[{min_batch_size}, {max_batch_size}]; widen the range or change multiple_of."
+        )
+
+
+def check_divisible(global_batch_size: int | None, world_size: int) -> None:
+    """``global_batch_size`` (when given) splits evenly over ``world_size`` devices."""
+    if global_batch_size is not None and global_batch_size % world_size:
+        below = global_batch_size // world_size * world_size or world_size
+        raise ConfigurationError(
+            f"global_batch_size ({global_batch_size}) is not divisible by world_size ({world_size}); "
+            f"{below} or {(global_batch_size // world_size + 1) * world_size} would work."
+        )
+
+
+def check_choice_rules(tolerance: float, objective: Objective, confidence_target: int) -> None:
+    """The throughput chooser's rules: a tolerance in [0, 1), a known objective, a confidence in [0, 100]."""
+    if not 0 <= tolerance < 1:
+        raise ConfigurationError(f"tolerance={tolerance!r} must be in [0, 1), e.g. 0.03 for 3%.")
+    if objective not in ("smallest-within-tolerance", "max-throughput"):
+        raise ConfigurationError(
+            f"objective={objective!r}: use 'smallest-within-tolerance' or 'max-throughput'."
+        )
+    if not 0 <= confidence_target <= 100:
+        raise ConfigurationError(f"confidence_target={confidence_target!r} must be in [0, 100].")
+
+
+def check_noise_scale(noise_scale: object) -> float:
+    """``B_noise`` in samples: a positive number given, or a measured ``NoiseScale``'s ``b_simple``;
+    else a ConfigurationError."""
+    measured = getattr(noise_scale, "b_simple", None) if type(noise_scale).__name__ == "NoiseScale" else None
+    value = measured if measured is not None else noise_scale
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(
+            f"noise_scale must be a number of samples or a measured NoiseScale, got {noise_scale!r}."
+        )
+    if not value > 0:  # also NaN
+        raise ConfigurationError(
+            f"noise_scale must be a positive number of samples (inf: the noise hid the signal), got "
+            f"{float(value)}; a measured noise scale of 0 or less says the noise did not show at the "
+            "batches measured: measure it at smaller batches."
+        )
+    return float(value)
+
+
+#: The device types torch names besides the two batchfit measures: named, they are unsupported,
+#: not unknown.
+OTHER_TORCH_DEVICES = frozenset(
+    {
+        *("fpga", "hip", "hpu", "ipu", "lazy", "maia", "meta", "mkldnn", "mps", "mtia", "opencl"),
+        *("opengl", "privateuseone", "ve", "vulkan", "xla", "xpu"),
+    }
+)
+
+
+def check_device(device: object) -> str:
+    """``device`` as torch writes it (``cpu``, ``cuda``, ``cuda:N``), read without torch; a
+    ConfigurationError naming what to pass for any other."""
+    is_torch_device = type(device).__module__ == "torch" and type(device).__name__ == "device"
+    text = str(device) if is_torch_device else device
+    shown = text if isinstance(text, str) else device
+    parsed = re.fullmatch(r"([a-z_]+)(?::(\d+))?", text) if isinstance(text, str) else None
+    kind = parsed.group(1) if parsed else None
+    if kind == "meta":
+        raise ConfigurationError(
+            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices; a "
+            f"model built on the meta device is predicted from its shapes with batchfit.predict("
+            f"workload, batchfit.Targets(capacities='24GiB'), device='cpu') (batchfit predict "
+            f"--device cpu --capacities 24GiB)."
+        )
+    if kind in OTHER_TORCH_DEVICES:
+        raise ConfigurationError(
+            f"device={shown!r} is not supported: batchfit measures 'cpu' and 'cuda' devices."
+        )
+    if kind not in ("cpu", "cuda"):
+        raise ConfigurationError(f"device={shown!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'.")
+    return str(text)
 
 
 def check_memory_fraction(memory_fraction: object, name: str = "memory_fraction") -> None:
@@ -143,3 +236,28 @@ def option(default: Any, help: str, *, cli: bool = True) -> Any:
     """An options object's field: its default (``dataclasses.MISSING``: none, the flag is required)
     and the one-line help its flag shows (``cli=False``: no flag)."""
     return field(default=default, metadata={"help": help, "cli": cli})
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The batch sizes allowed: multiples of ``multiple_of`` in [min_batch_size, max_batch_size]."""
+
+    first: int
+    step: int
+    count: int
+
+    @classmethod
+    def between(cls, min_batch_size: int, max_batch_size: int, multiple_of: int | None = None) -> Candidates:
+        check_batch_range(min_batch_size, max_batch_size)
+        check_multiple_in_range(min_batch_size, max_batch_size, multiple_of)
+        step = 1 if multiple_of is None else multiple_of
+        first = -(-min_batch_size // step) * step
+        last = max_batch_size // step * step
+        return cls(first, step, (last - first) // step + 1)
+
+    def batch(self, index: int) -> int:
+        return self.first + index * self.step
+
+    def index_at_most(self, batch_size: float) -> int:
+        """Index of the largest candidate <= batch_size (-1 if none)."""
+        return math.floor((batch_size - self.first) / self.step)

@@ -14,7 +14,7 @@ from batchfit.comparison import Comparison, ComparisonRow, against
 from batchfit.errors import ConfigurationError, DoesNotFitError
 from batchfit.explore import explore_on
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, ResolvedDevice, Timing, Where
+from batchfit.options import BatchSizes, Timing, Where
 from batchfit.policy.micro_batch import chosen_micro_batch
 from batchfit.policy.techniques import (
     ACCUMULATION,
@@ -40,6 +40,7 @@ from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.default_step import needs_closure
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.where import ResolvedDevice, target_of
 
 #: compare's timing unless told: explore gets 10 s for each technique's recommended batch.
 COMPARE_TIMING = Timing(time_budget_seconds=10.0)
@@ -49,9 +50,10 @@ def compare(
     workload: Workload,
     techniques: Sequence[str] | None = None,
     *,
+    where: Where | None = None,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    memory_fraction: float = 0.8,
+    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     timing: Timing = COMPARE_TIMING,
     checkpoint_module: str | None = None,
@@ -68,9 +70,12 @@ def compare(
     wraps ``checkpoint_module`` (a type name), by default the most repeated block.
     ``on_progress`` hears each trial (labelled with its technique) and each row. The model,
     optimizer and RNG are left as they were.
+    ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
+    ``memory_fraction`` are its shorthand for the one-line call (one that disagrees with
+    ``where`` is a ConfigurationError).
     """
     check_entry("compare", workload, on_progress, sizes=(sizes, BatchSizes), timing=(timing, Timing))
-    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
+    target = target_of("compare", where, device, memory_limit, memory_fraction)
     return compare_on(target, workload, techniques, sizes, timing, checkpoint_module, on_progress)
 
 

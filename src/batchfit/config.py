@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from batchfit.checks import DEFAULT_MAX_BATCH_SIZE, EVAL_BATCH_FACTOR
 from batchfit.errors import ConfigurationError
+from batchfit.options import BatchSizes, Trials, Where
 from batchfit.units import parse_bytes
 
 
@@ -46,6 +47,17 @@ class AutobatchConfig:
     MIN_BATCH_SIZE_VAL: int = _follows("${DATA.AUTOBATCH.MIN_BATCH_SIZE}")
     STEPS_PER_TRIAL_VAL: int = _follows("${DATA.AUTOBATCH.STEPS_PER_TRIAL}")
     LOG_LEVEL_VAL: str = _follows("${DATA.AUTOBATCH.LOG_LEVEL}")
+
+
+#: The options field each of DATA.AUTOBATCH's search keys sets (the eval search's: its _VAL twin),
+#: named as the experiment configs name them; the top level's DEVICE and MEMORY_LIMIT set
+#: ``Where.device`` and ``Where.memory_limit``.
+SEARCH_KEYS: dict[str, tuple[type, str]] = {
+    "TARGET_MEMORY_FRACTION": (Where, "memory_fraction"),
+    "MIN_BATCH_SIZE": (BatchSizes, "min_batch_size"),
+    "MAX_BATCH_SIZE": (BatchSizes, "max_batch_size"),
+    "STEPS_PER_TRIAL": (Trials, "steps_per_trial"),
+}
 
 
 @dataclass

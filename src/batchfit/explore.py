@@ -15,7 +15,7 @@ import torch
 
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, Goal, ResolvedDevice, Timing, Where
+from batchfit.options import BatchSizes, Goal, Timing, Where
 from batchfit.policy.choose import Recommendation
 from batchfit.policy.exploration import ExploreStopReason, Rules, explore_rounds
 from batchfit.policy.goodput import SAMPLE_TOLERANCE, ThroughputAt, goodput
@@ -30,6 +30,7 @@ from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload, check_model_on
+from batchfit.where import ResolvedDevice, target_of
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,10 @@ class ExploreResult:
 def explore(
     workload: Workload,
     *,
+    where: Where | None = None,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    memory_fraction: float = 0.8,
+    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     timing: Timing = Timing(),
     goal: Goal = Goal(),
@@ -131,10 +133,13 @@ def explore(
     note on glibc's malloc. Under torch.distributed every rank runs it together and gets the same
     result. With ``goal.noise_scale`` the result's ``goodput`` predicts each batch to a target
     (``with_goodput``; docs/goodput.md).
+    ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
+    ``memory_fraction`` are its shorthand for the one-line call (one that disagrees with
+    ``where`` is a ConfigurationError).
     """
     given = {"sizes": (sizes, BatchSizes), "timing": (timing, Timing), "goal": (goal, Goal)}
     check_entry("explore", workload, on_progress, **given)
-    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
+    target = target_of("explore", where, device, memory_limit, memory_fraction)
     return explore_on(target, workload, sizes, timing, goal, on_progress)
 
 

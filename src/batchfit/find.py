@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from batchfit.options import BatchSizes, ResolvedDevice, Trials, Where, mode_named
+from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.safe_band import SafeBand, Under, hold_below
 from batchfit.policy.search import DEFAULT_TUNING, Candidates, SearchOutcome, Tuning, search_and_confirm
@@ -30,6 +30,7 @@ from batchfit.search_capacity import does_not_fit, search_capacity
 from batchfit.search_result import SearchResult
 from batchfit.starting_evidence import StartFrom, StartingEvidence
 from batchfit.trial_oracle import TrialOracle
+from batchfit.where import ResolvedDevice, target_of
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +39,10 @@ def find_batch_size(
     workload: Workload,
     mode: Mode = "train",
     *,
+    where: Where | None = None,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    memory_fraction: float = 0.8,
+    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
@@ -49,9 +51,11 @@ def find_batch_size(
     """Find the largest batch in ``sizes`` whose ``mode`` steps complete under a hard cap at
     ``memory_fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
 
-    ``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (default: cuda if available); with
-    ``memory_limit`` (e.g. ``"2GiB"``) the device's capacity is that size (a smaller GPU, or a
-    CPU standing in for one). ``mode`` is ``"train"`` or ``"eval"`` (``"val"`` too).
+    ``where.device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (default: cuda if available); with
+    ``where.memory_limit`` (e.g. ``"2GiB"``) the device's capacity is that size (a smaller GPU, or
+    a CPU standing in for one); the loose ``device``, ``memory_limit`` and ``memory_fraction`` are
+    the one-line call's shorthand for ``where`` (one that disagrees with it is an error).
+    ``mode`` is ``"train"`` or ``"eval"`` (``"val"`` too).
     The opening trials run ``trials.steps_per_trial`` steps; every later one, which may be the
     answer, runs ``trials.confirm_steps`` (default: 10 on CUDA, 40 with expandable segments, whose
     caching allocator fragments over the first steps; none on the CPU); an answer not found by such
@@ -67,7 +71,7 @@ def find_batch_size(
     place its first trial, and join its trials' own records (behind a caching allocator only).
     """
     check_entry("find_batch_size", workload, on_progress, sizes=(sizes, BatchSizes), trials=(trials, Trials))
-    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
+    target = target_of("find_batch_size", where, device, memory_limit, memory_fraction)
     named = mode_named(mode)
     start = None if start_from is None else StartingEvidence.read(start_from, named)
     return find_on(target, workload, named, sizes, trials, on_progress, start=start)

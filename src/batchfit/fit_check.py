@@ -13,12 +13,13 @@ import torch
 from batchfit.checks import check_positive_int
 from batchfit.errors import DoesNotFitError
 from batchfit.find import find_on
-from batchfit.options import BatchSizes, ResolvedDevice, Trials, Where, mode_named
+from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.trial import Mode, Trial
 from batchfit.progress import OnProgress
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
+from batchfit.where import target_of
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,12 @@ class FitCheck:
 def check(
     workload: Workload,
     batch_size: int,
-    mode: str = "train",
+    mode: Mode = "train",
     *,
+    where: Where | None = None,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    memory_fraction: float = 0.8,
+    memory_fraction: float | None = None,
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
 ) -> FitCheck:
@@ -84,10 +86,14 @@ def check(
     the device's memory (``memory_limit``: a device of that size), measured as ``find`` measures
     its answer (its confirming steps on CUDA), with the margin to the budget. It raises nothing
     for a batch that does not fit: ``FitCheck.fits`` says so, and ``summary()`` by how much and
-    what to do. The model, optimizer and RNG are left as they were."""
+    what to do. The model, optimizer and RNG are left as they were.
+    ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
+    ``memory_fraction`` are its shorthand for the one-line call (one that disagrees with
+    ``where`` is a ConfigurationError).
+    """
     check_entry("check", workload, on_progress, trials=(trials, Trials))
     check_positive_int("batch_size", batch_size)
-    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
+    target = target_of("check", where, device, memory_limit, memory_fraction)
     named = mode_named(mode)
     exactly = BatchSizes(batch_size, batch_size)
     # The training state an eval step meets is resident after any training step: the smallest.

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves
 
 from batchfit.errors import ConfigurationError, DoesNotFitError, NonFiniteError
 from batchfit.noise_scale_result import NoiseScaleResult
-from batchfit.options import ResolvedDevice, Sampling, Where
+from batchfit.options import Sampling, Where
 from batchfit.policy.noise_scale import GradientReading, estimate
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.host import host_memory
@@ -32,6 +32,7 @@ from batchfit.runtime.workloads.batches import check_batch_size, collated, on_ho
 from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload, check_model_on
+from batchfit.where import ResolvedDevice, target_of
 
 __all__ = ["NoiseScaleResult", "noise_scale"]
 
@@ -40,9 +41,10 @@ def noise_scale(
     workload: Workload,
     *,
     sampling: Sampling,
+    where: Where | None = None,
     device: str | torch.device | None = None,
     memory_limit: str | int | None = None,
-    memory_fraction: float = 0.8,
+    memory_fraction: float | None = None,
     on_progress: OnProgress | None = None,
 ) -> NoiseScaleResult:
     """Measure the simple gradient noise scale of ``workload``'s training step over
@@ -59,9 +61,12 @@ def noise_scale(
     does its own backward, where no micro-batch can be read, so it is refused. With
     ``memory_limit`` the steps run under a cap at ``memory_fraction`` of it. ``on_progress`` hears
     each step's reading and the estimate so far.
+    ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
+    ``memory_fraction`` are its shorthand for the one-line call (one that disagrees with
+    ``where`` is a ConfigurationError).
     """
     check_entry("noise_scale", workload, on_progress, sampling=(sampling, Sampling))
-    target = ResolvedDevice.of(Where(device, memory_limit, memory_fraction))
+    target = target_of("noise_scale", where, device, memory_limit, memory_fraction)
     team = ranks()
     micro, accumulation = sampling.split(team.world_size)
     team.run(lambda: _check_workload(workload, target.device.torch_device, sampling.fixed_weights))

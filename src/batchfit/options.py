@@ -2,21 +2,29 @@
 measure (``Where``), which batch sizes (``BatchSizes``), how a memory trial runs (``Trials``), how
 throughput is timed (``Timing``), what explore aims at (``Goal``) and how the noise scale is
 sampled (``Sampling``). The command line's flags are generated from their fields, so a flag is its
-field's name with dashes and says what its field says."""
+field's name with dashes and says what its field says. They are pure data: this module imports no
+algorithm and no torch (``batchfit.where`` resolves a ``Where`` into a device)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from batchfit.checks import (
     DEFAULT_MAX_BATCH_SIZE,
+    SAMPLE_TOLERANCE,
+    Candidates,
+    Mode,
+    Objective,
     check_batch_range,
+    check_choice_rules,
+    check_device,
+    check_divisible,
     check_flag,
     check_memory_fraction,
+    check_multiple_in_range,
+    check_noise_scale,
     check_number,
     check_positive_int,
     check_positive_number,
@@ -24,15 +32,12 @@ from batchfit.checks import (
     option,
 )
 from batchfit.errors import ConfigurationError
-from batchfit.policy.choose import Objective, recommend
-from batchfit.policy.goodput import SAMPLE_TOLERANCE, noise_scale_of
-from batchfit.policy.micro_batch import check_divisible
-from batchfit.policy.noise_scale import NoiseScale
-from batchfit.policy.search import Candidates
-from batchfit.policy.trial import Mode
-from batchfit.runtime.devices.device import Device
-from batchfit.runtime.devices.resolve import name_device, resolve_device
 from batchfit.units import parse_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+    from batchfit.policy.noise_scale import NoiseScale
 
 
 def mode_named(mode: str) -> Mode:
@@ -58,32 +63,14 @@ class Where:
         "decimal (1000^N), a bare number is bytes; a prefix alone (64M) is refused: write 64MB or 64MiB",
     )
     memory_fraction: float = option(0.8, "share of device memory a batch may use")
-    #: The device named, as torch reads it (``cuda`` keeps no index: each rank's own under
-    #: torchrun, else the current one); None for the default.
-    torch_device: torch.device | None = field(init=False, repr=False, compare=False)
     memory_limit_bytes: int | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.device is not None:
+            check_device(self.device)
         check_memory_fraction(self.memory_fraction)
         limit = None if self.memory_limit is None else parse_bytes(self.memory_limit, name="memory_limit")
         object.__setattr__(self, "memory_limit_bytes", limit)
-        object.__setattr__(self, "torch_device", None if self.device is None else name_device(self.device))
-
-    def keywords(self) -> dict[str, Any]:
-        """``device``, ``memory_limit`` and ``memory_fraction``, as every verb takes them."""
-        return {
-            "device": self.device,
-            "memory_limit": self.memory_limit,
-            "memory_fraction": self.memory_fraction,
-        }
-
-    @property
-    def on_cpu(self) -> bool:
-        """Whether the device is the CPU (named, or the default where CUDA is not available)."""
-        parsed = self.torch_device
-        return (
-            parsed.type if parsed is not None else "cuda" if torch.cuda.is_available() else "cpu"
-        ) == "cpu"
 
 
 @dataclass(frozen=True)
@@ -116,7 +103,7 @@ class BatchSizes:
             if value is not None:
                 check_positive_int(name, value)
         check_batch_range(self.min_batch_size, self.upper("train"))
-        Candidates.between(self.min_batch_size, self.upper("train"), self.multiple_of)  # a multiple lies in
+        check_multiple_in_range(self.min_batch_size, self.upper("train"), self.multiple_of)
         check_divisible(self.global_batch_size, self.world_size or 1)
 
     def upper(self, mode: Mode) -> int:
@@ -216,25 +203,11 @@ class Goal:
         if self.base_batch_size is not None:
             check_positive_int("base_batch_size", self.base_batch_size)
         if self.noise_scale is not None:
-            noise_scale_of(self.noise_scale)
+            check_noise_scale(self.noise_scale)
         check_positive_number("sample_tolerance", self.sample_tolerance, allow_zero=True)
         check_number("tolerance", self.tolerance)
         check_number("confidence_target", self.confidence_target)
-        recommend(  # the chooser's own checks
-            (), tolerance=self.tolerance, objective=self.objective, confidence_target=self.confidence_target
-        )
-
-
-@dataclass(frozen=True)
-class ResolvedDevice:
-    """A ``Where`` resolved: the device, found present, and the share of it a batch may use."""
-
-    device: Device
-    memory_fraction: float
-
-    @classmethod
-    def of(cls, where: Where) -> ResolvedDevice:
-        return cls(resolve_device(where.torch_device, where.memory_limit_bytes), where.memory_fraction)
+        check_choice_rules(self.tolerance, self.objective, self.confidence_target)
 
 
 @dataclass(frozen=True)

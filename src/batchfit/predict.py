@@ -18,6 +18,7 @@ from batchfit.policy.capacity_prediction import CapacityPrediction, CapacityPred
 from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.trial import Mode, Trial
 from batchfit.prediction import TRACE, TRIALS, Prediction, PredictionRow, Targets
+from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.cuda import CudaDevice
 from batchfit.runtime.devices.device import Device
@@ -32,6 +33,7 @@ from batchfit.runtime.steps.trace import TraceUnavailable, fake_copy, tracing, u
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.where import where_of
 
 #: The batch sizes recorded: the pair ``find`` opens with and one more, whose own answer shows the
 #: replay's error where the step's requests do not follow lines in the batch.
@@ -45,10 +47,13 @@ def predict(
     targets: Targets,
     *,
     modes: Sequence[str] = ("train", "eval"),
+    where: Where | None = None,
     device: str | torch.device | None = None,
-    memory_fraction: float = 0.8,
+    memory_limit: str | int | None = None,
+    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
+    on_progress: OnProgress | None = None,
 ) -> Prediction:
     """Predict the largest ``modes`` batch on GPUs of other sizes: the ``targets``' capacities
     (totals, such as ``Targets(capacities="24GiB,80GiB")``) and cards (``Targets(gpus="T4")``, from
@@ -60,19 +65,23 @@ def predict(
     trials are traced on fake tensors (nothing allocated: a model built on the meta device too), or
     run on the CPU where the step cannot be traced, with CUDA's allocator modelled, what differs on
     CUDA added where it can be (cuBLAS's workspace, a foreach optimizer step) and named and banded
-    where it cannot. The model, optimizer and RNG are left as they were.
+    where it cannot. The model, optimizer and RNG are left as they were. ``where`` says where
+    the trials run (a ``batchfit.Where``; ``device``, ``memory_limit`` and ``memory_fraction`` its
+    shorthand): a ``memory_limit`` caps the recording device (on the CPU alone, it replaces
+    ``CPU_RECORDING_BYTES``). ``on_progress`` hears each recorded trial.
     """
     given = {"targets": (targets, Targets), "sizes": (sizes, BatchSizes), "trials": (trials, Trials)}
-    check_entry("predict", workload, None, **given)
-    where = Where(device, None, memory_fraction)
+    check_entry("predict", workload, on_progress, **given)
+    chosen = where_of("predict", where, device, memory_limit, memory_fraction)
     named = tuple(mode_named(mode) for mode in modes)
-    target = resolve_device(where.torch_device, None)
+    target = resolve_device(chosen.device, chosen.memory_limit_bytes)
+    fraction = chosen.memory_fraction
     if isinstance(target, CudaDevice):
-        return predict_on(target, workload, targets, named, memory_fraction, sizes, trials)
+        return predict_on(target, workload, targets, named, fraction, sizes, trials, on_progress=on_progress)
+    recording = CachingCpuDevice(chosen.memory_limit_bytes or CPU_RECORDING_BYTES)
     return predict_on(
-        CachingCpuDevice(CPU_RECORDING_BYTES), workload, targets, named, memory_fraction, sizes, trials,
-        cpu_alone=True,
-    )  # fmt: skip
+        recording, workload, targets, named, fraction, sizes, trials, cpu_alone=True, on_progress=on_progress
+    )
 
 
 def predict_on(
@@ -85,6 +94,7 @@ def predict_on(
     trials: Trials = Trials(),
     *,
     cpu_alone: bool = False,
+    on_progress: OnProgress | None = None,
 ) -> Prediction:
     """``predict`` recording on ``device`` (CUDA, or the CPU with CUDA's allocator modelled);
     ``cpu_alone``: the CPU stands in for CUDA (its additions and unmodelled parts apply)."""
@@ -102,6 +112,8 @@ def predict_on(
         records, ran, why, found = _recorded(
             device, workload, mode, memory_fraction, trials, candidates.first, cpu_alone
         )
+        for trial in ran:
+            tell(on_progress, Event("predict", "trial", mode, trial.batch_size, trial))
         untraced.update({mode: why} if why else {})
         missing.update(dict.fromkeys(found))
         recorded[mode], evidence[mode] = ran, records

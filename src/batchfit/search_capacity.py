@@ -4,12 +4,12 @@ does not fit there: what it measured, and what to change."""
 from __future__ import annotations
 
 from batchfit.errors import DoesNotFitError
-from batchfit.options import ResolvedDevice
 from batchfit.policy.trial import Mode, Trial
 from batchfit.runtime.devices.host_failure import check_host_room
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
+from batchfit.where import ResolvedDevice
 
 
 def search_capacity(workload: Workload, target: ResolvedDevice, candidates: int) -> int:

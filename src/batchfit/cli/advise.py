@@ -90,7 +90,7 @@ def _run(
     with flags.progress(args, "advise") as display:
         result = batchfit.advise(
             workload,
-            **where.keywords(),
+            where=where,
             sizes=sizes,
             timing=timing,
             checklist=checklist,

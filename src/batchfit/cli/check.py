@@ -8,6 +8,7 @@ from typing import Any
 import batchfit
 from batchfit import FitCheck, Trials, Where
 from batchfit.cli import flags
+from batchfit.policy.trial import Mode
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -38,12 +39,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, where: Where, trials: Trials) -> int:
     workload = flags.workload(args, where)
-    asked = [("train", args.batch_size), *([("eval", args.eval_batch_size)] if args.eval_batch_size else [])]
+    asked: list[tuple[Mode, int]] = [("train", args.batch_size)]
+    asked += [("eval", args.eval_batch_size)] if args.eval_batch_size else []
     checks: list[FitCheck] = []
     with flags.progress(args, "check", usual_steps=trials.steps_per_trial) as display:
         for mode, batch_size in asked:
             result = batchfit.check(
-                workload, batch_size, mode, **where.keywords(), trials=trials, on_progress=display.hear
+                workload, batch_size, mode, where=where, trials=trials, on_progress=display.hear
             )
             flags.say(result.summary())
             checks.append(result)

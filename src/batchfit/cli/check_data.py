@@ -50,7 +50,7 @@ def _run(args: argparse.Namespace, where: Where, current: LoaderSetting, search:
         result = batchfit.check_data(
             workload,
             args.batch_size,
-            device=where.device,
+            where=where,
             loader=args.loader,
             current=current,
             search=search,

@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timi
         comparison = batchfit.compare(
             workload,
             techniques,
-            **where.keywords(),
+            where=where,
             sizes=sizes,
             timing=timing,
             checkpoint_module=args.checkpoint_module,

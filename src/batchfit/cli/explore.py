@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timi
     with flags.progress(args, "explore") as display:
         result = batchfit.explore(
             workload,
-            **where.keywords(),
+            where=where,
             sizes=sizes,
             timing=timing,
             goal=goal,

@@ -51,7 +51,7 @@ def _run(args: argparse.Namespace, where: Where, modes: list[Mode], sizes: Batch
             result = batchfit.find_batch_size(
                 workload,
                 mode,
-                **where.keywords(),
+                where=where,
                 sizes=sizes.for_mode(mode),
                 trials=trials,
                 on_progress=display.hear,

@@ -18,6 +18,8 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+
 import batchfit
 from batchfit import ConfigurationError, Where, Workload
 from batchfit.cli.launch import launched_process_group, launched_world_size
@@ -37,7 +39,8 @@ def add_options(
     """One flag per field of ``options`` (an options class, or an instance whose values are this
     command's defaults), its help the field's own unless ``help`` names the field."""
     kind = options if isinstance(options, type) else type(options)
-    hints = typing.get_type_hints(kind)
+    # The options name torch and NoiseScale in their annotations alone (they import neither).
+    hints = typing.get_type_hints(kind, localns={"torch": torch, "NoiseScale": batchfit.NoiseScale})
     for field in dataclasses.fields(kind):
         if field.name in exclude or not field.init or not field.metadata.get("cli", True):
             continue

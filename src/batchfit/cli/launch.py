@@ -51,8 +51,9 @@ def launched_process_group(where: Where) -> Iterator[int | None]:
             f"torchrun (torchrun --nproc_per_node=N -m batchfit ...), or unset WORLD_SIZE."
         )
     # CUDA named where none is present: gloo, and the command's own device check says so.
-    cuda = not where.on_cpu and torch.cuda.is_available()
-    if cuda and (where.torch_device is None or where.torch_device.index is None):
+    named = None if where.device is None else torch.device(where.device)
+    cuda = (named is None or named.type == "cuda") and torch.cuda.is_available()
+    if cuda and (named is None or named.index is None):
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # "cuda" is then this rank's GPU
     dist.init_process_group("nccl" if cuda else "gloo")
     yield dist.get_rank()  # an error: every rank raises after the same collective, none waits

@@ -35,9 +35,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, where: Where, sampling: Sampling) -> int:
     workload = flags.workload(args, where)
     with flags.progress(args, "noise-scale", noun="steps") as display:
-        result = batchfit.noise_scale(
-            workload, sampling=sampling, **where.keywords(), on_progress=display.hear
-        )
+        result = batchfit.noise_scale(workload, sampling=sampling, where=where, on_progress=display.hear)
         flags.say(f"{result.summary()} ({result.seconds:.1f} s).")
     document = {**result.to_dict(), **flags.what_ran(workload.name)}
     flags.publish(args, document, {"text": result.text})

@@ -21,7 +21,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     flags.add_workload(parser)
     flags.add_modes(parser)
-    flags.add_options(parser, Where, exclude=("memory_limit",))
+    flags.add_options(parser, Where)
     flags.add_options(parser, Targets)
     flags.add_options(parser, BatchSizes, exclude=("global_batch_size", "world_size"))
     flags.add_options(parser, Trials)
@@ -41,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
         workload,
         targets,
         modes=modes,
-        device=where.device,
-        memory_fraction=where.memory_fraction,
+        where=where,
         sizes=sizes,
         trials=trials,
     )

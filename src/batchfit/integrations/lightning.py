@@ -130,7 +130,7 @@ class BatchfitCallback(Callback):
         check_fit(trainer, pl_module, self.batch_arg_name, self.sizes, self.keep_global_batch_size)
         saved, self._saved, self.results = self._saved, None, {}
         where = self._where(trainer)
-        devices = tuple(ranks().run(lambda: resolve_device(where.torch_device, where.memory_limit).name))
+        devices = tuple(ranks().run(lambda: resolve_device(where.device, where.memory_limit).name))
         loader = one_loader(trainer.fit_loop._data_source)
         target = self._global_batch(trainer, loader)
         changed = self._changes(saved, trainer, devices, target)
@@ -308,7 +308,7 @@ class BatchfitCallback(Callback):
             result = find_batch_size(
                 workload,
                 mode,
-                **where.keywords(),
+                where=where,
                 sizes=replace(sizes.for_mode(mode), global_batch_size=None, world_size=None),
                 trials=self.trials,
                 on_progress=_tell if speak else None,

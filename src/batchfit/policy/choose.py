@@ -10,13 +10,12 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
-from batchfit.errors import ConfigurationError
+from batchfit.checks import Objective as Objective
+from batchfit.checks import check_choice_rules
 from batchfit.policy.ratios import Ratio, of_estimates, ratio_text
 from batchfit.policy.throughput import Point, assess
-
-Objective = Literal["smallest-within-tolerance", "max-throughput"]
 
 #: Below this confidence (0-100) a recommendation is not settled: under 50 the size it leans to is
 #: more likely outside the tolerance of the best than within, so the measurements have not told
@@ -75,7 +74,7 @@ def recommend(
     whose confidence reaches ``confidence_target``; while none does, the one most surely fast
     (the highest estimate less one standard error).
     """
-    _check_rules(tolerance, objective, confidence_target)
+    check_choice_rules(tolerance, objective, confidence_target)
     allowed = allowed or (lambda batch: True)
     medians, error = assess([point for point in points if point.samples_per_second])
     eligible = {batch: value for batch, value in medians.items() if allowed(batch)}
@@ -111,17 +110,6 @@ def recommend(
         speedup_high=speedup.high,
         floor=min(CONFIDENCE_FLOOR, confidence_target),
     )
-
-
-def _check_rules(tolerance: float, objective: Objective, confidence_target: int) -> None:
-    if not 0 <= tolerance < 1:
-        raise ConfigurationError(f"tolerance={tolerance!r} must be in [0, 1), e.g. 0.03 for 3%.")
-    if objective not in ("smallest-within-tolerance", "max-throughput"):
-        raise ConfigurationError(
-            f"objective={objective!r}: use 'smallest-within-tolerance' or 'max-throughput'."
-        )
-    if not 0 <= confidence_target <= 100:
-        raise ConfigurationError(f"confidence_target={confidence_target!r} must be in [0, 100].")
 
 
 def _speedup(medians: dict[int, float], error: dict[int, float] | None, chosen: int, base: int) -> Ratio:

@@ -15,13 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations, pairwise
 
+from batchfit.checks import SAMPLE_TOLERANCE as SAMPLE_TOLERANCE
+from batchfit.checks import check_noise_scale
 from batchfit.errors import ConfigurationError
 from batchfit.policy.goodput_result import BatchGoodput, Goodput, Versus
 from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.ratios import of_estimates
-
-#: Samples within this share of the fewest count as as few (the sample-optimal batch's default).
-SAMPLE_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -39,21 +38,10 @@ def noise_scale_of(noise_scale: NoiseScale | float) -> tuple[float, float | None
     as a noise scale: ``Goal``, ``Checklist``, ``TrainingFacts`` and goodput take a ``NoiseScale``
     (what ``MicroBatchStep``, the monitor, the adapters and the ``noise_scale`` verb measure) or a
     number of samples as shorthand."""
+    value = check_noise_scale(noise_scale)
     if isinstance(noise_scale, NoiseScale):
-        value, low, high = noise_scale.b_simple, noise_scale.low, noise_scale.high
-    elif isinstance(noise_scale, (int, float)) and not isinstance(noise_scale, bool):
-        value, low, high = float(noise_scale), None, None
-    else:
-        raise ConfigurationError(
-            f"noise_scale must be a number of samples or a measured NoiseScale, got {noise_scale!r}."
-        )
-    if not value > 0:  # also NaN
-        raise ConfigurationError(
-            f"noise_scale must be a positive number of samples (inf: the noise hid the signal), got "
-            f"{value}; a measured noise scale of 0 or less says the noise did not show at the batches "
-            "measured: measure it at smaller batches."
-        )
-    return value, low, high
+        return value, noise_scale.low, noise_scale.high
+    return value, None, None
 
 
 def goodput(

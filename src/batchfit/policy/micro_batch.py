@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from batchfit.checks import check_divisible as check_divisible
 from batchfit.errors import ConfigurationError, DoesNotFitError
 
 #: A chosen micro-batch must use at least this share of max_micro_batch_size (or the whole
@@ -42,16 +43,6 @@ def micro_batch_sizes(
             f"{' and '.join(constraints)}; loosen one or widen the range."
         )
     return sizes
-
-
-def check_divisible(global_batch_size: int | None, world_size: int) -> None:
-    """``global_batch_size`` (when given) splits evenly over ``world_size`` devices."""
-    if global_batch_size is not None and global_batch_size % world_size:
-        below = global_batch_size // world_size * world_size or world_size
-        raise ConfigurationError(
-            f"global_batch_size ({global_batch_size}) is not divisible by world_size ({world_size}); "
-            f"{below} or {(global_batch_size // world_size + 1) * world_size} would work."
-        )
 
 
 def forced_micro_batch(global_batch_size: int, world_size: int, micro_batch_size: int) -> int:

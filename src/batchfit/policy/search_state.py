@@ -3,47 +3,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from batchfit.checks import check_batch_range, check_positive_int
-from batchfit.errors import ConfigurationError
+from batchfit.checks import Candidates as Candidates
 from batchfit.policy.trial import MemoryModel, Trial
 
 SearchStopReason = Literal[
     "boundary", "max_batch_size", "min_batch_size_failed", "predicted", "smaller_size_failed"
 ]
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """The batch sizes allowed: multiples of ``multiple_of`` in [min_batch_size, max_batch_size]."""
-
-    first: int
-    step: int
-    count: int
-
-    @classmethod
-    def between(cls, min_batch_size: int, max_batch_size: int, multiple_of: int | None = None) -> Candidates:
-        check_batch_range(min_batch_size, max_batch_size)
-        step = 1 if multiple_of is None else check_positive_int("multiple_of", multiple_of)
-        first = -(-min_batch_size // step) * step
-        last = max_batch_size // step * step
-        if first > last:
-            raise ConfigurationError(
-                f"no multiple of {step} lies in [min_batch_size, max_batch_size] = "
-                f"[{min_batch_size}, {max_batch_size}]; widen the range or change multiple_of."
-            )
-        return cls(first, step, (last - first) // step + 1)
-
-    def batch(self, index: int) -> int:
-        return self.first + index * self.step
-
-    def index_at_most(self, batch_size: float) -> int:
-        """Index of the largest candidate <= batch_size (-1 if none)."""
-        return math.floor((batch_size - self.first) / self.step)
 
 
 class FitForecast(Protocol):

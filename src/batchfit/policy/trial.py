@@ -6,9 +6,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from batchfit.checks import Mode as Mode
 from batchfit.units import format_bytes
 
-Mode = Literal["train", "eval"]
 TrialOutcome = Literal["ok", "oom", "over_budget"]
 
 

@@ -13,8 +13,8 @@ from torch import nn
 
 from batchfit import BatchSizes, Workload
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS, EXPANDABLE_CONFIRM_STEPS, CachingCpuDevice
+from batchfit.where import ResolvedDevice
 
 
 def test_the_stand_in_confirms_as_long_as_its_allocator_needs() -> None:

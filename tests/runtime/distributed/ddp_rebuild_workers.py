@@ -16,10 +16,10 @@ from two_ranks import report_and_leave
 
 from batchfit import BatchSizes, Workload
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.distributed.data_parallel import reduced_bytes
+from batchfit.where import ResolvedDevice
 
 #: A device whose caching allocator the DDP's buckets fragment: 16 MiB weights (4 x 4M float32,
 #: one bucket of 65 MiB at first, 3 of 16-32 MiB after the rebuild) whose wide layers' outputs are

@@ -33,11 +33,11 @@ from batchfit import (
     find_batch_size,
 )
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import StorageTracker
 from batchfit.runtime.distributed.data_parallel import bucket_bytes
 from batchfit.units import parse_bytes
+from batchfit.where import ResolvedDevice
 
 
 def _failing(rank: int, error_rank: int, error: BaseException, after_steps: int) -> Workload:

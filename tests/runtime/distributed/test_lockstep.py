@@ -15,8 +15,8 @@ from two_ranks import run_ranks
 
 from batchfit import BatchSizes, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.where import ResolvedDevice
 
 pytestmark = pytest.mark.distributed
 

@@ -16,7 +16,6 @@ import batchfit
 from batchfit import BatchSizes
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice
 from batchfit.runtime.devices.measurement import Measurement
@@ -24,6 +23,7 @@ from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.compiled import compiled_parts
 from batchfit.runtime.steps.stepping import _optimizer_phases
 from batchfit.runtime.steps.techniques import compiler_unavailable
+from batchfit.where import ResolvedDevice
 
 LIMIT = 64 * 2**20
 BUDGET = int(0.8 * LIMIT)

@@ -12,7 +12,6 @@ from tiny_workloads import adversarial, build, untraceable
 
 from batchfit import cap_memory, find_batch_size
 from batchfit.find import find_on
-from batchfit.options import ResolvedDevice
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice
 from batchfit.runtime.steps.runner import TrialRunner
@@ -20,6 +19,7 @@ from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.trace import FakeTracer, TraceUnavailable
 from batchfit.runtime.workloads.examples import build_example
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.where import ResolvedDevice
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])

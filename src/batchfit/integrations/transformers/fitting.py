@@ -129,9 +129,7 @@ def fit(
         return find_batch_size(
             workload,
             mode,
-            device=where.device if where.device is not None else args.device,
-            memory_limit=where.memory_limit,
-            memory_fraction=where.memory_fraction,
+            where=where if where.device is not None else replace(where, device=args.device),
             sizes=_at_most(sizes, mode, largest),
             trials=trials,
             on_progress=on_progress,
