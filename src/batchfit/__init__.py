@@ -48,6 +48,7 @@ from batchfit.policy.trial import MemoryModel, Mode, Trial
 from batchfit.predict import predict
 from batchfit.prediction import Prediction, PredictionRow, Targets
 from batchfit.progress import Event, OnProgress
+from batchfit.result import Result
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import memory_limit
 from batchfit.runtime.distributed.gradient_noise import DataParallelNoise
@@ -109,6 +110,7 @@ __all__ = [
     "PredictionRow",
     "RankFailedError",
     "Recommendation",
+    "Result",
     "Sampling",
     "Scaling",
     "ScheduleChange",
