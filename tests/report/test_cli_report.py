@@ -74,8 +74,10 @@ def test_explore_records_what_ran_and_writes_its_report(tmp_path: Path) -> None:
     )
     assert explored.returncode == 0, explored.stderr
     document = json.loads((tmp_path / "e.json").read_text())
-    assert document["workload"] == "mlp" and document["device"] == "cpu" and document["tolerance"] == 0.03
-    assert {"created_at", "torch_version", "batchfit_version", "points", "recommendation"} <= document.keys()
+    (result,) = document["results"]
+    assert document["workload"] == "mlp" and result["device"] == "cpu" and document["tolerance"] == 0.03
+    assert {"command", "created_at", "versions"} <= document.keys()
+    assert {"points", "recommendation"} <= result.keys()
     text = (tmp_path / "e.html").read_text()
     assert text.count("<svg") == 1
     assert "tolerance 0.03 under the best" in text  # the band is drawn from the recorded tolerance
