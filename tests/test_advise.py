@@ -71,7 +71,7 @@ def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
     assert (result.plan.optimizer, result.plan.scaling_rule) == ("SGD", "linear")
     assert result.plan.scaling_reason.startswith("linear: SGD scales the learning rate with the batch")
     assert result.skipped == ("check-data: the workload has no dataset and no loader was given",)
-    report = result.report("--example cnn")
+    report = result.table("--example cnn")
     assert f"train {alone.batch_size}" in report and "(evidence: batchfit find --example cnn)" in report
     assert json.loads(result.to_json())["batch_size"] == result.batch_size
 
@@ -96,7 +96,7 @@ def test_the_plan_scales_an_adam_workload_s_learning_rate_by_the_square_root_rul
     assert (result.plan.scaling_rule, result.plan.learning_rate) == ("sqrt", pytest.approx(0.002))
     assert (
         "  scaling_rule sqrt: Adam-family optimizers scale the learning rate with the square root of the "
-        in (result.report())
+        in (result.table())
     )
     factory, without = build("mlp"), build("mlp")
     factory.optimizer = lambda parameters: torch.optim.AdamW(parameters, lr=3e-4)
@@ -117,7 +117,7 @@ def test_a_noise_scale_adds_goodput_to_explore_and_the_payoff_to_the_plan() -> N
     assert result.exploration is not None and result.exploration.goodput is not None
     assert result.exploration.goodput.noise_scale == 64.0 and result.plan is not None
     assert result.plan.payoff is not None and result.plan.payoff.noise_scale == 64.0
-    text = result.report().splitlines()
+    text = result.table().splitlines()
     start = text.index("to a target, at the noise scale given (goodput):")
     goodput = result.exploration.goodput.lines()
     assert text[start + 1 : start + 1 + len(goodput)] == [f"  {line}" for line in goodput]
@@ -166,7 +166,7 @@ def test_the_cli_prints_the_advice_and_skips_what_it_is_told() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    document = json.loads(done.stdout)
+    (document,) = json.loads(done.stdout)["results"]
     assert document["train"]["batch_size"] == document["batch_size"] > 0
     assert document["exploration"] is None and document["comparison"] is None
     assert document["skipped"][:2] == ["explore: asked", "compare: asked"]
@@ -220,7 +220,7 @@ def test_the_report_keeps_noise_and_an_unsettled_explore_apart_from_the_answers(
         (),
         60.0,
     )
-    assert advice.report("--example cnn").splitlines() == [
+    assert advice.table("--example cnn").splitlines() == [
         (
             "explore settled no batch size: it leans to 140 (100.0 samples/s) at confidence 0, below 50: the "
             "measurements do not yet tell the sizes apart; measured 140; about 41 s more of timing "

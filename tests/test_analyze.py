@@ -57,11 +57,11 @@ def test_rows_agree_with_find_and_reports_parse() -> None:
 
 
 def _check_reports(analysis: Analysis) -> None:
-    document = json.loads(analysis.render("json"))
+    document = json.loads(analysis.to_json())
     assert len(document["rows"]) == len(analysis.rows) and document["trials_run"] == analysis.trials_run
-    lines = [json.loads(line) for line in analysis.render("jsonl").splitlines()]
+    lines = [json.loads(line) for line in analysis.to_jsonl().splitlines()]
     assert lines == document["rows"]
-    table = list(csv.DictReader(io.StringIO(analysis.render("csv"))))
+    table = list(csv.DictReader(io.StringIO(analysis.to_csv())))
     assert [int(row["batch_size"]) for row in table] == [row.batch_size for row in analysis.rows]
     assert set(table[0]) == {
         "memory_fraction",
@@ -73,7 +73,7 @@ def _check_reports(analysis: Analysis) -> None:
         "new_trials",
         "seconds",
     }
-    assert analysis.render("table").splitlines()[0].split() == [
+    assert analysis.table().splitlines()[0].split() == [
         "fraction",
         "mode",
         "batch_size",
@@ -82,10 +82,7 @@ def _check_reports(analysis: Analysis) -> None:
         "trials",
         "seconds",
     ]
-    assert len(analysis.render("table").splitlines()) == len(analysis.rows) + 1
-    with pytest.raises(ConfigurationError) as info:
-        analysis.render("txt")
-    assert str(info.value) == "report_format='txt': use one of json, jsonl, csv or table."
+    assert len(analysis.table().splitlines()) == len(analysis.rows) + 1
 
 
 def test_no_fractions() -> None:

@@ -59,7 +59,7 @@ def test_the_command_exits_0_when_it_fits_and_1_with_the_margin_when_not() -> No
     flags = ["--memory-limit", "74MiB", "--memory-fraction", "0.5"]
     passed = run_cli("--batch-size", str(answer.batch_size), *flags, "--format", "json")
     assert passed.returncode == 0, passed.stderr
-    (result,) = json.loads(passed.stdout)["checks"]
+    (result,) = json.loads(passed.stdout)["results"]
     assert result["fits"] and result["margin_bytes"] >= 0 and result["batch_size"] == answer.batch_size
     failed = run_cli("--batch-size", str(answer.batch_size + 1), *flags)
     assert failed.returncode == 1, failed.stderr

@@ -674,7 +674,7 @@ def test_every_command_runs_on_the_gpu_it_is_given(
     # Each command builds its example (or calls a workload function with the device) on cuda and
     # measures there; find's own test is above. (check-data caps nothing: --memory-limit is not its.)
     cap = () if args[0] == "check-data" else ("--memory-limit", "1GiB")
-    document = _cli([*args, "--device", "cuda", *cap], tmp_path)
+    (document,) = _cli([*args, "--device", "cuda", *cap], tmp_path)["results"]
     print(args[0], json.dumps(document)[:2000])  # the figures, for the record of a GPU run
     assert device_of(document).startswith("cuda"), document
     if args[0] == "compare":
@@ -695,7 +695,7 @@ def test_analyze_runs_on_the_gpu_its_config_names(tmp_path: Any) -> None:
         tmp_path,
         json_out=False,
     )
-    document = json.loads((tmp_path / "out.json").read_text())
+    (document,) = json.loads((tmp_path / "out.json").read_text())["results"]
     assert document["device"].startswith("cuda") and document["rows"][0]["batch_size"] >= 1, document
 
 

@@ -60,7 +60,7 @@ POLICIES = sorted(name for name in MODULES if name.startswith("batchfit.policy")
 def test_a_policy_imports_no_torch_and_no_layer_above_it(name: str) -> None:
     below = reachable(name)
     assert not {imported for imported in below if imported.split(".")[0] == "torch"}
-    allowed = ("batchfit.policy", "batchfit.checks", "batchfit.errors", "batchfit.units")
+    allowed = ("batchfit.policy", "batchfit.checks", "batchfit.errors", "batchfit.units", "batchfit.result")
     assert {imported for imported in below if imported.startswith("batchfit")} <= {
         imported for imported in below if imported.startswith(allowed)
     }
@@ -80,6 +80,7 @@ def test_the_runtime_does_not_reach_up_to_the_verbs_or_the_cli() -> None:
                         "batchfit.checks",
                         "batchfit.errors",
                         "batchfit.units",
+                        "batchfit.result",
                     )
                 )
             }

@@ -27,6 +27,7 @@ from batchfit.policy.plan_options import Baseline
 from batchfit.predict import predict
 from batchfit.prediction import Prediction, Targets
 from batchfit.progress import Event
+from batchfit.result import Result
 from batchfit.runtime.devices.resolve import cap_memory
 from batchfit.runtime.workloads.examples import EXAMPLES as _BUILDERS
 from batchfit.runtime.workloads.specs import load_workload
@@ -74,6 +75,7 @@ __all__ = [  # noqa: RUF022
     "Prediction",
     "NoiseScaleResult",
     "Plan",
+    "Result",
     # What a call needs besides: the workload, progress, a noise scale, a memory cap, the config.
     "Workload",
     "load_workload",

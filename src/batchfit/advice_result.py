@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from batchfit.check_data import DataCheck
 from batchfit.comparison import Comparison
 from batchfit.explore import ExploreResult
 from batchfit.policy.advice import Change
 from batchfit.policy.plan import Plan
+from batchfit.result import stamped
 from batchfit.search_result import SearchResult
 
 
@@ -32,6 +33,8 @@ class Advice:
     skipped: tuple[str, ...]  # "step: why"
     seconds: float
 
+    command: ClassVar[str] = "advise"
+
     def to_dict(self) -> dict[str, Any]:
         """Each step's result as its own command writes it (None where skipped), and the changes."""
         parts = {
@@ -42,7 +45,7 @@ class Advice:
             "data": self.data,
             "plan": self.plan,
         }
-        return {
+        data = {
             **{name: None if part is None else part.to_dict() for name, part in parts.items()},
             "batch_size": self.batch_size,
             "changes": [change.to_dict() for change in self.changes],
@@ -51,11 +54,19 @@ class Advice:
             "skipped": list(self.skipped),
             "seconds": self.seconds,
         }
+        return stamped(self.command, data)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def report(self, context: str = "") -> str:
+    def summary(self) -> str:
+        """The batch to train at, the change that buys most, and the steps run."""
+        batch = "no batch size" if self.batch_size is None else f"batch_size {self.batch_size}"
+        first = f"; first change: {self.changes[0].what}" if self.changes else "; no change buys more than 3%"
+        skipped = f", {len(self.skipped)} steps skipped" if self.skipped else ""
+        return f"advise recommends {batch}{first} ({self.seconds:.1f} s{skipped})."
+
+    def table(self, context: str = "") -> str:
         """What to change, as text; ``context`` (the workload and device flags) completes each
         evidence command."""
 
@@ -87,7 +98,7 @@ class Advice:
         if self.plan is not None:
             leaning = self._leaning()
             head = "plan:" if leaning is None else f"plan (at {leaning}, explore's leaning, not settled):"
-            lines.extend([head, *(f"  {line}" for line in self.plan.summary().splitlines())])
+            lines.extend([head, *(f"  {line}" for line in self.plan.table().splitlines())])
         lines.extend(f"skipped {why}" for why in self.skipped)
         return "\n".join(lines) + "\n"
 

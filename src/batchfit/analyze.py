@@ -11,7 +11,7 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -22,14 +22,12 @@ from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.progress import OnProgress
+from batchfit.result import stamped
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
 from batchfit.units import format_bytes
 from batchfit.where import target_of
-
-#: What ``Analysis.render`` writes: the report file's suffixes, and the table the CLI prints.
-REPORT_FORMATS = ("json", "jsonl", "csv")
 
 
 @dataclass(frozen=True)
@@ -53,8 +51,10 @@ class Analysis:
     separate_traces: int  # what separate searches would have traced
     results: tuple[SearchResult, ...]
 
+    command: ClassVar[str] = "analyze"
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "rows": [asdict(row) for row in self.rows],
             "trials_run": self.trials_run,
             "separate_trials": self.separate_trials,
@@ -62,23 +62,27 @@ class Analysis:
             "separate_traces": self.separate_traces,
             "device": self.results[0].device if self.results else None,  # with its cap, if any
         }
+        return stamped(self.command, data)
 
-    def render(self, report_format: str) -> str:
-        """The report as ``json``, ``jsonl`` (one row a line), ``csv`` or a ``table`` to read."""
-        if report_format == "json":
-            return json.dumps(self.to_dict(), indent=2) + "\n"
-        if report_format == "jsonl":
-            return "".join(json.dumps(asdict(row)) + "\n" for row in self.rows)
-        if report_format == "csv":
-            buffer = io.StringIO()
-            writer = csv.DictWriter(buffer, fieldnames=list(AnalysisRow.__dataclass_fields__))
-            writer.writeheader()
-            writer.writerows(asdict(row) for row in self.rows)
-            return buffer.getvalue()
-        if report_format == "table":
-            return self.table()
-        raise ConfigurationError(
-            f"report_format={report_format!r}: use one of {', '.join(REPORT_FORMATS)} or table."
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def to_jsonl(self) -> str:
+        """One row a line."""
+        return "".join(json.dumps(asdict(row)) + "\n" for row in self.rows)
+
+    def to_csv(self) -> str:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(AnalysisRow.__dataclass_fields__))
+        writer.writeheader()
+        writer.writerows(asdict(row) for row in self.rows)
+        return buffer.getvalue()
+
+    def summary(self) -> str:
+        """The searches run, and the trials and traces they shared."""
+        return (
+            f"{self.trials_run} real trials for {len(self.rows)} searches ({self.separate_trials} if run "
+            f"separately), {self.traces_run} fake-tensor traces ({self.separate_traces} if run separately)."
         )
 
     def table(self) -> str:

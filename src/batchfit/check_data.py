@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -26,6 +26,7 @@ from batchfit.policy.loader_settings import (
     try_settings,
 )
 from batchfit.progress import Event, OnProgress, tell
+from batchfit.result import stamped
 from batchfit.runtime.data.dataloaders import LoaderFactory, LoaderSource
 from batchfit.runtime.data.loop import DataLoop
 from batchfit.runtime.devices.device import Device
@@ -67,8 +68,10 @@ class DataCheck:
             advice += f" (time_budget_seconds ran out after {len(self.settings)} setting(s) measured.)"
         return f"the loader is the bottleneck at batch_size={self.batch_size}: {wait}; {advice}"
 
+    command: ClassVar[str] = "check-data"
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "batch_size": self.batch_size,
             "device": self.device,
             "source": self.source,
@@ -88,6 +91,7 @@ class DataCheck:
             "seconds": self.seconds,
             "summary": self.summary(),
         }
+        return stamped(self.command, data)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"

@@ -8,9 +8,10 @@ import io
 import json
 import statistics
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from batchfit.policy.ratios import Ratio, paired, ratio_text, within_noise
+from batchfit.result import stamped
 from batchfit.units import format_bytes
 
 
@@ -61,11 +62,22 @@ class Comparison:
     global_batch_size: int | None
     seconds: float
 
+    command: ClassVar[str] = "compare"
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return stamped(self.command, asdict(self))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def summary(self) -> str:
+        """How many settings were compared, where, and the largest batch among them."""
+        applied = [row for row in self.rows if row.applied and row.batch_size is not None]
+        largest = max(applied, key=lambda row: row.batch_size or 0, default=None)
+        best = (
+            "" if largest is None else f"; the largest batch: {largest.batch_size} with {largest.technique}"
+        )
+        return f"compared {len(self.rows)} settings on {self.device} in {self.seconds:.1f} s{best}."
 
     def to_csv(self) -> str:
         buffer = io.StringIO()

@@ -9,7 +9,7 @@ import io
 import json
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -25,6 +25,7 @@ from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.settling import Unsettled
 from batchfit.policy.throughput import Point, assess, estimates
 from batchfit.progress import Event, OnProgress, tell
+from batchfit.result import stamped
 from batchfit.runtime.devices.host import malloc_advice
 from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.runtime.steps.timer import StepTimer
@@ -54,9 +55,11 @@ class ExploreResult:
         """Each batch size's throughput with the rounds' drift divided out (what the rule compares)."""
         return estimates(self.points)
 
+    command: ClassVar[str] = "explore"
+
     def to_dict(self) -> dict[str, Any]:
         corrected = self.estimates()
-        return {
+        data = {
             "points": [{**point.to_dict(), "estimate": corrected[point.batch_size]} for point in self.points],
             "recommendation": self.recommendation.to_dict(),
             "history": [entry.to_dict() for entry in self.history],
@@ -68,6 +71,14 @@ class ExploreResult:
             "unsettled": None if self.unsettled is None else self.unsettled.to_dict(),
             "goodput": None if self.goodput is None else self.goodput.to_dict(),
         }
+        return stamped(self.command, data)
+
+    def summary(self) -> str:
+        """The recommendation (or the leaning, and why it is not settled) and why the exploration stopped."""
+        said = self.recommendation.line()
+        if self.unsettled is not None:
+            said += f"; {self.unsettled.line()}"
+        return f"{said}; stopped ({self.stop_reason}) after {self.explore_seconds:.1f} s on {self.device}."
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -16,6 +16,7 @@ from batchfit.find import find_on
 from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.trial import Mode, Trial
 from batchfit.progress import OnProgress
+from batchfit.result import stamped
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
@@ -41,8 +42,15 @@ class FitCheck:
         of memory the peak is what it held before the failing allocation: the margin is at most this."""
         return self.budget_bytes - self.trial.peak_bytes
 
+    command: ClassVar[str] = "check"
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "margin_bytes": self.margin_bytes, "summary": self.summary()}
+        data = {**asdict(self), "margin_bytes": self.margin_bytes, "summary": self.summary()}
+        return stamped(self.command, data)
+
+    def table(self) -> str:
+        """The verdict, then the trial that gives it, as its line reads on stderr."""
+        return f"{self.summary()}\n{self.trial.line(self.mode)}\n"
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"

@@ -3,10 +3,12 @@ on (one per optimizer step) and the batch sizes that made them, as text and JSON
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from batchfit.policy.noise_scale import GradientReading, NoiseScale
+from batchfit.result import stamped
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,8 @@ class NoiseScaleResult:
     fixed_weights: bool  # read at the weights as found, without optimizer steps between readings
     device: str
     seconds: float
+
+    command: ClassVar[str] = "noise-scale"
 
     @property
     def b_simple(self) -> float:
@@ -41,7 +45,7 @@ class NoiseScaleResult:
             f"{scale.big_batch_size} against {scale.small_batch_size}"
         )
 
-    def text(self) -> str:
+    def table(self) -> str:
         """The result as the command line prints it."""
         scale = self.estimate
         low = "-" if scale.low is None else f"{scale.low:.4g}"
@@ -58,8 +62,11 @@ class NoiseScaleResult:
         ]
         return "\n".join(lines) + "\n"
 
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "noise_scale": self.estimate.to_dict(),
             "readings": [
                 {"small_norm_sq": reading.small_norm_sq, "big_norm_sq": reading.big_norm_sq}
@@ -73,3 +80,4 @@ class NoiseScaleResult:
             "device": self.device,
             "seconds": self.seconds,
         }
+        return stamped(self.command, data)

@@ -3,8 +3,9 @@ what it answers (``Prediction``: a row per target, with the recorded trials and 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from batchfit.checks import option
 from batchfit.errors import ConfigurationError
@@ -12,6 +13,7 @@ from batchfit.policy.allocation_record import AllocationRecord
 from batchfit.policy.capacity_prediction import CapacityPrediction, Memory, Unmodelled
 from batchfit.policy.cards import CARDS, card_named
 from batchfit.policy.trial import Mode, Trial
+from batchfit.result import stamped
 from batchfit.units import format_bytes, parse_bytes
 
 #: How a mode's requests were recorded (``Prediction.recorded_by``): a fake-tensor trace of the
@@ -128,13 +130,18 @@ class Prediction:
     # Why a mode from the CPU alone was not traced, its real trials recorded instead ("" for none).
     untraced: dict[Mode, str] = field(default_factory=dict)
 
+    command: ClassVar[str] = "predict"
+
     def to_dict(self) -> dict[str, Any]:
         document = asdict(self)
         document["records"] = {
             mode: {str(size): record.to_dict() for size, record in records.items()}
             for mode, records in self.records.items()
         }
-        return document
+        return stamped(self.command, document)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def table(self) -> str:
         """A line per target: the largest train and eval batch, the predicted peaks, the band."""

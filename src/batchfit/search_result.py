@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from batchfit.policy.safe_band import SafeBand
 from batchfit.policy.search import SearchStopReason
 from batchfit.policy.search_account import trials_account
 from batchfit.policy.trial import MemoryModel, Mode, Trial
+from batchfit.result import stamped
 from batchfit.runtime.devices.oom import fragmented
 from batchfit.units import format_bytes, format_count
 
@@ -50,11 +51,17 @@ class SearchResult:
     # which sizes fit is not monotone); None where the device's memory grows with the batch.
     band: SafeBand | None = None
 
+    command: ClassVar[str] = "find"
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return stamped(self.command, asdict(self))
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
+
+    def table(self) -> str:
+        """The trials in the order they ran, one line each, as the command prints them as they run."""
+        return "".join(trial.line(self.mode) + "\n" for trial in self.trials)
 
     def summary(self) -> str:
         why = {

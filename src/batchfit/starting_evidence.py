@@ -100,7 +100,7 @@ class StartingEvidence:
 
 
 def _document(start_from: StartFrom) -> Mapping[str, Any]:
-    """The prediction's dictionary: ``batchfit predict``'s JSON holds it under ``prediction``."""
+    """The prediction's dictionary: ``batchfit predict``'s JSON holds it as its one result."""
     if isinstance(start_from, Prediction):
         return start_from.to_dict()
     if isinstance(start_from, (str, Path)):
@@ -113,8 +113,10 @@ def _document(start_from: StartFrom) -> Mapping[str, Any]:
             ) from error
     else:
         document = start_from
-    if isinstance(document, Mapping) and isinstance(document.get("prediction"), Mapping):
-        document = document["prediction"]
+    if isinstance(document, Mapping) and document.get("command") == "predict" and document.get("results"):
+        document = document["results"][0]  # the JSON envelope batchfit predict writes
+    elif isinstance(document, Mapping) and isinstance(document.get("prediction"), Mapping):
+        document = document["prediction"]  # written before the envelope
     if not isinstance(document, Mapping) or "records" not in document:
         raise ConfigurationError(
             f"start_from: {start_from if isinstance(start_from, (str, Path)) else 'the document'} is "

@@ -65,7 +65,9 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 def test_reports_parse_and_agree(reports: dict[str, object]) -> None:
     folder = reports["folder"]
     assert isinstance(folder, Path)
-    document = json.loads((folder / "report.json").read_text())
+    envelope = json.loads((folder / "report.json").read_text())
+    assert envelope["command"] == "analyze"
+    (document,) = envelope["results"]
     rows = document["rows"]
     assert [(row["memory_fraction"], row["mode"]) for row in rows] == [
         (0.6, "train"),

@@ -60,7 +60,7 @@ def runs() -> Iterator[dict[str, subprocess.CompletedProcess[str]]]:
 def test_a_loader_factory_through_the_command_line(runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
     done = runs["factory-json"]
     assert done.returncode == 0, done.stderr
-    document = json.loads(done.stdout)
+    (document,) = json.loads(done.stdout)["results"]
     assert document["source"] == "loader=sleepy_loader" and document["batch_size"] == 32
     assert document["bottleneck"] and document["data_wait_share"] > 0.4
     # The factory takes batch_size and num_workers: nothing else is varied, and the notes say so.

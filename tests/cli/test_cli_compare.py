@@ -39,7 +39,7 @@ def test_compare_prints_rows_as_json_and_a_line_per_setting() -> None:
         *ARGS, "--techniques", "amp,cudnn-benchmark-on", "--global-batch-size", "96", "--format", "json"
     )
     assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout)["rows"]
+    rows = json.loads(done.stdout)["results"][0]["rows"]
     assert [row["technique"] for row in rows] == ["baseline", "amp", "cudnn-benchmark-on", "accumulation"]
     alone = compare(
         build_example("cnn", "cpu"),

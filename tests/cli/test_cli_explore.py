@@ -49,7 +49,7 @@ def explore(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_json_and_live_recommendations() -> None:
     done = explore("--format", "json", "--world-size", "2", "--global-batch-size", "48")
     assert done.returncode == 0, done.stderr
-    document = json.loads(done.stdout)
+    (document,) = json.loads(done.stdout)["results"]
     batches = [point["batch_size"] for point in document["points"]]
     assert batches and all(24 % batch == 0 for batch in batches)  # 48 / 2 devices
     # --windows 2 each, but 1 for a size whose first read below Rules().far_below of a larger one's median.
@@ -125,7 +125,7 @@ def test_without_a_bound_the_search_for_the_maximum_prints_its_trials_first() ->
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    document = json.loads(done.stdout)
+    (document,) = json.loads(done.stdout)["results"]
     lines = done.stderr.splitlines()
     trials = [line for line in lines if line.startswith("batchfit: train batch_size=")]
     first_live = next(i for i, line in enumerate(lines) if "estimated performance:" in line)  # 1 s: a leaning

@@ -307,9 +307,9 @@ def test_find_json_document(cli: dict[str, Done | None]) -> None:
     done = finished(cli, "mlp-json")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)  # stdout holds the JSON document and nothing else
-    assert document["workload"] == "mlp"
-    assert document["batchfit_version"] == batchfit.__version__
-    assert document["torch_version"] == torch.__version__
+    assert (document["command"], document["workload"]) == ("find", "mlp")
+    assert document["versions"]["batchfit"] == batchfit.__version__
+    assert document["versions"]["torch"] == torch.__version__
     results = document["results"]
     assert [result["mode"] for result in results] == ["train", "eval"]
     for result in results:

@@ -56,8 +56,9 @@ def test_json_holds_every_reading(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and f"batchfit: wrote {output}" in done.stderr
-    document = json.loads(output.read_text())
-    assert document["workload"] == "tiny-from-tests" and document["fixed_weights"] is True
+    envelope = json.loads(output.read_text())
+    (document,) = envelope["results"]
+    assert envelope["workload"] == "tiny-from-tests" and document["fixed_weights"] is True
     assert (document["micro_batch_size"], document["accumulation_steps"]) == (16, 2)
     assert len(document["readings"]) == 3 and document["noise_scale"]["steps"] == 3
     assert set(document["noise_scale"]) >= {

@@ -28,12 +28,12 @@ def test_predict_writes_the_prediction_as_json(capsys: pytest.CaptureFixture[str
             "json",
         ]
     )
-    document = json.loads(capsys.readouterr().out)
+    (prediction,) = json.loads(capsys.readouterr().out)["results"]
     assert code == 0
-    (row,) = document["prediction"]["rows"]
+    (row,) = prediction["rows"]
     assert row["target"] == "T4" and row["eval"] is None and row["train"]["batch_size"] >= 1
-    assert document["prediction"]["cpu_alone"] is True
-    assert sorted(document["prediction"]["records"]["train"]) == ["2", "4", "8"]
+    assert prediction["cpu_alone"] is True
+    assert sorted(prediction["records"]["train"]) == ["2", "4", "8"]
 
 
 def test_an_unknown_card_is_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,6 +54,6 @@ def test_a_meta_device_model_refused_by_find_is_predicted_as_its_advice_says(
     assert f"({advice}), or build the model on cpu to measure it there." in capsys.readouterr().err
     # The advice, followed: exit 0 and a prediction for 24 GiB, traced from the shapes alone.
     assert main(["predict", *workload, "--capacities", "24GiB", "--modes", "train", "--format", "json"]) == 0
-    prediction = json.loads(capsys.readouterr().out)["prediction"]
+    (prediction,) = json.loads(capsys.readouterr().out)["results"]
     (row,) = prediction["rows"]
     assert prediction["cpu_alone"] is True and row["target"] == "24GiB" and row["train"]["batch_size"] >= 1

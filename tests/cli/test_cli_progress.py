@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -375,3 +376,45 @@ def test_off_a_terminal_the_display_prints_the_trial_lines_alone(capsys: pytest.
     assert captured.out == ""
     assert captured.err == trial_line("eval", trial) + "\n"
     assert display.status.text() == "find eval: running; 1 trial, last batch_size=921 ok"
+
+
+#: A Ctrl-C between a line's text and its newline, as the traceback of a KeyboardInterrupt raised
+#: inside rich's stderr proxy leaves it: the text buffered in the proxy, and the proxy kept alive
+#: past the interrupted message (here by ``proxy``, as by the traceback's frames).
+CUT_LINE = """
+import sys
+from batchfit.cli.progress import Display
+try:
+    with Display("explore"):
+        proxy = sys.stderr
+        proxy.write("batchfit: a line cut short")
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    print("batchfit: interrupted", file=sys.stderr)
+del proxy
+"""
+
+
+def test_a_line_cut_short_by_ctrl_c_is_written_before_the_interrupted_message(tmp_path: Path) -> None:
+    main, terminal = os.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, COLUMNS, 0, 0))
+    command = [sys.executable, "-c", CUT_LINE]
+    env = environment("xterm-256color")
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stderr=terminal)
+    os.close(terminal)
+    written = b""
+    try:
+        while select.select([main], [], [], TIMEOUT_SECONDS)[0]:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # EIO: the child is gone
+                break
+            if not chunk:
+                break
+            written += chunk
+        assert process.wait(timeout=TIMEOUT_SECONDS) == 0
+    finally:
+        os.close(main)
+    stderr = ESCAPE.sub("", written.decode()).replace("\r", "")
+    assert stderr.index("batchfit: a line cut short") < stderr.index("batchfit: interrupted")
+    assert stderr.rstrip("\n").endswith("batchfit: interrupted")

@@ -141,7 +141,7 @@ def test_explore_under_torchrun_gives_every_rank_the_same_measurements(runs: dic
     assert run.returncode == 0, run.stderr
     logs = sorted((run.tmp / "logs").rglob("stdout.log"), key=lambda path: path.parent.name)
     assert [path.parent.name for path in logs] == ["0", "1"]
-    results: list[dict[str, Any]] = [json.loads(path.read_text()) for path in logs]
+    results: list[dict[str, Any]] = [json.loads(path.read_text())["results"][0] for path in logs]
     # Each window's throughput is the slower rank's and the clock rank 0's: every number agrees.
     assert results[0]["points"] == results[1]["points"]
     assert results[0]["recommendation"] == results[1]["recommendation"]

@@ -479,7 +479,8 @@ def test_summary_and_json() -> None:
     )
     document = json.loads(result.to_json())
     assert document == result.to_dict()
-    assert Plan(**{**document, "warnings": tuple(document["warnings"])}) == result
+    fields = {field.name: document[field.name] for field in dataclasses.fields(Plan)}
+    assert Plan(**{**fields, "warnings": tuple(document["warnings"])}) == result
 
 
 @pytest.mark.parametrize(
@@ -629,9 +630,10 @@ def test_cli_plan_for_adam_takes_the_square_root_rule_and_says_why(
 def test_cli_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*CLI, "--format", "json"]) == 0
     document = json.loads(capsys.readouterr().out)
-    assert document.pop("batchfit_version") == batchfit.__version__
+    assert document.pop("versions")["batchfit"] == batchfit.__version__
     assert isinstance(document.pop("created_at"), str)  # what ran, for a report
-    assert document == make(1024).to_dict()
+    assert (document.pop("command"), document.pop("workload")) == ("plan", None)
+    assert document == {"results": [make(1024).to_dict()]}
 
 
 @pytest.mark.parametrize(
@@ -667,5 +669,5 @@ def test_cli_plan_in_a_real_process() -> None:
     )
     assert (run.returncode, run.stderr) == (0, "")
     document = json.loads(run.stdout)
-    assert {"batchfit_version", "created_at"} <= document.keys()
-    assert {key: document[key] for key in Plan.__dataclass_fields__} == make(1024, uses_ema=True).to_dict()
+    assert {"command", "versions", "created_at"} <= document.keys()
+    assert document["results"] == [make(1024, uses_ema=True).to_dict()]

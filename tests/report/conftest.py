@@ -1,6 +1,6 @@
 """Saved results for the report tests, from real runs on the CPU (mostly the built-in mlp example;
-find on a device capped at 48 MiB, so each search hits a real oom), written as the CLI's JSON
-writes them and read back from JSON. Session-scoped: each command runs once for all the report tests."""
+find on a device capped at 48 MiB, so each search hits a real oom), in the JSON envelope every
+command writes and read back from JSON. Session-scoped: each command runs once for all the report tests."""
 
 from __future__ import annotations
 
@@ -27,21 +27,30 @@ from batchfit.policy.plan import plan
 from batchfit.policy.plan_options import Baseline
 from batchfit.predict import predict_on
 from batchfit.prediction import Targets
-from batchfit.report import SavedResult, read_result
+from batchfit.report import SavedResult, read_result, saved_result
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import build_example
 
 CREATED_AT = "2025-01-01T00:00:00+00:00"
-WHAT_RAN = {
-    "batchfit_version": batchfit.__version__,
-    "torch_version": torch.__version__,
-    "created_at": CREATED_AT,
-}
 
 
 def as_saved(document: dict[str, Any]) -> dict[str, Any]:
     """``document`` as read back from its file."""
     return dict(json.loads(json.dumps(document)))
+
+
+def written(command: str, results: list[Any], workload: str | None = "mlp", **extras: Any) -> dict[str, Any]:
+    """What ``batchfit COMMAND --format json`` writes around ``results``, read back from JSON."""
+    dicts = [result.to_dict() for result in results]
+    envelope = {
+        "command": command,
+        "versions": dicts[0]["versions"],
+        "workload": workload,
+        "created_at": CREATED_AT,
+        **extras,
+        "results": dicts,
+    }
+    return as_saved(envelope)
 
 
 @pytest.fixture(scope="session")
@@ -57,12 +66,12 @@ def find_document() -> dict[str, Any]:
         )
         for mode in ("train", "eval")
     ]
-    return as_saved({"workload": "mlp", **WHAT_RAN, "results": [result.to_dict() for result in results]})
+    return written("find", results)
 
 
 @pytest.fixture(scope="session")
 def find_result(find_document: dict[str, Any]) -> SavedResult:
-    return SavedResult("find", find_document, "find.json")
+    return saved_result(find_document, "find.json")
 
 
 @pytest.fixture(scope="session")
@@ -79,8 +88,7 @@ def explored() -> ExploreResult:
 @pytest.fixture(scope="session")
 def explore_result(explored: ExploreResult) -> SavedResult:
     """What ``batchfit explore --format json`` writes for a one-second exploration."""
-    document = {**explored.to_dict(), "workload": "mlp", "device": "cpu", "tolerance": 0.03, **WHAT_RAN}
-    return SavedResult("explore", as_saved(document), "explore.json")
+    return saved_result(written("explore", [explored], tolerance=0.03), "explore.json")
 
 
 #: A measured noise scale with its 90% interval, for the goodput page.
@@ -91,8 +99,7 @@ NOISE_SCALE = NoiseScale(24.0, 12.0, 48.0, 10, 8, 64, 1.0, 24.0)
 def explore_goodput_result(explored: ExploreResult) -> SavedResult:
     """What ``batchfit explore --format json`` writes for that exploration given a noise scale."""
     result = with_goodput(explored, NOISE_SCALE)
-    document = {**result.to_dict(), "workload": "mlp", "device": "cpu", "tolerance": 0.03, **WHAT_RAN}
-    return SavedResult("explore", as_saved(document), "explore-goodput.json")
+    return saved_result(written("explore", [result], tolerance=0.03), "explore-goodput.json")
 
 
 @pytest.fixture(scope="session")
@@ -115,20 +122,14 @@ def explore_one_point_result(explore_result: SavedResult) -> SavedResult:
 def plan_result() -> SavedResult:
     """What ``batchfit plan --format json`` writes for 1024 samples over 8 ranks."""
     result = plan(1024, Baseline(0.1, 256), world_size=8, max_micro_batch_size=48)
-    document = {**result.to_dict(), "batchfit_version": batchfit.__version__, "created_at": CREATED_AT}
-    return SavedResult("plan", as_saved(document), "plan.json")
-
-
-def stamped(document: dict[str, Any], workload: str = "mlp") -> dict[str, Any]:
-    """What the CLI records beside a result (workload, versions, time), read back from JSON."""
-    return as_saved({**document, "workload": workload, **WHAT_RAN})
+    return saved_result(written("plan", [result], workload=None), "plan.json")
 
 
 @pytest.fixture(scope="session")
 def analyze_result() -> SavedResult:
     """What ``batchfit analyze --output X.json`` writes, at two fractions of a 64 MiB CPU."""
     analysis = analyze(build_example("mlp", "cpu"), [0.6, 0.8], device="cpu", memory_limit="64MiB")
-    return SavedResult("analyze", stamped(analysis.to_dict()), "analyze.json")
+    return saved_result(written("analyze", [analysis]), "analyze.json")
 
 
 def blocks_workload() -> batchfit.Workload:
@@ -156,7 +157,7 @@ def compare_result() -> SavedResult:
         sizes=BatchSizes(max_batch_size=4096, global_batch_size=8192),
         timing=Timing(windows=1, time_budget_seconds=0),
     )
-    return SavedResult("compare", stamped(comparison.to_dict(), "blocks"), "compare.json")
+    return saved_result(written("compare", [comparison], "blocks"), "compare.json")
 
 
 class SleepyItems(Dataset[tuple[torch.Tensor, int]]):
@@ -193,7 +194,7 @@ def check_data_result() -> SavedResult:
     result = check_data(
         workload, 32, device="cpu", search=LoaderSearch(max_num_workers=1, window_seconds=0.3)
     )
-    return SavedResult("check-data", stamped(result.to_dict(), "sleepy"), "check-data.json")
+    return saved_result(written("check-data", [result], "sleepy"), "check-data.json")
 
 
 @pytest.fixture(scope="session")
@@ -207,8 +208,8 @@ def advise_result() -> SavedResult:
         baseline=Baseline(0.1, 256),
         timing=Timing(time_budget_seconds=0.5),
     )
-    document = {**result.to_dict(), "context": "--example mlp --device cpu --memory-limit 48MiB"}
-    return SavedResult("advise", stamped(document), "advise.json")
+    context = "--example mlp --device cpu --memory-limit 48MiB"
+    return saved_result(written("advise", [result], context=context), "advise.json")
 
 
 @pytest.fixture(scope="session")
@@ -226,7 +227,7 @@ def noise_scale_result() -> SavedResult:
     )
     sampling = batchfit.Sampling(batch_size=64, micro_batch_size=16, steps=8)
     result = batchfit.noise_scale(workload, sampling=sampling, device="cpu")
-    return SavedResult("noise-scale", stamped(result.to_dict(), "largest-of-four"), "noise-scale.json")
+    return saved_result(written("noise-scale", [result], "largest-of-four"), "noise-scale.json")
 
 
 def largest_of_four(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,4 +253,4 @@ def predict_result() -> SavedResult:
     modelled under 24 MiB (the cnn: its batch 8 fails there) and predicted at 16, 48 and 64 MiB."""
     targets = Targets("16MiB,48MiB,64MiB", context=False)
     prediction = predict_on(CachingCpuDevice(24 * 2**20), build_example("cnn"), targets, ["train", "eval"])
-    return SavedResult("predict", stamped({"prediction": prediction.to_dict()}, "cnn"), "predict.json")
+    return saved_result(written("predict", [prediction], "cnn"), "predict.json")

@@ -41,7 +41,7 @@ def test_find_writes_json_and_a_report_and_report_renders_the_saved_json(tmp_pat
     assert reported.returncode == 0, reported.stderr
     assert reported.stderr == "batchfit: wrote report r.html\n"
     document = json.loads((tmp_path / "x.json").read_text())
-    assert {"created_at", "torch_version", "batchfit_version"} <= document.keys()
+    assert {"command", "versions", "created_at"} <= document.keys()
     for page in ("r.html", "r2.html"):
         text = (tmp_path / page).read_text()
         assert text.count("<svg") == 1
@@ -74,8 +74,10 @@ def test_explore_records_what_ran_and_writes_its_report(tmp_path: Path) -> None:
     )
     assert explored.returncode == 0, explored.stderr
     document = json.loads((tmp_path / "e.json").read_text())
-    assert document["workload"] == "mlp" and document["device"] == "cpu" and document["tolerance"] == 0.03
-    assert {"created_at", "torch_version", "batchfit_version", "points", "recommendation"} <= document.keys()
+    (result,) = document["results"]
+    assert document["workload"] == "mlp" and result["device"] == "cpu" and document["tolerance"] == 0.03
+    assert {"command", "created_at", "versions"} <= document.keys()
+    assert {"points", "recommendation"} <= result.keys()
     text = (tmp_path / "e.html").read_text()
     assert text.count("<svg") == 1
     assert "tolerance 0.03 under the best" in text  # the band is drawn from the recorded tolerance
@@ -138,7 +140,7 @@ def test_each_command_records_what_ran_and_writes_the_report_that_report_renders
     assert "batchfit: wrote report direct.html" in ran.stderr
     document = json.loads((tmp_path / "x.json").read_text())
     assert recognise(document) == command
-    assert {"workload", "created_at", "torch_version", "batchfit_version"} <= document.keys()
+    assert {"command", "versions", "workload", "created_at", "results"} <= document.keys()
     assert document["workload"] == ("sleepy" if command == "check-data" else "mlp")
     reported = batchfit_run(tmp_path, "report", "x.json", "-o", "again.html")
     assert reported.returncode == 0, reported.stderr
@@ -178,6 +180,6 @@ def test_predict_writes_a_report_and_report_renders_its_saved_json(tmp_path: Pat
     for page in ("r.html", "r2.html"):
         text = (tmp_path / page).read_text()
         assert text.count("<svg") == 1 and '<section class="result predict">' in text
-        for row in document["prediction"]["rows"]:
+        for row in document["results"][0]["rows"]:
             assert f">{row['train']['batch_size']}<" in text or f">{row['train']['batch_size']}+<" in text
         assert "cuDNN&#x27;s convolution workspaces" in text  # the CPU alone names what it cannot model

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,15 @@ from batchfit.errors import ConfigurationError
 from batchfit.explore import explore
 from batchfit.policy.plan import plan
 from batchfit.policy.plan_options import Baseline
-from batchfit.report import SavedResult, noise_plots, read_result, recognise, render_report
+from batchfit.report import (
+    SavedResult,
+    legacy_kind,
+    noise_plots,
+    read_result,
+    recognise,
+    render_report,
+    saved_result,
+)
 from batchfit.runtime.workloads.examples import build_example
 from batchfit.units import format_bytes
 
@@ -120,6 +129,37 @@ def test_a_saved_find_result_is_read_back_and_recognised(
     path.write_text(json.dumps(find_document))
     result = read_result(path)
     assert (result.kind, result.document, result.source) == ("find", find_document, str(path))
+
+
+#: What ``batchfit find --format json`` wrote before the envelope (at 7073f95): what ran and the
+#: searches merged at the top level, no ``command``.
+BEFORE_ENVELOPE = Path(__file__).resolve().parent / "data" / "find-before-envelope.json"
+
+
+def test_a_file_from_before_the_envelope_is_read_by_its_keys_and_drawn() -> None:
+    old = json.loads(BEFORE_ENVELOPE.read_text())
+    assert "command" not in old and "versions" not in old
+    assert legacy_kind(old) == recognise(old) == "find"
+    result = read_result(BEFORE_ENVELOPE)
+    assert (result.kind, result.document) == ("find", old)
+    [section] = Page(render_report([result])).sections
+    assert section["what_ran"] == {
+        "command": "batchfit find",
+        "workload": "mlp",
+        "device": "cpu (capped at 48.00 MiB)",
+        "torch": old["torch_version"],
+        "batchfit": old["batchfit_version"],
+        "time": old["created_at"],
+    }
+    assert f"answer batch_size={old['results'][0]['batch_size']}" in section["texts"]
+
+
+def test_an_envelope_is_read_by_its_command_not_its_keys(plan_result: SavedResult) -> None:
+    # Every envelope holds find's old keys (workload, results): by its keys, plan's is find's.
+    envelope = {"command": "plan", "workload": None, "results": [dict(plan_result.document)]}
+    assert legacy_kind(envelope) == "find" and recognise(envelope) == "plan"
+    saved = saved_result(envelope)
+    assert saved.kind == "plan" and saved.document["global_batch_size"] == 1024
 
 
 def test_a_document_that_is_no_result_is_refused_with_the_keys_a_report_needs() -> None:

@@ -99,8 +99,8 @@ def _run(
         )
         flags.say(f"advise: done in {result.seconds:.1f} s.")
     context = _context(args)
-    document = {**result.to_dict(), **flags.what_ran(workload.name), "context": context}
-    flags.publish(args, document, {"text": lambda: result.report(context)})
+    document = flags.envelope(args, workload.name, [result], context=context)
+    flags.publish(args, document, {"text": lambda: result.table(context)})
     return 0
 
 

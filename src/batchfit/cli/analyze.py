@@ -50,14 +50,11 @@ def _run(args: argparse.Namespace, cfg: ExperimentConfig, fractions: list[float]
     workload = batchfit.load_workload(cfg.WORKLOAD, device=cfg.DEVICE, source="WORKLOAD")
     with flags.progress(args, "analyze") as display:
         analysis = analyze_config(cfg, workload, fractions, modes, on_progress=display.hear)
-    flags.say(
-        f"{analysis.trials_run} real trials for {len(analysis.rows)} searches "
-        f"({analysis.separate_trials} if run separately), {analysis.traces_run} fake-tensor traces "
-        f"({analysis.separate_traces} if run separately)."
+    flags.say(analysis.summary())
+    document = flags.envelope(args, workload.name, [analysis])
+    flags.publish(
+        args, document, {"text": analysis.table, "jsonl": analysis.to_jsonl, "csv": analysis.to_csv}
     )
-    document = {**analysis.to_dict(), **flags.what_ran(workload.name)}
-    renders = {name: (lambda name=name: analysis.render(name)) for name in ("jsonl", "csv")}
-    flags.publish(args, document, {"text": analysis.table, **renders})
     return 0
 
 

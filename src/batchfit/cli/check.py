@@ -49,6 +49,6 @@ def _run(args: argparse.Namespace, where: Where, trials: Trials) -> int:
             )
             flags.say(result.summary())
             checks.append(result)
-    document = {**flags.what_ran(workload.name), "checks": [result.to_dict() for result in checks]}
+    document = flags.envelope(args, workload.name, checks)
     flags.publish(args, document, {"text": lambda: "".join(result.summary() + "\n" for result in checks)})
     return 0 if all(result.fits for result in checks) else 1

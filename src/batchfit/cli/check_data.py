@@ -57,6 +57,6 @@ def _run(args: argparse.Namespace, where: Where, current: LoaderSetting, search:
             on_progress=display.hear,
         )
         flags.say(f"{result.summary()} ({result.seconds:.1f} s)")
-    document = {**result.to_dict(), **flags.what_ran(workload.name)}
+    document = flags.envelope(args, workload.name, [result])
     flags.publish(args, document, {"text": result.table})
     return 0

@@ -78,6 +78,6 @@ def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timi
             on_progress=display.hear,
         )
         flags.say(f"compared {len(comparison.rows)} settings in {comparison.seconds:.1f} s.")
-    document = {**comparison.to_dict(), **flags.what_ran(workload.name)}
+    document = flags.envelope(args, workload.name, [comparison])
     flags.publish(args, document, {"text": comparison.table, "csv": comparison.to_csv})
     return 0

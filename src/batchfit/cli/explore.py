@@ -55,11 +55,6 @@ def _run(args: argparse.Namespace, where: Where, sizes: BatchSizes, timing: Timi
         flags.say(f"stopped ({result.stop_reason}) after {result.explore_seconds:.1f} s.")
         if result.unsettled is not None:
             flags.say(f"{result.recommendation.line()}; {result.unsettled.line()}")
-    document = {  # what ran, beside the result's own fields
-        **result.to_dict(),
-        **flags.what_ran(workload.name),
-        "device": result.device,
-        "tolerance": goal.tolerance,
-    }
+    document = flags.envelope(args, workload.name, [result], tolerance=goal.tolerance)
     flags.publish(args, document, {"text": result.table, "csv": result.to_csv})
     return 0

@@ -59,7 +59,7 @@ def _run(args: argparse.Namespace, where: Where, modes: list[Mode], sizes: Batch
             )
             flags.say(result.summary())
             results.append(result)
-    document = {**flags.what_ran(workload.name), "results": [result.to_dict() for result in results]}
+    document = flags.envelope(args, workload.name, results)
     flags.publish(args, document, {"text": lambda: _text(results)})
     return 0
 

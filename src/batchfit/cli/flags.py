@@ -13,7 +13,7 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import torch
 
 import batchfit
-from batchfit import ConfigurationError, Where, Workload
+from batchfit import ConfigurationError, Result, Where, Workload
 from batchfit.cli.launch import launched_process_group, launched_world_size
 from batchfit.cli.progress import Display
 from batchfit.policy.trial import Mode
@@ -183,10 +183,10 @@ def publish(
     text = renders[chosen]() if chosen in renders else json.dumps(document, indent=2) + "\n"
     emit(text, args.output)
     if getattr(args, "report", None) is not None:
-        from batchfit.report import SavedResult, recognise, write_report
+        from batchfit.report import saved_result, write_report
 
         plain = json.loads(json.dumps(document))
-        write_report([SavedResult(recognise(plain), plain, args.command)], args.report)
+        write_report([saved_result(plain, args.command)], args.report)
 
 
 def created_at() -> str:
@@ -194,15 +194,20 @@ def created_at() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def what_ran(workload_name: str | None) -> dict[str, Any]:
-    """What a JSON document records beside its result, so that a report can say what ran."""
-    import torch
-
+def envelope(
+    args: argparse.Namespace, workload_name: str | None, results: Sequence[Result], **extras: Any
+) -> dict[str, Any]:
+    """The one JSON document every command writes: the command, the versions, the workload (None
+    for plan), when, what the command adds (``extras``), and its ``results``, always a list, each
+    as its ``to_dict`` gives it."""
+    dicts = [result.to_dict() for result in results]
     return {
+        "command": args.command,
+        "versions": dicts[0]["versions"] if dicts else None,
         "workload": workload_name,
-        "batchfit_version": batchfit.__version__,
-        "torch_version": torch.__version__,
         "created_at": created_at(),
+        **extras,
+        "results": dicts,
     }
 
 

@@ -37,6 +37,6 @@ def _run(args: argparse.Namespace, where: Where, sampling: Sampling) -> int:
     with flags.progress(args, "noise-scale", noun="steps") as display:
         result = batchfit.noise_scale(workload, sampling=sampling, where=where, on_progress=display.hear)
         flags.say(f"{result.summary()} ({result.seconds:.1f} s).")
-    document = {**result.to_dict(), **flags.what_ran(workload.name)}
-    flags.publish(args, document, {"text": result.text})
+    document = flags.envelope(args, workload.name, [result])
+    flags.publish(args, document, {"text": result.table})
     return 0

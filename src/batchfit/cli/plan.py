@@ -39,10 +39,6 @@ def run(args: argparse.Namespace) -> int:
         scaling=flags.options(args, Scaling),
         training=flags.options(args, TrainingFacts),
     )
-    document = {
-        **result.to_dict(),
-        "batchfit_version": batchfit.__version__,
-        "created_at": flags.created_at(),
-    }
-    flags.publish(args, document, {"text": lambda: result.summary() + "\n"})
+    document = flags.envelope(args, None, [result])
+    flags.publish(args, document, {"text": result.table})
     return 0

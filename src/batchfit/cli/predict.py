@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 import batchfit
-from batchfit import BatchSizes, Prediction, Targets, Trials, Where
+from batchfit import BatchSizes, Targets, Trials, Where
 from batchfit.cli import flags
 
 FORMATS = ("text", "json")
@@ -46,10 +46,6 @@ def run(args: argparse.Namespace) -> int:
         trials=trials,
     )
     flags.say(result.summary())
-    document = {**flags.what_ran(workload.name), "prediction": result.to_dict()}
-    flags.publish(args, document, {"text": lambda: _text(result)})
+    document = flags.envelope(args, workload.name, [result])
+    flags.publish(args, document, {"text": result.table})
     return 0
-
-
-def _text(result: Prediction) -> str:
-    return result.table()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 
 from rich.console import Console
+from rich.file_proxy import FileProxy
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
@@ -106,6 +107,11 @@ class Display:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        # A Ctrl-C between a line's text and its newline leaves the text in rich's stderr proxy,
+        # which the traceback keeps alive and which prints it when collected: after the
+        # interrupted message. Flushed here, it goes above the live line, before the line clears.
+        if isinstance(sys.stderr, FileProxy):
+            sys.stderr.flush()
         self._progress.stop()
 
     def start(self, label: str, batch_size: int | None = None) -> None:

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from batchfit.checks import check_option, check_positive_int
 from batchfit.errors import ConfigurationError
@@ -17,6 +17,7 @@ from batchfit.policy.micro_batch import chosen_micro_batch, forced_micro_batch
 from batchfit.policy.plan_options import Baseline, Scaling, ScalingRule, TrainingFacts
 from batchfit.policy.scaling_payoff import ScalingPayoff, scaling_payoff
 from batchfit.policy.scaling_rules import scaling_rule
+from batchfit.result import stamped
 
 # Warm-up: 100 optimizer steps per unit of learning-rate scale-up (seed 002's example: 1000 steps
 # for a 10x scale-up), at most 5 epochs (Goyal et al. 2017: 5 epochs for 256 -> 8192, a 32x scale-up).
@@ -56,16 +57,23 @@ class Plan:
         """learning_rate / base_learning_rate: the scale factor under the linear rule, its root under sqrt."""
         return _learning_rate_scale(self.scale_factor, self.scaling_rule)
 
+    command: ClassVar[str] = "plan"
+
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
         document["warnings"] = list(self.warnings)
         document["payoff"] = None if self.payoff is None else self.payoff.to_dict()
-        return document
+        return stamped(self.command, document)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    def table(self) -> str:
+        """The plan as the command prints it: ``summary``'s lines, one per quantity."""
+        return self.summary() + "\n"
+
     def summary(self) -> str:
+        """One line per quantity: the split, the learning rate and its rule, the warm-up, warnings."""
         rule = (
             f"{self.global_batch_size} / {self.base_batch_size}"
             if self.scaling_rule == "linear"

@@ -1,5 +1,6 @@
-"""Saved results as the report reads them: which command wrote a JSON document (told by its keys),
-and what ran (device, torch, batchfit version, workload, time), "not recorded" where it is absent."""
+"""Saved results as the report reads them: the command that wrote a JSON document (the envelope's
+``command``; files from before the envelope by ``legacy_kind``), and what ran (device, torch,
+batchfit version, workload, time), "not recorded" where it is absent."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 from batchfit.errors import ConfigurationError
 
@@ -25,8 +26,9 @@ Kind = Literal[
 ]
 NOT_RECORDED = "not recorded"
 
-# The keys each command's JSON always holds; a document is the first kind whose keys it has
-# (advise first: it holds the other commands' results under keys of its own).
+# The keys each command's JSON held before the envelope (and bench/noise_prediction.py's results file
+# holds); ``legacy_kind`` reads such a file as the first kind whose keys it has (advise first: it
+# holds the other commands' results under keys of its own).
 _KEYS: dict[Kind, frozenset[str]] = {
     "advise": frozenset({"train", "eval", "exploration", "comparison", "data", "plan", "changes"}),
     "find": frozenset({"workload", "results"}),
@@ -76,19 +78,44 @@ class SavedResult:
     def what_ran(self) -> WhatRan:
         document = self.document
         device = document.get("device") or _first_device(document)
-        versions = document.get("versions") or {}  # a bench's results file: its own keys
+        versions = document.get("versions") or {}
+        command = document.get("command")
         return WhatRan(
-            command=document.get("command") or f"batchfit {self.kind}",
+            command=f"batchfit {self.kind}" if command in (None, self.kind) else str(command),
             workload=_text(document.get("workload")),
             device=_text(device),
-            torch_version=_text(document.get("torch_version") or document.get("torch")),
+            torch_version=_text(document.get("torch_version") or versions.get("torch")),
             batchfit_version=_text(document.get("batchfit_version") or versions.get("batchfit")),
             created_at=_text(document.get("created_at") or document.get("written")),
         )
 
 
+def saved_result(document: Any, source: str = "the result") -> SavedResult:
+    """A JSON document as the report draws it: an envelope (what every command writes: ``command``,
+    ``versions``, ``workload``, ``created_at``, ``results``) by its command; a file written before
+    the envelope by ``legacy_kind``. find's section draws all its searches; the others' their one
+    result, with what the envelope records beside it (explore's tolerance, advise's context)."""
+    if not _is_envelope(document):
+        return SavedResult(legacy_kind(document, source), document, source)
+    kind = cast(Kind, document["command"])
+    about = {key: value for key, value in document.items() if key != "results"}
+    if kind == "find":
+        return SavedResult(kind, document, source)
+    (result,) = document["results"]
+    if kind == "predict":  # the page draws the prediction under its own key
+        return SavedResult(kind, {**about, "prediction": result}, source)
+    return SavedResult(kind, {**about, **result}, source)
+
+
 def recognise(document: Any, source: str = "the result") -> Kind:
-    """The command that wrote ``document``, told by its keys."""
+    """The command that wrote ``document``: its envelope's ``command``, else ``legacy_kind``."""
+    return cast(Kind, document["command"]) if _is_envelope(document) else legacy_kind(document, source)
+
+
+def legacy_kind(document: Any, source: str = "the result") -> Kind:
+    """The command that wrote a document from before the envelope (``{"results": [...]}`` from
+    find, ``{"prediction": ...}`` from predict, the others' results with what ran merged in), told
+    by the keys its command's JSON always held; and bench/noise_prediction.py's results file."""
     if isinstance(document, Mapping):
         for kind, keys in _KEYS.items():
             if keys <= document.keys():
@@ -102,6 +129,14 @@ def recognise(document: Any, source: str = "the result") -> Kind:
     )
 
 
+def _is_envelope(document: Any) -> bool:
+    return (
+        isinstance(document, Mapping)
+        and document.get("command") in get_args(Kind)
+        and isinstance(document.get("results"), list)
+    )
+
+
 def read_result(path: str | Path) -> SavedResult:
     """Read a saved result (what a command writes with ``--format json``; analyze: ``--output X.json``)."""
     path = Path(path)
@@ -111,7 +146,7 @@ def read_result(path: str | Path) -> SavedResult:
         raise ConfigurationError(
             f"{path} is not JSON ({error}); a report reads what a command wrote with --format json."
         ) from error
-    return SavedResult(recognise(document, str(path)), document, str(path))
+    return saved_result(document, str(path))
 
 
 def _first_device(document: Mapping[str, Any]) -> Any:
