@@ -17,6 +17,8 @@ from torch.utils.data import TensorDataset
 
 import batchfit
 from batchfit import Advice, Baseline, BatchSizes, Result, Sampling, Timing
+from batchfit.autobatch import analyze_config
+from batchfit.policy.loader_settings import LoaderSearch
 from batchfit.predict import predict_on
 from batchfit.prediction import Targets
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -57,7 +59,7 @@ BUILDERS: dict[str, Any] = {
         timing=Timing(windows=1, time_budget_seconds=0),
     ),
     "check-data": lambda: batchfit.check_data(
-        with_data(), 32, device="cpu", search=batchfit.LoaderSearch(max_num_workers=0, window_seconds=0.1)
+        with_data(), 32, device="cpu", search=LoaderSearch(max_num_workers=0, window_seconds=0.1)
     ),
     "advise": lambda: Advice(
         None,
@@ -90,15 +92,16 @@ def results() -> dict[str, Result]:
     return {command: build() for command, build in BUILDERS.items()}
 
 
-#: The public verbs, each by the result type it returns (``apply_autobatch``: a list of them).
-VERBS = ("find_batch_size", "explore", "compare", "check_data", "advise", "analyze", "analyze_config")
+#: The public verbs, and the config's ``analyze_config``, each by the result type it returns
+#: (``apply_autobatch``: a list of them).
+VERBS = ("find_batch_size", "explore", "compare", "check_data", "advise", "analyze")
 VERBS += ("check", "noise_scale", "plan", "predict", "apply_autobatch")
 
 
 def test_every_public_verb_returns_a_result_tested_here() -> None:
     returned = set()
-    for name in VERBS:
-        kind = typing.get_type_hints(getattr(batchfit, name))["return"]
+    for verb in [*(getattr(batchfit, name) for name in VERBS), analyze_config]:
+        kind = typing.get_type_hints(verb)["return"]
         returned.add(typing.get_args(kind)[0] if typing.get_origin(kind) is list else kind)
     assert {kind.command for kind in returned} == set(BUILDERS)
     public = {getattr(batchfit, name) for name in batchfit.__all__}
