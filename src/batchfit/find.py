@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, replace
 
 import torch
+from typing_extensions import Unpack
 
 from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
@@ -30,7 +31,7 @@ from batchfit.search_capacity import does_not_fit, search_capacity
 from batchfit.search_result import SearchResult
 from batchfit.starting_evidence import StartFrom, StartingEvidence
 from batchfit.trial_oracle import TrialOracle
-from batchfit.where import ResolvedDevice, target_of
+from batchfit.where import ResolvedDevice, WhereShorthand, target_of
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +41,11 @@ def find_batch_size(
     mode: Mode = "train",
     *,
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
-    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
     start_from: StartFrom | None = None,
+    **shorthand: Unpack[WhereShorthand],
 ) -> SearchResult:
     """Find the largest batch in ``sizes`` whose ``mode`` steps complete under a hard cap at
     ``memory_fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
@@ -71,7 +70,7 @@ def find_batch_size(
     place its first trial, and join its trials' own records (behind a caching allocator only).
     """
     check_entry("find_batch_size", workload, on_progress, sizes=(sizes, BatchSizes), trials=(trials, Trials))
-    target = target_of("find_batch_size", where, device, memory_limit, memory_fraction)
+    target = target_of("find_batch_size", where, shorthand)
     named = mode_named(mode)
     start = None if start_from is None else StartingEvidence.read(start_from, named)
     return find_on(target, workload, named, sizes, trials, on_progress, start=start)
