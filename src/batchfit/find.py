@@ -12,7 +12,14 @@ from typing_extensions import Unpack
 from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.safe_band import SafeBand, Under, hold_below
-from batchfit.policy.search import DEFAULT_TUNING, Candidates, SearchOutcome, Tuning, search_and_confirm
+from batchfit.policy.search import (
+    DEFAULT_TUNING,
+    Candidates,
+    Predicted,
+    SearchOutcome,
+    Tuning,
+    search_and_confirm,
+)
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.policy.trial_records import TrialRecords
@@ -218,8 +225,7 @@ class _Search:
             opening,
             self.candidates,
             budget,
-            prior=traced.trials if traced else (),
-            seed=traced.batch_size if traced else seed,
+            predicted=Predicted(traced.trials, traced.batch_size) if traced else Predicted(seed=seed),
             longer=longer,
             exact=device.exact,
             forecast=replay,
