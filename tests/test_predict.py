@@ -20,7 +20,7 @@ from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
-from batchfit.starting_evidence import StartingEvidence
+from batchfit.starting_evidence import Known, StartingEvidence
 from batchfit.where import ResolvedDevice
 
 MiB = 2**20
@@ -116,7 +116,9 @@ def test_find_started_from_a_saved_prediction_runs_fewer_trials_to_the_same_answ
     saved.write_text(json.dumps({"workload": "cnn", "prediction": prediction.to_dict()}))
     scratch = find_on(ResolvedDevice(CachingCpuDevice(48 * MiB), 0.8), workload, "train")
     start = StartingEvidence.read(saved, "train")
-    started = find_on(ResolvedDevice(CachingCpuDevice(48 * MiB), 0.8), workload, "train", start=start)
+    started = find_on(
+        ResolvedDevice(CachingCpuDevice(48 * MiB), 0.8), workload, "train", known=Known(start=start)
+    )
     predicted = prediction.rows[0].train
     assert predicted is not None and scratch.started_from is None
     # The first trial goes where the prediction put it at this budget (0.8 x 48 MiB, as predicted).

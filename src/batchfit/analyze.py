@@ -25,6 +25,7 @@ from batchfit.progress import OnProgress
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
+from batchfit.starting_evidence import Known
 from batchfit.units import format_bytes
 from batchfit.where import CapacityShorthand, target_of
 
@@ -138,7 +139,7 @@ def analyze(
                 (sizes_by_mode or {}).get(mode) or BatchSizes(),
                 (trials_by_mode or {}).get(mode) or Trials(),
                 _told(on_progress, f"{mode}@{memory_fraction:g}"),
-                cache,
+                known=Known(cache),
             )
             results.append(result)
             rows.append(

@@ -36,7 +36,7 @@ from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_capacity import does_not_fit, search_capacity
 from batchfit.search_result import SearchResult
-from batchfit.starting_evidence import StartFrom, StartingEvidence
+from batchfit.starting_evidence import NOTHING_KNOWN, Known, StartFrom, StartingEvidence
 from batchfit.trial_oracle import TrialOracle
 from batchfit.where import ResolvedDevice, WhereShorthand, target_of
 
@@ -80,7 +80,7 @@ def find_batch_size(
     target = target_of("find_batch_size", where, shorthand)
     named = mode_named(mode)
     start = None if start_from is None else StartingEvidence.read(start_from, named)
-    return find_on(target, workload, named, sizes, trials, on_progress, start=start)
+    return find_on(target, workload, named, sizes, trials, on_progress, known=Known(start=start))
 
 
 def find_on(
@@ -90,15 +90,14 @@ def find_on(
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
-    cache: TrialCache | None = None,
     *,
-    start: StartingEvidence | None = None,
+    known: Known = NOTHING_KNOWN,
     tuning: Tuning = DEFAULT_TUNING,
 ) -> SearchResult:
-    """``find_batch_size`` on a resolved target (explore, compare and analyze search on theirs); a
-    ``cache`` shared by searches of one workload, mode and device (at other fractions) reuses
-    their measurements instead of running them again; ``start``: a saved prediction's records;
-    ``tuning``: the search's constants."""
+    """``find_batch_size`` on a resolved target (explore, compare and analyze search on theirs);
+    ``known``: what it reuses (``Known``: a cache shared by searches at other fractions, a saved
+    prediction's records); ``tuning``: the search's constants."""
+    cache, start = known.cache, known.start
     team = ranks()  # under torch.distributed every rank searches together
     # A rank whose workload is wrong stops every rank, not only itself.
     team.run(lambda: check_searchable(workload, mode, target.device))
