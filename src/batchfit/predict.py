@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -76,15 +76,33 @@ def predict(
     target = resolve_device(chosen.device, chosen.memory_limit_bytes)
     fraction = chosen.memory_fraction
     if isinstance(target, CudaDevice):
-        return predict_on(target, workload, targets, named, fraction, sizes, trials, on_progress=on_progress)
+        return predict_on(
+            Recorder(target), workload, targets, named, fraction, sizes, trials, on_progress=on_progress
+        )
     recording = CachingCpuDevice(chosen.memory_limit_bytes or CPU_RECORDING_BYTES)
     return predict_on(
-        recording, workload, targets, named, fraction, sizes, trials, cpu_alone=True, on_progress=on_progress
+        Recorder(recording, cpu_alone=True),
+        workload,
+        targets,
+        named,
+        fraction,
+        sizes,
+        trials,
+        on_progress=on_progress,
     )
 
 
+@dataclass(frozen=True)
+class Recorder:
+    """Where ``predict`` records: CUDA, or the CPU with CUDA's allocator modelled; ``cpu_alone``:
+    the CPU stands in for CUDA (its additions and unmodelled parts apply)."""
+
+    device: CachingCpuDevice | CudaDevice
+    cpu_alone: bool = False
+
+
 def predict_on(
-    device: CachingCpuDevice | CudaDevice,
+    recorder: Recorder,
     workload: Workload,
     targets: Targets,
     modes: Sequence[Mode],
@@ -92,11 +110,10 @@ def predict_on(
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     *,
-    cpu_alone: bool = False,
     on_progress: OnProgress | None = None,
 ) -> Prediction:
-    """``predict`` recording on ``device`` (CUDA, or the CPU with CUDA's allocator modelled);
-    ``cpu_alone``: the CPU stands in for CUDA (its additions and unmodelled parts apply)."""
+    """``predict`` recording on ``recorder``'s device."""
+    device, cpu_alone = recorder.device, recorder.cpu_alone
     started = time.perf_counter()
     memories = targets.memories()
     missing: dict[Unmodelled, None] = {}  # what the CPU alone cannot model: in order, each once
