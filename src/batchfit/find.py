@@ -12,14 +12,8 @@ from typing_extensions import Unpack
 from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.safe_band import SafeBand, Under, hold_below
-from batchfit.policy.search import (
-    DEFAULT_TUNING,
-    Candidates,
-    Predicted,
-    SearchOutcome,
-    Tuning,
-    search_and_confirm,
-)
+from batchfit.policy.search import DEFAULT_TUNING, Candidates, SearchOutcome, Tuning, search_and_confirm
+from batchfit.policy.search_state import Predicted
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.policy.trial_records import TrialRecords
