@@ -492,3 +492,12 @@ def test_a_search_given_where_answers_as_one_given_its_loose_keywords() -> None:
     where = batchfit.find_batch_size(build("mlp"), where=Where("cpu", "3MiB", 0.9))
     assert where.batch_size == loose.batch_size and where.budget_bytes == loose.budget_bytes
     assert where.batch_size < 512  # the capacity was applied
+
+
+def test_noise_scale_given_where_s_capacity_is_capped_as_one_given_the_keyword() -> None:
+    sampling = batchfit.Sampling(batch_size=8, micro_batch_size=4, steps=2)
+    for given in ({"device": "cpu", "memory_limit": "64KiB"}, {"where": Where("cpu", "64KiB")}):
+        with pytest.raises(
+            batchfit.DoesNotFitError, match="out of memory reading the noise scale at micro_batch_size=4"
+        ):
+            batchfit.noise_scale(build("mlp"), sampling=sampling, **given)  # type: ignore[arg-type]
