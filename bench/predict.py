@@ -61,7 +61,7 @@ from _truth import scan, settings
 
 from batchfit import BatchSizes, Targets, Trials, Workload
 from batchfit.policy.trial import Mode
-from batchfit.predict import CPU_RECORDING_BYTES, predict_on
+from batchfit.predict import CPU_RECORDING_BYTES, Recorder, predict_on
 from batchfit.prediction import Prediction
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.cuda import CudaDevice
@@ -92,14 +92,13 @@ def predicted(
 ) -> Prediction:
     """``predict`` recorded on ``device``, at fraction 1 under each cap (no CUDA context)."""
     return predict_on(
-        device,
+        Recorder(device, cpu_alone=cpu_alone),
         workload,
         Targets(tuple(str(cap) for cap in caps), context=False),
         modes,
         memory_fraction=1.0,
         sizes=BatchSizes(max_batch_size=MAX_BATCH_SIZE),
         trials=Trials(steps_per_trial=STEPS_PER_TRIAL),
-        cpu_alone=cpu_alone,
     )
 
 

@@ -41,7 +41,7 @@ from batchfit.policy.allocation_replay import AllocationReplay
 from batchfit.policy.capacity_prediction import CapacityPredictor
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.safe_band import Under, hold_below
-from batchfit.policy.search import Candidates, SearchOutcome, search_and_confirm
+from batchfit.policy.search import Candidates, Predicted, SearchOutcome, search_and_confirm
 from batchfit.policy.search_account import trials_account
 from batchfit.policy.trial import Trial
 from batchfit.policy.trial_records import TrialRecords
@@ -136,7 +136,7 @@ def replay_case(
         lambda batch: device.trial(batch, OPENING_STEPS),
         candidates,
         cap,
-        seed=seed,
+        predicted=Predicted(seed=seed),
         longer=lambda batch: device.trial(batch, CONFIRM_STEPS),
         forecast=forecast,
     )

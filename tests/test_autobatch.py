@@ -102,7 +102,7 @@ def test_example_training_script_bad_config_is_one_message(tmp_path: Path) -> No
         check=False,
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.startswith("train: error: DATA.AUTOBATCH.TARGET_MEMORY_FRACTION")
+    assert done.stderr.startswith("train: error: DATA.AUTOBATCH.MEMORY_FRACTION (TARGET_MEMORY_FRACTION)")
 
 
 @pytest.mark.distributed

@@ -11,6 +11,7 @@ import pytest
 
 from batchfit.autobatch import sizes_from_config, trials_from_config, where_from_config
 from batchfit.config import (
+    ALIASES,
     SEARCH_KEYS,
     AutobatchConfig,
     DataConfig,
@@ -51,7 +52,7 @@ DATA:
 """
 
 AUTO = "DATA.AUTOBATCH"
-TRAIN_KEYS = ["ENABLED", "TARGET_MEMORY_FRACTION", "MIN_BATCH_SIZE", "STEPS_PER_TRIAL", "LOG_LEVEL"]
+TRAIN_KEYS = ["ENABLED", "MEMORY_FRACTION", "MIN_BATCH_SIZE", "STEPS_PER_TRIAL", "LOG_LEVEL"]
 
 
 def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
@@ -67,20 +68,22 @@ def fails(message: str) -> Any:
 
 def test_seed_config_section_loads_and_interpolates(tmp_path: Path) -> None:
     auto = load_config(write(tmp_path, SEED_CONFIG)).DATA.AUTOBATCH
-    assert auto == AutobatchConfig(
+    expected = dict(
         ENABLED=False,
-        TARGET_MEMORY_FRACTION=0.8,
+        MEMORY_FRACTION=0.8,  # the seed's TARGET_MEMORY_FRACTION
         MAX_BATCH_SIZE=512,
         MIN_BATCH_SIZE=1,
         STEPS_PER_TRIAL=2,
         LOG_LEVEL="INFO",
         ENABLED_VAL=False,
-        TARGET_MEMORY_FRACTION_VAL=0.8,
+        MEMORY_FRACTION_VAL=0.8,
         MAX_BATCH_SIZE_VAL=1024,
         MIN_BATCH_SIZE_VAL=1,
         STEPS_PER_TRIAL_VAL=2,
         LOG_LEVEL_VAL="INFO",
     )
+    assert {key: getattr(auto, key) for key in expected} == expected
+    assert auto == AutobatchConfig(**{**dataclasses.asdict(load_config(None).DATA.AUTOBATCH), **expected})
     for key in TRAIN_KEYS:
         assert getattr(auto, f"{key}_VAL") == getattr(auto, key)
         assert type(getattr(auto, f"{key}_VAL")) is type(getattr(auto, key))
@@ -100,7 +103,7 @@ def test_val_keys_follow_overrides_of_the_train_keys(tmp_path: Path, text: str) 
     auto = load_config(write(tmp_path, text), overrides).DATA.AUTOBATCH
     assert auto.MAX_BATCH_SIZE == 100
     assert auto.MAX_BATCH_SIZE_VAL == 200
-    assert (auto.ENABLED_VAL, auto.TARGET_MEMORY_FRACTION_VAL) == (True, 0.85)
+    assert (auto.ENABLED_VAL, auto.MEMORY_FRACTION_VAL) == (True, 0.85)
     assert (auto.MIN_BATCH_SIZE_VAL, auto.STEPS_PER_TRIAL_VAL, auto.LOG_LEVEL_VAL) == (4, 3, "DEBUG")
 
 
@@ -143,7 +146,7 @@ def test_defaults_need_no_file_and_equal_an_empty_one(tmp_path: Path) -> None:
 def test_overrides_are_typed_by_the_schema(tmp_path: Path, key: str, value: str, expected: object) -> None:
     text = "DEVICE: cpu\nMEMORY_LIMIT: 1GiB\n"
     values = config_to_dict(load_config(write(tmp_path, text), [key, value]))
-    for part in key.split("."):
+    for part in ALIASES.get(key, key).split("."):  # the seed's name read as its field's key
         values = values[part]
     assert values == expected
     assert type(values) is type(expected)
@@ -162,7 +165,7 @@ def test_overrides_are_typed_by_the_schema(tmp_path: Path, key: str, value: str,
 )
 def test_arithmetic_in_numeric_values(key: str, value: str, expected: object) -> None:
     values = config_to_dict(load_config(None, [key, value]))
-    for part in key.split("."):
+    for part in ALIASES.get(key, key).split("."):  # the seed's name read as its field's key
         values = values[part]
     assert values == expected
     assert type(values) is type(expected)
@@ -206,7 +209,8 @@ def test_odd_number_of_override_words_is_an_error() -> None:
             "0.5",
             (
                 f"unknown key {AUTO}.TARGET_FRACTION (value '0.5') in the overrides; "
-                f"did you mean {AUTO}.TARGET_MEMORY_FRACTION or {AUTO}.TARGET_MEMORY_FRACTION_VAL?"
+                f"did you mean {AUTO}.TARGET_MEMORY_FRACTION, {AUTO}.TARGET_MEMORY_FRACTION_VAL or "
+                f"{AUTO}.MEMORY_FRACTION?"
             ),
         ),
         (
@@ -269,7 +273,7 @@ BOOL = "a bool (True or False)"
         (
             f"{AUTO}.TARGET_MEMORY_FRACTION",
             "high",
-            f"{AUTO}.TARGET_MEMORY_FRACTION must be a float, got 'high'.",
+            f"{AUTO}.MEMORY_FRACTION (TARGET_MEMORY_FRACTION) must be a float, got 'high'.",
         ),
         ("DATA.BATCH_SIZE", "null", "DATA.BATCH_SIZE must be an int, got None."),
         (
@@ -348,17 +352,20 @@ FORMS = f"'example:NAME' for a built-in ({BUILTINS}) or 'module:function' naming
         (
             f"{AUTO}.TARGET_MEMORY_FRACTION",
             "1.5",
-            f"{AUTO}.TARGET_MEMORY_FRACTION must be in (0, 1], got 1.5: {FRACTION}",
+            f"{AUTO}.MEMORY_FRACTION (TARGET_MEMORY_FRACTION) must be in (0, 1], got 1.5: {FRACTION}",
         ),
         (
             f"{AUTO}.TARGET_MEMORY_FRACTION",
             "0",
-            f"{AUTO}.TARGET_MEMORY_FRACTION must be in (0, 1], got 0.0: {FRACTION}",
+            f"{AUTO}.MEMORY_FRACTION (TARGET_MEMORY_FRACTION) must be in (0, 1], got 0.0: {FRACTION}",
         ),
         (
             f"{AUTO}.TARGET_MEMORY_FRACTION_VAL",
             "1.01",
-            f"{AUTO}.TARGET_MEMORY_FRACTION_VAL must be in (0, 1], got 1.01: {FRACTION}",
+            (
+                f"{AUTO}.MEMORY_FRACTION_VAL (TARGET_MEMORY_FRACTION_VAL) must be in (0, 1], got 1.01: "
+                f"{FRACTION}"
+            ),
         ),
         (
             f"{AUTO}.MIN_BATCH_SIZE",
@@ -414,7 +421,7 @@ def test_bad_values_give_one_message_naming_key_and_value(key: str, value: str, 
 
 
 def test_bad_values_in_the_file_are_caught_too(tmp_path: Path) -> None:
-    with fails(f"{AUTO}.TARGET_MEMORY_FRACTION must be in (0, 1], got 1.5: {FRACTION}"):
+    with fails(f"{AUTO}.MEMORY_FRACTION (TARGET_MEMORY_FRACTION) must be in (0, 1], got 1.5: {FRACTION}"):
         load_config(write(tmp_path, SEED_CONFIG.replace("FRACTION: 0.8", "FRACTION: 1.5")))
     with fails(f"{AUTO}.MIN_BATCH_SIZE (600) is above {AUTO}.MAX_BATCH_SIZE (512): {MIN_MAX}"):
         load_config(write(tmp_path, SEED_CONFIG.replace("MIN_BATCH_SIZE: 1", "MIN_BATCH_SIZE: 600")))
@@ -442,14 +449,17 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
             BATCH_SIZE=48,
             BATCH_SIZE_VAL=64,
             AUTOBATCH=AutobatchConfig(
-                ENABLED=True,
-                TARGET_MEMORY_FRACTION=0.85,
-                ENABLED_VAL=True,
-                TARGET_MEMORY_FRACTION_VAL=0.85,
-                MAX_BATCH_SIZE_VAL=1024,
-                MIN_BATCH_SIZE_VAL=1,
-                STEPS_PER_TRIAL_VAL=2,
-                LOG_LEVEL_VAL="INFO",
+                **{
+                    **config_to_dict(load_config(None))["DATA"]["AUTOBATCH"],  # the keys not set here
+                    "ENABLED": True,
+                    "MEMORY_FRACTION": 0.85,
+                    "ENABLED_VAL": True,
+                    "MEMORY_FRACTION_VAL": 0.85,
+                    "MAX_BATCH_SIZE_VAL": 1024,
+                    "MIN_BATCH_SIZE_VAL": 1,
+                    "STEPS_PER_TRIAL_VAL": 2,
+                    "LOG_LEVEL_VAL": "INFO",
+                }
             ),
         ),
     )
@@ -479,3 +489,59 @@ def test_the_options_of_each_mode_s_search_are_its_keys() -> None:
     assert trials_from_config(cfg.DATA.AUTOBATCH, "eval") == Trials(4)
     assert where_from_config(cfg, "train") == Where("cpu", "64MiB", 0.8)
     assert sizes_from_config(cfg.DATA.AUTOBATCH, "train") == BatchSizes(1, 512)
+
+
+def test_every_options_field_has_a_generated_key_and_every_alias_names_one() -> None:
+    top = {"DEVICE": "device", "MEMORY_LIMIT": "memory_limit"}
+    assert {field.name for field in dataclasses.fields(ExperimentConfig)} >= set(top)
+    keys = {key.name for key in dataclasses.fields(AutobatchConfig)}
+    for kind in (Where, BatchSizes, Trials):
+        for field in dataclasses.fields(kind):
+            if not field.init:
+                continue
+            if field.name in top.values():  # one device for both searches: the top level's
+                continue
+            key = field.name.upper()
+            assert SEARCH_KEYS[key] == (kind, field.name) and {key, f"{key}_VAL"} <= keys, field.name
+    for alias, key in ALIASES.items():
+        assert alias.startswith(f"{AUTO}.") and key.removeprefix(f"{AUTO}.") in keys, alias
+        assert key.removeprefix(f"{AUTO}.").removesuffix("_VAL") in SEARCH_KEYS, alias
+
+
+SEED_NAMES = f"""DEVICE: cpu
+MEMORY_LIMIT: 64MiB
+DATA:
+  AUTOBATCH:
+    TARGET_MEMORY_FRACTION: 0.7
+    MIN_BATCH_SIZE: 2
+    MAX_BATCH_SIZE: 96
+    STEPS_PER_TRIAL: 3
+    TARGET_MEMORY_FRACTION_VAL: ${{{AUTO}.TARGET_MEMORY_FRACTION}} / 2
+    MAX_BATCH_SIZE_VAL: ${{{AUTO}.MAX_BATCH_SIZE}} * 3
+"""
+
+
+def test_a_config_in_the_seed_s_names_and_one_in_the_fields_give_the_same_options(tmp_path: Path) -> None:
+    fields = SEED_NAMES.replace("TARGET_MEMORY_FRACTION", "MEMORY_FRACTION")
+    assert "TARGET" not in fields
+    seed, named = load_config(write(tmp_path, SEED_NAMES, "seed.yaml")), load_config(write(tmp_path, fields))
+    assert seed == named
+    for mode, fraction, upper in (("train", 0.7, 96), ("eval", 0.35, 288)):
+        assert where_from_config(seed, mode) == Where("cpu", "64MiB", fraction)
+        assert sizes_from_config(seed.DATA.AUTOBATCH, mode) == BatchSizes(2, upper)
+        assert trials_from_config(seed.DATA.AUTOBATCH, mode) == Trials(3)
+    both = SEED_NAMES + "    MEMORY_FRACTION: 0.6\n"
+    path = write(tmp_path, both, "both.yaml")
+    with fails(
+        f"{AUTO}.MEMORY_FRACTION (TARGET_MEMORY_FRACTION) is given twice in config file '{path}', "
+        f"as {AUTO}.MEMORY_FRACTION and as its alias: keep one."
+    ):
+        load_config(path)
+
+
+def test_every_field_s_key_reaches_its_options(tmp_path: Path) -> None:
+    overrides = [f"{AUTO}.MULTIPLE_OF", "4", f"{AUTO}.MUST_FIT_FROM_VAL", "2", f"{AUTO}.CONFIRM_STEPS", "5"]
+    cfg = load_config(None, [*overrides, f"{AUTO}.EVAL_WITH_TRAINING_STATE_VAL", "False"])
+    assert sizes_from_config(cfg.DATA.AUTOBATCH, "train") == BatchSizes(1, 512, multiple_of=4)
+    assert sizes_from_config(cfg.DATA.AUTOBATCH, "eval") == BatchSizes(1, 1024, 4, must_fit_from=2)
+    assert trials_from_config(cfg.DATA.AUTOBATCH, "eval") == Trials(2, 5, eval_with_training_state=False)

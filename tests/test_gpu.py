@@ -44,6 +44,7 @@ from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
+from batchfit.starting_evidence import Known
 from batchfit.where import ResolvedDevice
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
@@ -908,8 +909,8 @@ def test_a_search_at_another_fraction_replays_the_requests_its_cached_opening_re
     workload = cnn_workload("cpu-caching")
     cap = reference_cap(workload, "cpu-caching", 48)
     cache = TrialCache()
-    first = find_on(ResolvedDevice(CachingCpuDevice(cap), 1.0), workload, "train", cache=cache)
-    second = find_on(ResolvedDevice(CachingCpuDevice(cap), 0.8), workload, "train", cache=cache)
+    first = find_on(ResolvedDevice(CachingCpuDevice(cap), 1.0), workload, "train", known=Known(cache))
+    second = find_on(ResolvedDevice(CachingCpuDevice(cap), 0.8), workload, "train", known=Known(cache))
     fitted = {t.batch_size for t in (*first.trials, *second.trials) if t.fits}
     assert sorted(cache.records) == sorted(fitted) and {2, 4, first.batch_size} <= fitted
     assert first.replays > 0 and second.replays > 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import typing
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from batchfit import BatchSizes, ConfigurationError, Goal, Timing, Trials, Where
 from batchfit.advise import Checklist
 from batchfit.checks import check_device
 from batchfit.cli import flags
+from batchfit.errors import ArgumentTypeError
 from batchfit.options import mode_named
 from batchfit.policy.loader_settings import LoaderSetting
 from batchfit.where import where_of
@@ -55,7 +57,8 @@ def test_where_parses_once_and_keeps_cuda_without_an_index() -> None:
     assert check_device(torch.device("cuda")) == "cuda" and check_device("cuda:1") == "cuda:1"
     assert where.memory_limit_bytes == 2 * 1024**3
     assert Where().device is None and Where("cpu").device == "cpu"
-    assert where_of("find_batch_size", None, "cuda", "2GiB", 0.5) == where  # the loose keywords' Where
+    loose = {"device": "cuda", "memory_limit": "2GiB", "memory_fraction": 0.5}
+    assert where_of("find_batch_size", None, loose) == where  # the loose keywords' Where
 
 
 def test_eval_takes_twice_the_training_range_only_when_one_range_serves_both() -> None:
@@ -103,11 +106,13 @@ def test_every_verb_takes_a_where_and_keeps_where_s_fields_as_its_shorthand(verb
     assert parameters["where"].default is None
     assert parameters["where"].kind is inspect.Parameter.KEYWORD_ONLY
     assert "on_progress" in parameters
-    assert set(LOOSE[verb]) <= fields and fields & set(parameters) == set(LOOSE[verb])  # type: ignore[index]
-    for name in LOOSE[verb]:  # type: ignore[index]
-        assert parameters[name].default is None, (verb, name)  # None: where's own default
-        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
-    assert where_of("verb", None) == Where()  # nothing given: where's defaults
+    assert not fields & set(parameters)  # no loose keyword of its own: the shorthand holds them
+    assert parameters["shorthand"].kind is inspect.Parameter.VAR_KEYWORD
+    (shorthand,) = typing.get_args(typing.get_type_hints(verb)["shorthand"])  # Unpack[...]'s TypedDict
+    assert set(LOOSE[verb]) <= fields and shorthand.__optional_keys__ == set(LOOSE[verb])  # type: ignore[index]
+    assert not shorthand.__required_keys__  # each optional: absent (or None) is where's own default
+    assert where_of("verb", None, {}) == Where()  # nothing given: where's defaults
+    assert where_of("verb", None, dict.fromkeys(LOOSE[verb])) == Where()  # type: ignore[index]
 
 
 def test_flags_are_the_fields_with_dashes_and_their_help() -> None:
@@ -154,6 +159,19 @@ VERBS = {
     "predict": lambda workload, **given: batchfit.predict(workload, **{"targets": TARGETS, **given}),
     "check": lambda workload, **given: batchfit.check(workload, 8, **given),
 }
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_a_keyword_a_verb_does_not_take_is_a_type_error_naming_it(verb: str) -> None:
+    with pytest.raises(ArgumentTypeError) as raised:
+        VERBS[verb](build("mlp"), where=Where("cpu"), memory_limt="2GiB")
+    (accepted,) = [names for function, names in LOOSE.items() if function.__name__ == verb]  # type: ignore[attr-defined]
+    hint = " (did you mean memory_limit=?)" if "memory_limit" in accepted else ""
+    assert str(raised.value) == (
+        f"{verb}() got an unexpected keyword argument 'memory_limt'{hint}: besides its own "
+        f"parameters (help(batchfit.{verb})) it takes {', '.join(f'{name}=' for name in accepted)} "
+        "as shorthand for where=batchfit.Where(...)."
+    )
 
 
 def _sequential() -> torch.nn.Module:
@@ -461,11 +479,12 @@ def test_a_loose_keyword_that_disagrees_with_where_is_an_error_naming_both(verb:
 
 def test_a_loose_keyword_that_says_what_where_says_is_where() -> None:
     where = Where("cpu", "64MiB", 0.5)
-    assert where_of("find_batch_size", where, "cpu", 64 * 2**20, 0.5) is where
+    same = {"device": "cpu", "memory_limit": 64 * 2**20, "memory_fraction": 0.5}
+    assert where_of("find_batch_size", where, same) is where
     with pytest.raises(ConfigurationError, match=r"memory_fraction=0.8, which disagree"):
-        where_of("find_batch_size", where, memory_fraction=0.8)
+        where_of("find_batch_size", where, {"memory_fraction": 0.8})
     with pytest.raises(ConfigurationError, match=r"find_batch_size's where must be a batchfit.Where"):
-        where_of("find_batch_size", "cpu")  # type: ignore[arg-type]
+        where_of("find_batch_size", "cpu", {})  # type: ignore[arg-type]
 
 
 def test_a_search_given_where_answers_as_one_given_its_loose_keywords() -> None:
@@ -473,3 +492,12 @@ def test_a_search_given_where_answers_as_one_given_its_loose_keywords() -> None:
     where = batchfit.find_batch_size(build("mlp"), where=Where("cpu", "3MiB", 0.9))
     assert where.batch_size == loose.batch_size and where.budget_bytes == loose.budget_bytes
     assert where.batch_size < 512  # the capacity was applied
+
+
+def test_noise_scale_given_where_s_capacity_is_capped_as_one_given_the_keyword() -> None:
+    sampling = batchfit.Sampling(batch_size=8, micro_batch_size=4, steps=2)
+    for given in ({"device": "cpu", "memory_limit": "64KiB"}, {"where": Where("cpu", "64KiB")}):
+        with pytest.raises(
+            batchfit.DoesNotFitError, match="out of memory reading the noise scale at micro_batch_size=4"
+        ):
+            batchfit.noise_scale(build("mlp"), sampling=sampling, **given)  # type: ignore[arg-type]

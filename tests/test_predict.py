@@ -15,12 +15,12 @@ from batchfit import ConfigurationError, Targets, Trials
 from batchfit.cli import main
 from batchfit.find import find_on
 from batchfit.policy.capacity_prediction import CapacityPredictor
-from batchfit.predict import predict_on, record
+from batchfit.predict import Recorder, predict_on, record
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
-from batchfit.starting_evidence import StartingEvidence
+from batchfit.starting_evidence import Known, StartingEvidence
 from batchfit.where import ResolvedDevice
 
 MiB = 2**20
@@ -47,7 +47,7 @@ def _real_verdicts(workload: batchfit.Workload, mode: str, cap: int, sizes: rang
 def test_recorded_on_one_capacity_predicted_at_another_is_the_truth(mode: str, capacity: int) -> None:
     workload = build_example("cnn")
     prediction = predict_on(
-        CachingCpuDevice(24 * MiB),
+        Recorder(CachingCpuDevice(24 * MiB)),
         workload,
         Targets(f"{capacity}MiB", context=False),
         [mode],  # type: ignore[list-item]
@@ -101,7 +101,9 @@ def test_on_cuda_the_prediction_at_a_capped_capacity_is_within_3_percent_of_find
 
     workload = build_example("cnn", device="cuda")
     cap = 384 * MiB
-    prediction = predict_on(CudaDevice(0, None), workload, Targets(f"{cap}", context=False), ["train"])
+    prediction = predict_on(
+        Recorder(CudaDevice(0, None)), workload, Targets(f"{cap}", context=False), ["train"]
+    )
     found = batchfit.find_batch_size(workload, "train", device="cuda", memory_limit=cap)
     answer = prediction.rows[0].train
     assert answer is not None and answer.batch_size is not None
@@ -111,12 +113,16 @@ def test_on_cuda_the_prediction_at_a_capped_capacity_is_within_3_percent_of_find
 
 def test_find_started_from_a_saved_prediction_runs_fewer_trials_to_the_same_answer(tmp_path: Path) -> None:
     workload = build_example("cnn")
-    prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB", context=False), ["train"])  # type: ignore[list-item]
+    prediction = predict_on(
+        Recorder(CachingCpuDevice(24 * MiB)), workload, Targets("48MiB", context=False), ["train"]
+    )  # type: ignore[list-item]
     saved = tmp_path / "prediction.json"  # as `batchfit predict --format json` writes it
     saved.write_text(json.dumps({"workload": "cnn", "prediction": prediction.to_dict()}))
     scratch = find_on(ResolvedDevice(CachingCpuDevice(48 * MiB), 0.8), workload, "train")
     start = StartingEvidence.read(saved, "train")
-    started = find_on(ResolvedDevice(CachingCpuDevice(48 * MiB), 0.8), workload, "train", start=start)
+    started = find_on(
+        ResolvedDevice(CachingCpuDevice(48 * MiB), 0.8), workload, "train", known=Known(start=start)
+    )
     predicted = prediction.rows[0].train
     assert predicted is not None and scratch.started_from is None
     # The first trial goes where the prediction put it at this budget (0.8 x 48 MiB, as predicted).
@@ -133,7 +139,9 @@ def test_a_saved_prediction_starts_a_search_only_behind_a_caching_allocator_and_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     workload = build_example("cnn")
-    prediction = predict_on(CachingCpuDevice(24 * MiB), workload, Targets("48MiB", context=False), ["train"])  # type: ignore[list-item]
+    prediction = predict_on(
+        Recorder(CachingCpuDevice(24 * MiB)), workload, Targets("48MiB", context=False), ["train"]
+    )  # type: ignore[list-item]
     with pytest.raises(ConfigurationError) as raised:
         batchfit.find_batch_size(workload, "eval", device="cpu", memory_limit="48MiB", start_from=prediction)
     assert str(raised.value) == (

@@ -19,7 +19,7 @@ import batchfit
 from batchfit import Advice, Baseline, BatchSizes, Result, Sampling, Timing
 from batchfit.autobatch import analyze_config
 from batchfit.policy.loader_settings import LoaderSearch
-from batchfit.predict import predict_on
+from batchfit.predict import Recorder, predict_on
 from batchfit.prediction import Targets
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import build_example
@@ -78,7 +78,10 @@ BUILDERS: dict[str, Any] = {
     "analyze": lambda: batchfit.analyze(mlp(), [0.8], ["train"], **CAPPED),
     "check": lambda: batchfit.check(mlp(), 8, **CAPPED),
     "predict": lambda: predict_on(
-        CachingCpuDevice(24 * 2**20), build_example("cnn"), Targets("48MiB", context=False), ["train"]
+        Recorder(CachingCpuDevice(24 * 2**20)),
+        build_example("cnn"),
+        Targets("48MiB", context=False),
+        ["train"],
     ),
     "noise-scale": lambda: batchfit.noise_scale(
         mlp(), sampling=Sampling(batch_size=16, micro_batch_size=8, steps=2), device="cpu"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-import torch
+from typing_extensions import Unpack
 
 from batchfit.advice_result import Advice
 from batchfit.check_data import DataCheck, check_data
@@ -29,7 +29,7 @@ from batchfit.runtime.data.dataloaders import LoaderFactory
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
-from batchfit.where import ResolvedDevice, target_of
+from batchfit.where import ResolvedDevice, WhereShorthand, target_of
 
 #: The steps advise runs, in order; each can be skipped.
 STEPS = ("find", "explore", "compare", "check-data", "plan")
@@ -76,14 +76,12 @@ def advise(
     workload: Workload,
     *,
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
-    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     timing: Timing = ADVISE_TIMING,
     checklist: Checklist = Checklist(),
     baseline: Baseline | None = None,
     on_progress: OnProgress | None = None,
+    **shorthand: Unpack[WhereShorthand],
 ) -> Advice:
     """Run the checklist on ``workload``: ``find`` (train and eval, in ``sizes``), ``explore``
     (with ``timing``), ``compare``, ``check-data`` (when the workload has a dataset or the
@@ -108,9 +106,7 @@ def advise(
     if baseline is not None:
         check_option("advise", "baseline", baseline, Baseline)
     started = time.perf_counter()
-    run = _Checklist(
-        target_of("advise", where, device, memory_limit, memory_fraction), workload, checklist, on_progress
-    )
+    run = _Checklist(target_of("advise", where, shorthand), workload, checklist, on_progress)
     train, evaluation = run.find(replace(sizes, global_batch_size=None, world_size=None))
     largest = None if train is None else train.batch_size
     exploration = run.explore(sizes, largest, timing)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
 
-import torch
+from typing_extensions import Unpack
 
 from batchfit.checks import check_memory_fraction, check_option, type_name
 from batchfit.errors import ConfigurationError
@@ -26,8 +26,9 @@ from batchfit.result import stamped
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_result import SearchResult
+from batchfit.starting_evidence import Known
 from batchfit.units import format_bytes
-from batchfit.where import target_of
+from batchfit.where import CapacityShorthand, target_of
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,10 @@ def analyze(
     modes: Sequence[str] = ("train", "eval"),
     *,
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
     sizes_by_mode: Mapping[Mode, BatchSizes] | None = None,
     trials_by_mode: Mapping[Mode, Trials] | None = None,
     on_progress: OnProgress | None = None,
+    **shorthand: Unpack[CapacityShorthand],
 ) -> Analysis:
     """One search per (memory_fraction, mode), each mode's in ``sizes_by_mode[mode]`` with
     ``trials_by_mode[mode]`` (the defaults where a mode is missing); each mode's searches share one
@@ -129,7 +129,7 @@ def analyze(
     for fraction in memory_fractions:
         check_memory_fraction(fraction)
     named = [mode_named(mode) for mode in dict.fromkeys(modes)]
-    base = target_of("analyze", where, device, memory_limit)
+    base = target_of("analyze", where, shorthand, CapacityShorthand.__optional_keys__)
     rows, results = [], []
     caches = {mode: TrialCache() for mode in named}
     for mode in named:
@@ -143,7 +143,7 @@ def analyze(
                 (sizes_by_mode or {}).get(mode) or BatchSizes(),
                 (trials_by_mode or {}).get(mode) or Trials(),
                 _told(on_progress, f"{mode}@{memory_fraction:g}"),
-                cache,
+                known=Known(cache),
             )
             results.append(result)
             rows.append(

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-import torch
+from typing_extensions import Unpack
 
 from batchfit.checks import check_positive_int
 from batchfit.options import Where
@@ -34,7 +34,7 @@ from batchfit.runtime.devices.host import usable_cores
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.specs import load_function
 from batchfit.runtime.workloads.workload import Workload, check_model_on
-from batchfit.where import target_of
+from batchfit.where import DeviceShorthand, target_of
 
 
 @dataclass(frozen=True)
@@ -130,11 +130,11 @@ def check_data(
     batch_size: int,
     *,
     where: Where | None = None,
-    device: str | torch.device | None = None,
     loader: LoaderFactory | str | None = None,
     current: LoaderSetting = LoaderSetting(),
     search: LoaderSearch = LoaderSearch(),
     on_progress: OnProgress | None = None,
+    **shorthand: Unpack[DeviceShorthand],
 ) -> DataCheck:
     """Measure whether loading the data holds training back at ``batch_size``, and what fixes it.
 
@@ -157,7 +157,7 @@ def check_data(
         "check_data", workload, on_progress, current=(current, LoaderSetting), search=(search, LoaderSearch)
     )
     check_positive_int("batch_size", batch_size)
-    target = target_of("check_data", where, device).device
+    target = target_of("check_data", where, shorthand, DeviceShorthand.__optional_keys__).device
     if search.max_num_workers is None:
         search = replace(search, max_num_workers=usable_cores())
     factory = load_function(loader, "loader") if isinstance(loader, str) else loader

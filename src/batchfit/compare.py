@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+from typing_extensions import Unpack
 
 from batchfit.comparison import Comparison, ComparisonRow, against
 from batchfit.errors import ConfigurationError, DoesNotFitError
@@ -40,7 +41,7 @@ from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.default_step import needs_closure
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
-from batchfit.where import ResolvedDevice, target_of
+from batchfit.where import ResolvedDevice, WhereShorthand, target_of
 
 #: compare's timing unless told: explore gets 10 s for each technique's recommended batch.
 COMPARE_TIMING = Timing(time_budget_seconds=10.0)
@@ -51,13 +52,11 @@ def compare(
     techniques: Sequence[str] | None = None,
     *,
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
-    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     timing: Timing = COMPARE_TIMING,
     checkpoint_module: str | None = None,
     on_progress: OnProgress | None = None,
+    **shorthand: Unpack[WhereShorthand],
 ) -> Comparison:
     """Apply each technique to ``workload`` (``techniques``: names such as ``amp`` (or ``amp-fp16``,
     ``amp-bf16``), ``checkpointing``, ``amp+checkpointing``, ``cudnn-benchmark-on``,
@@ -75,7 +74,7 @@ def compare(
     ``where`` is a ConfigurationError).
     """
     check_entry("compare", workload, on_progress, sizes=(sizes, BatchSizes), timing=(timing, Timing))
-    target = target_of("compare", where, device, memory_limit, memory_fraction)
+    target = target_of("compare", where, shorthand)
     return compare_on(target, workload, techniques, sizes, timing, checkpoint_module, on_progress)
 
 

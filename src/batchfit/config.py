@@ -1,5 +1,6 @@
-"""YAML experiment configs: the typed schema (WORKLOAD, DEVICE, DATA.AUTOBATCH...), loading with
-command-line overrides and interpolation (by OmegaConf), and validation with messages naming the key."""
+"""YAML experiment configs: loading the schema (``config_schema``: WORKLOAD, DEVICE, DATA.AUTOBATCH...,
+generated from the options objects) with command-line overrides, the seed's aliases and
+interpolation (by OmegaConf), and validation with messages naming the key."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import os
 import re
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,63 +20,26 @@ import yaml  # type: ignore[import-untyped]
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from batchfit.checks import DEFAULT_MAX_BATCH_SIZE, EVAL_BATCH_FACTOR
+from batchfit.config_schema import (
+    ALIASES,
+    SEARCH_KEYS,
+    AutobatchConfig,
+    DataConfig,
+    ExperimentConfig,
+    named,
+)
 from batchfit.errors import ConfigurationError
-from batchfit.options import BatchSizes, Trials, Where
 from batchfit.units import parse_bytes
 
-
-def _follows(expression: str) -> Any:
-    """A default that interpolates other keys; ``load_config`` resolves it to the field's type."""
-    return expression
-
-
-@dataclass
-class AutobatchConfig:
-    """DATA.AUTOBATCH: the batch size search. Each _VAL key is its twin for the validation step."""
-
-    ENABLED: bool = False  # search the training batch size before training
-    TARGET_MEMORY_FRACTION: float = 0.8  # fraction of device memory a batch may use, in (0, 1]
-    MAX_BATCH_SIZE: int = DEFAULT_MAX_BATCH_SIZE  # upper bound of the search, samples
-    MIN_BATCH_SIZE: int = 1  # lower bound of the search, samples
-    STEPS_PER_TRIAL: int = 2  # steps per trial (the first creates the optimizer state)
-    LOG_LEVEL: str = "INFO"  # level of the batchfit logger: DEBUG, INFO, WARNING, ERROR, CRITICAL
-    ENABLED_VAL: bool = _follows("${DATA.AUTOBATCH.ENABLED}")
-    TARGET_MEMORY_FRACTION_VAL: float = _follows("${DATA.AUTOBATCH.TARGET_MEMORY_FRACTION}")
-    MAX_BATCH_SIZE_VAL: int = _follows(f"${{DATA.AUTOBATCH.MAX_BATCH_SIZE}} * {EVAL_BATCH_FACTOR}")
-    MIN_BATCH_SIZE_VAL: int = _follows("${DATA.AUTOBATCH.MIN_BATCH_SIZE}")
-    STEPS_PER_TRIAL_VAL: int = _follows("${DATA.AUTOBATCH.STEPS_PER_TRIAL}")
-    LOG_LEVEL_VAL: str = _follows("${DATA.AUTOBATCH.LOG_LEVEL}")
-
-
-#: The options field each of DATA.AUTOBATCH's search keys sets (the eval search's: its _VAL twin),
-#: named as the experiment configs name them; the top level's DEVICE and MEMORY_LIMIT set
-#: ``Where.device`` and ``Where.memory_limit``.
-SEARCH_KEYS: dict[str, tuple[type, str]] = {
-    "TARGET_MEMORY_FRACTION": (Where, "memory_fraction"),
-    "MIN_BATCH_SIZE": (BatchSizes, "min_batch_size"),
-    "MAX_BATCH_SIZE": (BatchSizes, "max_batch_size"),
-    "STEPS_PER_TRIAL": (Trials, "steps_per_trial"),
-}
-
-
-@dataclass
-class DataConfig:
-    """DATA: the batch sizes training uses; a search that runs overwrites them."""
-
-    BATCH_SIZE: int = 32  # training batch size, samples per device per step
-    BATCH_SIZE_VAL: int = 64  # validation batch size, samples per device per step
-    AUTOBATCH: AutobatchConfig = field(default_factory=AutobatchConfig)
-
-
-@dataclass
-class ExperimentConfig:
-    """The whole file. Build it with ``load_config``, which resolves the interpolations."""
-
-    WORKLOAD: str = "example:mlp"  # "example:NAME" (mlp, cnn, transformer) or "module:function"
-    DEVICE: str | None = None  # cpu, cuda or cuda:N; None: cuda if available, else cpu
-    MEMORY_LIMIT: str | None = None  # e.g. "2GiB": caps the device there (a smaller GPU, or a CPU for one)
-    DATA: DataConfig = field(default_factory=DataConfig)
+__all__ = [
+    "SEARCH_KEYS",
+    "AutobatchConfig",
+    "DataConfig",
+    "ExperimentConfig",
+    "config_to_dict",
+    "load_config",
+    "save_config",
+]
 
 
 _KINDS = {bool: "a bool (True or False)", int: "an int", float: "a float", str: "a string"}
@@ -134,7 +97,7 @@ def _is_expression(text: str) -> bool:
 
 
 def _unknown_key(key: str, value: Any, where: str) -> ConfigurationError:
-    close = difflib.get_close_matches(key.upper(), list(_LEAVES), n=3, cutoff=0.8)
+    close = difflib.get_close_matches(key.upper(), [*_LEAVES, *ALIASES], n=3, cutoff=0.8)
     if close:
         hint = f"did you mean {', '.join(close[:-1])}{' or ' if close[:-1] else ''}{close[-1]}?"
     else:  # the keys one level down from the section it is in
@@ -151,9 +114,13 @@ def _flatten(tree: dict[Any, Any], where: str, prefix: str = "") -> dict[str, An
     """The values by dotted key; unknown keys and values given to whole sections are errors."""
     flat: dict[str, Any] = {}
     for name, value in tree.items():
-        key = f"{prefix}{name}"
+        key = ALIASES.get(f"{prefix}{name}", f"{prefix}{name}")  # the seed's name: the field's key
+        if key in flat:
+            raise ConfigurationError(
+                f"{named(key)} is given twice in {where}, as {key} and as its alias: keep one."
+            )
         if key in _LEAVES:
-            flat[key] = value
+            flat[key] = _canonical(value)
         elif key not in _SECTIONS:
             raise _unknown_key(key, value, where)
         elif isinstance(value, dict):
@@ -164,6 +131,14 @@ def _flatten(tree: dict[Any, Any], where: str, prefix: str = "") -> dict[str, An
                 f"{key} is a section, not a value (got {value!r}) in {where}; set keys in it, e.g. {example}."
             )
     return flat
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with the aliases its interpolations name (``${DATA.AUTOBATCH.TARGET_MEMORY_FRACTION}``)
+    written as the keys they stand for."""
+    if not isinstance(value, str):
+        return value
+    return _INTERPOLATION.sub(lambda found: "${" + ALIASES.get(found[0][2:-1], found[0][2:-1]) + "}", value)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -237,7 +212,9 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Exper
             OmegaConf.update(typed, key, value, merge=False)
         except (ValueError, OmegaConfBaseException) as error:
             origin = f" (from {raw[key]!r})" if raw[key] != value else ""
-            raise ConfigurationError(f"{key} must be {_KINDS[kind]}, got {value!r}{origin}.") from error
+            raise ConfigurationError(
+                f"{named(key)} must be {_KINDS[kind]}, got {value!r}{origin}."
+            ) from error
     cfg = typing.cast(ExperimentConfig, OmegaConf.to_object(typed))
     _validate(cfg)
     return cfg
@@ -247,18 +224,18 @@ def _validate(cfg: ExperimentConfig) -> None:
     """Check what the types cannot: ranges, MIN against MAX, level names, the forms of the strings."""
     values = _flatten(config_to_dict(cfg), "")
     for name in (key for key, kind in _LEAVES.items() if kind is int):  # batch sizes and steps
-        if values[name] < 1:
+        if values[name] is not None and values[name] < 1:
             raise ConfigurationError(f"{name} must be at least 1, got {values[name]}.")
     for suffix in ("", "_VAL"):
-        name = f"{_AUTO}TARGET_MEMORY_FRACTION{suffix}"
+        name = f"{_AUTO}MEMORY_FRACTION{suffix}"
         fraction = values[name]
         if not 0 < fraction <= 1:
             raise ConfigurationError(
-                f"{name} must be in (0, 1], got {fraction!r}: it is the fraction of device memory a batch "
-                f"may use, e.g. 0.8."
+                f"{named(name)} must be in (0, 1], got {fraction!r}: it is the fraction of device memory "
+                f"a batch may use, e.g. 0.8."
             )
         low, high = (f"{_AUTO}{bound}_BATCH_SIZE{suffix}" for bound in ("MIN", "MAX"))
-        if values[low] > values[high]:
+        if values[high] is not None and values[low] > values[high]:
             raise ConfigurationError(
                 f"{low} ({values[low]}) is above {high} ({values[high]}): "
                 f"lower the first or raise the second."

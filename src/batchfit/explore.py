@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-import torch
+from typing_extensions import Unpack
 
 from batchfit.errors import ConfigurationError
 from batchfit.find import find_on
@@ -31,7 +31,7 @@ from batchfit.runtime.distributed.lockstep import ranks
 from batchfit.runtime.steps.timer import StepTimer
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload, check_model_on
-from batchfit.where import ResolvedDevice, target_of
+from batchfit.where import ResolvedDevice, WhereShorthand, target_of
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,11 @@ def explore(
     workload: Workload,
     *,
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
-    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     timing: Timing = Timing(),
     goal: Goal = Goal(),
     on_progress: OnProgress | None = None,
+    **shorthand: Unpack[WhereShorthand],
 ) -> ExploreResult:
     """Measure training throughput against batch size and recommend one.
 
@@ -150,7 +148,7 @@ def explore(
     """
     given = {"sizes": (sizes, BatchSizes), "timing": (timing, Timing), "goal": (goal, Goal)}
     check_entry("explore", workload, on_progress, **given)
-    target = target_of("explore", where, device, memory_limit, memory_fraction)
+    target = target_of("explore", where, shorthand)
     return explore_on(target, workload, sizes, timing, goal, on_progress)
 
 

@@ -7,11 +7,13 @@ import time
 from dataclasses import dataclass, replace
 
 import torch
+from typing_extensions import Unpack
 
 from batchfit.options import BatchSizes, Trials, Where, mode_named
 from batchfit.policy.replay_forecast import ReplayForecast
 from batchfit.policy.safe_band import SafeBand, Under, hold_below
 from batchfit.policy.search import DEFAULT_TUNING, Candidates, SearchOutcome, Tuning, search_and_confirm
+from batchfit.policy.search_state import Predicted
 from batchfit.policy.trial import Mode
 from batchfit.policy.trial_cache import TrialCache
 from batchfit.policy.trial_records import TrialRecords
@@ -28,9 +30,9 @@ from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.search_capacity import does_not_fit, search_capacity
 from batchfit.search_result import SearchResult
-from batchfit.starting_evidence import StartFrom, StartingEvidence
+from batchfit.starting_evidence import NOTHING_KNOWN, Known, StartFrom, StartingEvidence
 from batchfit.trial_oracle import TrialOracle
-from batchfit.where import ResolvedDevice, target_of
+from batchfit.where import ResolvedDevice, WhereShorthand, target_of
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +42,11 @@ def find_batch_size(
     mode: Mode = "train",
     *,
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
-    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
     start_from: StartFrom | None = None,
+    **shorthand: Unpack[WhereShorthand],
 ) -> SearchResult:
     """Find the largest batch in ``sizes`` whose ``mode`` steps complete under a hard cap at
     ``memory_fraction`` x the device's memory, leaving model, optimizer and RNG exactly as they were.
@@ -71,10 +71,10 @@ def find_batch_size(
     place its first trial, and join its trials' own records (behind a caching allocator only).
     """
     check_entry("find_batch_size", workload, on_progress, sizes=(sizes, BatchSizes), trials=(trials, Trials))
-    target = target_of("find_batch_size", where, device, memory_limit, memory_fraction)
+    target = target_of("find_batch_size", where, shorthand)
     named = mode_named(mode)
     start = None if start_from is None else StartingEvidence.read(start_from, named)
-    return find_on(target, workload, named, sizes, trials, on_progress, start=start)
+    return find_on(target, workload, named, sizes, trials, on_progress, known=Known(start=start))
 
 
 def find_on(
@@ -84,15 +84,14 @@ def find_on(
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
-    cache: TrialCache | None = None,
     *,
-    start: StartingEvidence | None = None,
+    known: Known = NOTHING_KNOWN,
     tuning: Tuning = DEFAULT_TUNING,
 ) -> SearchResult:
-    """``find_batch_size`` on a resolved target (explore, compare and analyze search on theirs); a
-    ``cache`` shared by searches of one workload, mode and device (at other fractions) reuses
-    their measurements instead of running them again; ``start``: a saved prediction's records;
-    ``tuning``: the search's constants."""
+    """``find_batch_size`` on a resolved target (explore, compare and analyze search on theirs);
+    ``known``: what it reuses (``Known``: a cache shared by searches at other fractions, a saved
+    prediction's records); ``tuning``: the search's constants."""
+    cache, start = known.cache, known.start
     team = ranks()  # under torch.distributed every rank searches together
     # A rank whose workload is wrong stops every rank, not only itself.
     team.run(lambda: check_searchable(workload, mode, target.device))
@@ -219,8 +218,7 @@ class _Search:
             opening,
             self.candidates,
             budget,
-            prior=traced.trials if traced else (),
-            seed=traced.batch_size if traced else seed,
+            predicted=Predicted(traced.trials, traced.batch_size) if traced else Predicted(seed=seed),
             longer=longer,
             exact=device.exact,
             forecast=replay,

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
 
-import torch
+from typing_extensions import Unpack
 
 from batchfit.checks import check_positive_int
 from batchfit.errors import DoesNotFitError
@@ -20,7 +20,7 @@ from batchfit.result import stamped
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload
 from batchfit.units import format_bytes
-from batchfit.where import target_of
+from batchfit.where import WhereShorthand, target_of
 
 
 @dataclass(frozen=True)
@@ -84,11 +84,9 @@ def check(
     mode: Mode = "train",
     *,
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
-    memory_fraction: float | None = None,
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
+    **shorthand: Unpack[WhereShorthand],
 ) -> FitCheck:
     """Whether ``mode``'s step still fits ``batch_size`` under a hard cap at ``memory_fraction`` x
     the device's memory (``memory_limit``: a device of that size), measured as ``find`` measures
@@ -101,7 +99,7 @@ def check(
     """
     check_entry("check", workload, on_progress, trials=(trials, Trials))
     check_positive_int("batch_size", batch_size)
-    target = target_of("check", where, device, memory_limit, memory_fraction)
+    target = target_of("check", where, shorthand)
     named = mode_named(mode)
     exactly = BatchSizes(batch_size, batch_size)
     # The training state an eval step meets is resident after any training step: the smallest.

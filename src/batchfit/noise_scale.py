@@ -12,6 +12,7 @@ from typing import Any, cast
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves
+from typing_extensions import Unpack
 
 from batchfit.errors import ConfigurationError, DoesNotFitError, NonFiniteError
 from batchfit.noise_scale_result import NoiseScaleResult
@@ -32,7 +33,7 @@ from batchfit.runtime.workloads.batches import check_batch_size, collated, on_ho
 from batchfit.runtime.workloads.default_step import check_steps_on_gradients, model_loss
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.workload import Workload, check_model_on
-from batchfit.where import ResolvedDevice, target_of
+from batchfit.where import ResolvedDevice, WhereShorthand, where_of
 
 __all__ = ["NoiseScaleResult", "noise_scale"]
 
@@ -42,10 +43,8 @@ def noise_scale(
     *,
     sampling: Sampling,
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
-    memory_fraction: float | None = None,
     on_progress: OnProgress | None = None,
+    **shorthand: Unpack[WhereShorthand],
 ) -> NoiseScaleResult:
     """Measure the simple gradient noise scale of ``workload``'s training step over
     ``sampling.steps`` optimizer steps, then put model, optimizer, GradScalers and RNG back.
@@ -66,7 +65,8 @@ def noise_scale(
     ``where`` is a ConfigurationError).
     """
     check_entry("noise_scale", workload, on_progress, sampling=(sampling, Sampling))
-    target = target_of("noise_scale", where, device, memory_limit, memory_fraction)
+    chosen = where_of("noise_scale", where, shorthand)
+    target = ResolvedDevice.of(chosen)
     team = ranks()
     micro, accumulation = sampling.split(team.world_size)
     team.run(lambda: _check_workload(workload, target.device.torch_device, sampling.fixed_weights))
@@ -77,7 +77,7 @@ def noise_scale(
         snapshot.set_gradients_aside()
         seed = team.shared(lambda: int(torch.randint(2**62, ())))  # the ranks draw the same batches
         run = _Run(workload, target, optimizer, team, micro, accumulation, seed)
-        with _capped(run, memory_limit is not None):
+        with _capped(run, chosen.memory_limit is not None):
             readings = run.read(sampling.steps, on_progress)
     finally:
         snapshot.restore(gradients=True)

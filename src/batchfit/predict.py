@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from typing_extensions import Unpack
 
 from batchfit.cpu_alone import cuda_defaults, modelled, unmodelled
 from batchfit.errors import ConfigurationError
@@ -33,7 +34,7 @@ from batchfit.runtime.steps.trace import TraceUnavailable, fake_copy, tracing, u
 from batchfit.runtime.workloads.entry import check_entry
 from batchfit.runtime.workloads.searchable import check_searchable
 from batchfit.runtime.workloads.workload import Workload
-from batchfit.where import where_of
+from batchfit.where import WhereShorthand, where_of
 
 #: The batch sizes recorded: the pair ``find`` opens with and one more, whose own answer shows the
 #: replay's error where the step's requests do not follow lines in the batch.
@@ -48,12 +49,10 @@ def predict(
     *,
     modes: Sequence[str] = ("train", "eval"),
     where: Where | None = None,
-    device: str | torch.device | None = None,
-    memory_limit: str | int | None = None,
-    memory_fraction: float | None = None,
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     on_progress: OnProgress | None = None,
+    **shorthand: Unpack[WhereShorthand],
 ) -> Prediction:
     """Predict the largest ``modes`` batch on GPUs of other sizes: the ``targets``' capacities
     (totals, such as ``Targets(capacities="24GiB,80GiB")``) and cards (``Targets(gpus="T4")``, from
@@ -72,20 +71,38 @@ def predict(
     """
     given = {"targets": (targets, Targets), "sizes": (sizes, BatchSizes), "trials": (trials, Trials)}
     check_entry("predict", workload, on_progress, **given)
-    chosen = where_of("predict", where, device, memory_limit, memory_fraction)
+    chosen = where_of("predict", where, shorthand)
     named = tuple(mode_named(mode) for mode in modes)
     target = resolve_device(chosen.device, chosen.memory_limit_bytes)
     fraction = chosen.memory_fraction
     if isinstance(target, CudaDevice):
-        return predict_on(target, workload, targets, named, fraction, sizes, trials, on_progress=on_progress)
+        return predict_on(
+            Recorder(target), workload, targets, named, fraction, sizes, trials, on_progress=on_progress
+        )
     recording = CachingCpuDevice(chosen.memory_limit_bytes or CPU_RECORDING_BYTES)
     return predict_on(
-        recording, workload, targets, named, fraction, sizes, trials, cpu_alone=True, on_progress=on_progress
+        Recorder(recording, cpu_alone=True),
+        workload,
+        targets,
+        named,
+        fraction,
+        sizes,
+        trials,
+        on_progress=on_progress,
     )
 
 
+@dataclass(frozen=True)
+class Recorder:
+    """Where ``predict`` records: CUDA, or the CPU with CUDA's allocator modelled; ``cpu_alone``:
+    the CPU stands in for CUDA (its additions and unmodelled parts apply)."""
+
+    device: CachingCpuDevice | CudaDevice
+    cpu_alone: bool = False
+
+
 def predict_on(
-    device: CachingCpuDevice | CudaDevice,
+    recorder: Recorder,
     workload: Workload,
     targets: Targets,
     modes: Sequence[Mode],
@@ -93,11 +110,10 @@ def predict_on(
     sizes: BatchSizes = BatchSizes(),
     trials: Trials = Trials(),
     *,
-    cpu_alone: bool = False,
     on_progress: OnProgress | None = None,
 ) -> Prediction:
-    """``predict`` recording on ``device`` (CUDA, or the CPU with CUDA's allocator modelled);
-    ``cpu_alone``: the CPU stands in for CUDA (its additions and unmodelled parts apply)."""
+    """``predict`` recording on ``recorder``'s device."""
+    device, cpu_alone = recorder.device, recorder.cpu_alone
     started = time.perf_counter()
     memories = targets.memories()
     missing: dict[Unmodelled, None] = {}  # what the CPU alone cannot model: in order, each once

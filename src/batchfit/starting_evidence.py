@@ -17,6 +17,7 @@ from batchfit.policy.cards import cublas_workspaces
 from batchfit.policy.safe_band import band_top
 from batchfit.policy.search_state import Candidates
 from batchfit.policy.trial import Mode
+from batchfit.policy.trial_cache import TrialCache
 from batchfit.prediction import Prediction
 from batchfit.runtime.devices.caching_device import CachingDevice
 from batchfit.runtime.devices.cuda import CudaDevice
@@ -123,3 +124,17 @@ def _document(start_from: StartFrom) -> Mapping[str, Any]:
             f"not a saved prediction (no records); give what batchfit predict --format json wrote."
         )
     return document
+
+
+@dataclass(frozen=True)
+class Known:
+    """What a search knows before its own trials: a ``cache`` shared by searches of one workload,
+    mode and device (at other fractions), whose measurements it reuses instead of running them
+    again, and ``start``, a saved prediction's records, which place its first trial."""
+
+    cache: TrialCache | None = None
+    start: StartingEvidence | None = None
+
+
+#: Nothing known: the search measures everything itself.
+NOTHING_KNOWN = Known()

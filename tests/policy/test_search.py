@@ -13,6 +13,7 @@ from batchfit.errors import ConfigurationError
 from batchfit.policy.search import (
     DEFAULT_TUNING,
     Candidates,
+    Predicted,
     SearchOutcome,
     confirm,
     search,
@@ -414,7 +415,7 @@ def test_a_forecast_s_answer_runs_the_confirming_trial() -> None:
     prior = [short(2), short(4)]  # the forecast's traces: they place the line, and prove nothing
     log.clear()
     outcome = search_and_confirm(
-        short, Candidates.between(1, 64), 40 * SEGMENT, prior=prior, seed=40, longer=long
+        short, Candidates.between(1, 64), 40 * SEGMENT, predicted=Predicted(prior, 40), longer=long
     )
     assert outcome.batch_size == 40 and outcome.confirmed
     assert log == [(40, 10), (41, 10)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.policy.search import Candidates, search_and_confirm
+from batchfit.policy.search import Candidates, Predicted, search_and_confirm
 from batchfit.policy.search_account import trials_account
 from batchfit.policy.trial import Trial
 from batchfit.search_result import SearchResult
@@ -56,7 +56,9 @@ def searched(
     log: list[tuple[int, int]] = []
     short, long = device(truth, log)
     said = Curve(forecast) if forecast else None
-    outcome = search_and_confirm(short, CANDIDATES, 10**9, seed=seed, longer=long, forecast=said)
+    outcome = search_and_confirm(
+        short, CANDIDATES, 10**9, predicted=Predicted(seed=seed), longer=long, forecast=said
+    )
     assert outcome.batch_size is not None and truth(outcome.batch_size) and not truth(outcome.batch_size + 1)
     return [batch for batch, _ in log]
 

@@ -25,7 +25,7 @@ from batchfit.policy.loader_settings import LoaderSearch
 from batchfit.policy.noise_scale import NoiseScale
 from batchfit.policy.plan import plan
 from batchfit.policy.plan_options import Baseline
-from batchfit.predict import predict_on
+from batchfit.predict import Recorder, predict_on
 from batchfit.prediction import Targets
 from batchfit.report import SavedResult, read_result, saved_result
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
@@ -252,5 +252,7 @@ def predict_result() -> SavedResult:
     """What ``batchfit predict --format json`` writes, recorded on the CPU with CUDA's allocator
     modelled under 24 MiB (the cnn: its batch 8 fails there) and predicted at 16, 48 and 64 MiB."""
     targets = Targets("16MiB,48MiB,64MiB", context=False)
-    prediction = predict_on(CachingCpuDevice(24 * 2**20), build_example("cnn"), targets, ["train", "eval"])
+    prediction = predict_on(
+        Recorder(CachingCpuDevice(24 * 2**20)), build_example("cnn"), targets, ["train", "eval"]
+    )
     return saved_result(written("predict", [prediction], "cnn"), "predict.json")

@@ -11,14 +11,16 @@ driver; the strategies are ``policy.search_line`` and ``policy.search_forecast``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from batchfit.policy.search_forecast import ask_forecast, descend, revise_forecast, try_forecast
 from batchfit.policy.search_line import follow_line, open_search
 from batchfit.policy.search_state import (
     DEFAULT_TUNING,
+    UNPREDICTED,
     Candidates,
     FitForecast,
+    Predicted,
     SearchOutcome,
     SearchState,
     SearchStopReason,
@@ -30,6 +32,7 @@ __all__ = [
     "DEFAULT_TUNING",
     "Candidates",
     "FitForecast",
+    "Predicted",
     "SearchOutcome",
     "SearchStopReason",
     "Tuning",
@@ -44,8 +47,7 @@ def search(
     candidates: Candidates,
     budget_bytes: int,
     *,
-    prior: Sequence[Trial] = (),
-    seed: int | None = None,
+    predicted: Predicted = UNPREDICTED,
     forecast_only: bool = False,
     longer: Callable[[int], Trial] | None = None,
     forecast: FitForecast | None = None,
@@ -58,9 +60,9 @@ def search(
     of it that failed (``descend``), then the memory line or a safe step (``follow_line``).
 
     Args:
-        prior: predicted trials (a fake-tensor trace): they inform the line and prove nothing,
-            and leave it once a real trial at the ``seed`` refutes them.
-        seed: where the real trials start (a predicted answer).
+        predicted: ``prior``, predicted trials (a fake-tensor trace): they inform the line and
+            prove nothing, and leave it once a real trial at the ``seed`` refutes them; ``seed``:
+            where the real trials start (a predicted answer).
         forecast_only: ``run`` is a predictor: stop where the search would only confirm the
             line's answer (``stop_reason`` "predicted").
         longer: the confirming trial (more steps), run at the ``seed``, for the opening once
@@ -81,6 +83,7 @@ def search(
         forecast=forecast,
         forecast_only=forecast_only,
     )
+    prior, seed = predicted.prior, predicted.seed
     state.known = {candidates.index_at_most(t.batch_size): t for t in prior if t.outcome != "oom"}
     state.aiming = seed is not None  # the seed, a predicted answer, may be the answer
     state.seeded = seed is not None and forecast is not None  # a saved prediction's seed and replay
@@ -105,8 +108,7 @@ def search_and_confirm(
     candidates: Candidates,
     budget_bytes: int,
     *,
-    prior: Sequence[Trial] = (),
-    seed: int | None = None,
+    predicted: Predicted = UNPREDICTED,
     longer: Callable[[int], Trial] | None = None,
     exact: bool = True,
     forecast: FitForecast | None = None,
@@ -115,7 +117,7 @@ def search_and_confirm(
     """``find``'s whole policy over oracles: ``search`` with ``run``, then the answer confirmed.
 
     With ``longer`` (a trial of more steps: CUDA's caching allocator fragments over the first
-    steps) the search runs it past its opening (and at a ``seed``), and an answer it did not run
+    steps) the search runs it past its opening (and at a ``predicted.seed``), and an answer it did not run
     that way is run again with it and, if it no longer fits, searched below with it. On a device
     that is not ``exact`` (the uncapped CPU, where glibc's heap keeps what a failed trial grew it
     to) the answer is looked at again with ``run`` after an allocator failure. The benchmark's
@@ -123,7 +125,7 @@ def search_and_confirm(
     search's constants (``Tuning``).
     """
     outcome = search(
-        run, candidates, budget_bytes, prior=prior, seed=seed, longer=longer, forecast=forecast, tuning=tuning
+        run, candidates, budget_bytes, predicted=predicted, longer=longer, forecast=forecast, tuning=tuning
     )
     if longer is not None:
         return outcome if outcome.confirmed else confirm(outcome, longer, candidates, budget_bytes)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -74,6 +74,19 @@ class Tuning:
 
 
 DEFAULT_TUNING = Tuning()
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """What a prediction says before any real trial: ``prior``, its trials (a fake-tensor trace),
+    which inform the line and prove nothing, and ``seed``, its answer, where the real trials start."""
+
+    prior: Sequence[Trial] = ()
+    seed: int | None = None
+
+
+#: No prediction: the search opens on its own.
+UNPREDICTED = Predicted()
 
 
 @dataclass

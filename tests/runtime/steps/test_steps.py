@@ -3,6 +3,7 @@ past overflow, and record their allocator's requests."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -240,3 +241,27 @@ def test_no_allocator_state_repeats_across_a_retry() -> None:
         after = device.allocator_state()
     assert device.allocator.retries() == 2
     assert after[1] == before[1] and after != before  # type: ignore[index]
+
+
+def test_a_runner_s_keywords_are_the_spec_s_and_another_is_named() -> None:
+    workload = build("mlp")
+    snapshot = TrainingSnapshot.capture(workload.model, workload.build_optimizer(), ())
+    device = CappedCpuDevice(2**30)
+    runner = TrialRunner.on(workload, device, "eval", 3, 2**20, snapshot, 4, record=True, record_steps=2)
+    assert runner.spec == StepSpec(
+        workload,
+        device,
+        "eval",
+        3,
+        warm_batch=4,
+        cap_bytes=2**20,
+        until_steady=True,
+        record=True,
+        record_steps=2,
+    )
+    assert not TrialRunner.on(
+        workload, device, "train", 2, 2**20, snapshot, None, until_steady=False
+    ).spec.until_steady
+    named = "TrialRunner.on() takes no recrd: its keywords are until_steady=, record=, record_steps=."
+    with pytest.raises(TypeError, match=f"^{re.escape(named)}$"):
+        TrialRunner.on(workload, device, "train", 2, 2**20, snapshot, None, recrd=True)  # type: ignore[call-arg]

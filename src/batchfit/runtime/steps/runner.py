@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
+from typing_extensions import Unpack
 
 from batchfit.policy.trial import Mode, Trial
 from batchfit.policy.trial_cache import verdict
@@ -20,6 +21,17 @@ from batchfit.runtime.steps.finite import LossLog, check_finite
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.stepping import OVERFLOW_STEPS, StepSpec, run_steps, scaled_down
 from batchfit.runtime.workloads.workload import Workload
+
+
+class Taking(TypedDict, total=False):
+    """How a runner's steps end and what they take down (``StepSpec``'s fields of those names)."""
+
+    until_steady: bool  # end where the allocator's state recurs (default True)
+    record: bool  # take the allocator's requests down (default False)
+    record_steps: int | None  # record the first this many steps only (default None: all)
+
+
+_TAKING = ", ".join(f"{name}=" for name in Taking.__annotations__)
 
 
 def snapshot_scalers(snapshot: TrainingSnapshot) -> tuple[torch.amp.GradScaler, ...]:
@@ -82,12 +94,13 @@ class TrialRunner:
         budget_bytes: int,
         snapshot: TrainingSnapshot,
         warm_batch: int | None,
-        *,
-        until_steady: bool = True,
-        record: bool = False,
-        record_steps: int | None = None,
+        **taking: Unpack[Taking],
     ) -> TrialRunner:
-        """A runner of ``steps`` steps of ``mode`` on ``device`` under a cap at ``budget_bytes``."""
+        """A runner of ``steps`` steps of ``mode`` on ``device`` under a cap at ``budget_bytes``;
+        ``taking``: how the steps end and what they record (``Taking``)."""
+        unknown = sorted(set(taking) - Taking.__optional_keys__)
+        if unknown:
+            raise TypeError(f"TrialRunner.on() takes no {', '.join(unknown)}: its keywords are {_TAKING}.")
         return cls(
             StepSpec(
                 workload,
@@ -96,9 +109,9 @@ class TrialRunner:
                 steps,
                 warm_batch=warm_batch,
                 cap_bytes=budget_bytes,
-                until_steady=until_steady,
-                record=record,
-                record_steps=record_steps,
+                until_steady=taking.get("until_steady", True),
+                record=taking.get("record", False),
+                record_steps=taking.get("record_steps"),
                 scalers=snapshot_scalers(snapshot),
             ),
             snapshot,
