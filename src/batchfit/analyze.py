@@ -115,19 +115,7 @@ def analyze(
     says where to measure (a ``batchfit.Where``; ``memory_fractions`` replace its
     ``memory_fraction``), ``device`` and ``memory_limit`` its shorthand."""
     check_entry("analyze", workload, on_progress)
-    by_mode = (("sizes_by_mode", sizes_by_mode, BatchSizes), ("trials_by_mode", trials_by_mode, Trials))
-    for name, given, kind in by_mode:
-        for value in (given or {}).values() if isinstance(given, Mapping) else ():
-            check_option("analyze", f"{name}[mode]", value, kind)
-        if given is not None and not isinstance(given, Mapping):
-            raise ConfigurationError(
-                f"analyze's {name} must be a mapping of mode to batchfit.{kind.__name__} (or None), "
-                f"got {type_name(given)}; pass {name}={{'train': batchfit.{kind.__name__}(...)}}."
-            )
-    if not memory_fractions:
-        raise ConfigurationError("memory_fractions is empty: give at least one, e.g. 0.6,0.8.")
-    for fraction in memory_fractions:
-        check_memory_fraction(fraction)
+    _check_arguments(memory_fractions, sizes_by_mode, trials_by_mode)
     named = [mode_named(mode) for mode in dict.fromkeys(modes)]
     base = target_of("analyze", where, shorthand, CapacityShorthand.__optional_keys__)
     rows, results = [], []
@@ -166,6 +154,28 @@ def analyze(
         separate_traces=sum(len(result.predicted_trials) for result in results),
         results=tuple(results),
     )
+
+
+def _check_arguments(
+    memory_fractions: Sequence[float],
+    sizes_by_mode: Mapping[Mode, BatchSizes] | None,
+    trials_by_mode: Mapping[Mode, Trials] | None,
+) -> None:
+    """A ConfigurationError for analyze's fractions or per-mode mappings where one is not what it
+    takes, naming what to pass."""
+    by_mode = (("sizes_by_mode", sizes_by_mode, BatchSizes), ("trials_by_mode", trials_by_mode, Trials))
+    for name, given, kind in by_mode:
+        for value in (given or {}).values() if isinstance(given, Mapping) else ():
+            check_option("analyze", f"{name}[mode]", value, kind)
+        if given is not None and not isinstance(given, Mapping):
+            raise ConfigurationError(
+                f"analyze's {name} must be a mapping of mode to batchfit.{kind.__name__} (or None), "
+                f"got {type_name(given)}; pass {name}={{'train': batchfit.{kind.__name__}(...)}}."
+            )
+    if not memory_fractions:
+        raise ConfigurationError("memory_fractions is empty: give at least one, e.g. 0.6,0.8.")
+    for fraction in memory_fractions:
+        check_memory_fraction(fraction)
 
 
 def _told(on_progress: OnProgress | None, label: str) -> OnProgress | None:

@@ -144,14 +144,7 @@ def plan(
     warm-up, unless given, is 100 optimizer steps per 1x of scale-up, at most 5 epochs. Rules and
     sources: docs/plan.md.
     """
-    for name, value, kind in (
-        ("baseline", baseline, Baseline),
-        ("scaling", scaling, Scaling),
-        ("training", training, TrainingFacts),
-    ):
-        check_option("plan", name, value, kind)
-    _check_split(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
-    _check_weight_decay(baseline, scaling)
+    _check_options(baseline, scaling, training)
     micro = _micro_batch(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
     scale = global_batch_size / baseline.base_batch_size
     rule, reason = scaling_rule(scaling.scaling_rule, scaling.optimizer)
@@ -183,6 +176,18 @@ def _warmup_steps(scaling: Scaling, lr_scale: float) -> int:
     if scaling.warmup_steps is not None:
         return scaling.warmup_steps
     return _recommended_warmup(lr_scale, scaling.steps_per_epoch)
+
+
+def _check_options(baseline: Baseline, scaling: Scaling, training: TrainingFacts) -> None:
+    """A ConfigurationError where an options argument has the wrong type, or weight decay is to be
+    scaled without a base value."""
+    for name, value, kind in (
+        ("baseline", baseline, Baseline),
+        ("scaling", scaling, Scaling),
+        ("training", training, TrainingFacts),
+    ):
+        check_option("plan", name, value, kind)
+    _check_weight_decay(baseline, scaling)
 
 
 def _check_weight_decay(baseline: Baseline, scaling: Scaling) -> None:
@@ -225,7 +230,8 @@ def _micro_batch(
     the largest divisor of the per-device batch up to ``max_micro_batch_size``, so accumulation_steps
     is the fewest possible. A divisor under half of ``max_micro_batch_size`` (when the per-device batch
     is larger than it) wastes the memory that was measured, so that global batch is refused and the
-    nearest ones that work are named."""
+    nearest ones that work are named. The split's values are checked first (``_check_split``)."""
+    _check_split(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
     if micro_batch_size is not None:
         return forced_micro_batch(global_batch_size, world_size, micro_batch_size)
     if max_micro_batch_size is not None:
