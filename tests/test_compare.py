@@ -43,7 +43,7 @@ def fits(parts: tuple[str, ...], budget: int, batch_size: int) -> bool:
 
 @pytest.fixture(scope="module")
 def comparison() -> Any:
-    # The example cnn's shape at a sixtieth of its work a step, under a sixteenth of its 64 MiB: each
+    # The example cnn's shape at a sixtieth of its work a sample, under a sixteenth of its 64 MiB: each
     # row trains under autocast too, which runs about 20x slower on a CPU without bfloat16 kernels.
     return compare(
         blocks_cnn(),
