@@ -5,18 +5,24 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+from tiny_workloads import blocks_cnn
 
 from batchfit import Timing
 from batchfit.compare import compare
-from batchfit.runtime.workloads.examples import build_example
 
+#: The CLI imports ``--workload`` modules from its working directory: tests/, for tiny_workloads.
+TESTS = Path(__file__).resolve().parents[1]
+#: The example cnn's shape, small: its amp row trains under autocast, about 20x slower on a CPU
+#: without bfloat16 kernels.
 ARGS = (
-    "--example",
-    "cnn",
+    "--workload",
+    "tiny_workloads:blocks_cnn",
     "--device",
     "cpu",
     "--memory-limit",
-    "64MiB",
+    "4MiB",
     "--windows",
     "1",
     "--time-budget-seconds",
@@ -30,6 +36,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=TESTS,
         check=False,
     )
 
@@ -42,10 +49,10 @@ def test_compare_prints_rows_as_json_and_a_line_per_setting() -> None:
     rows = json.loads(done.stdout)["results"][0]["rows"]
     assert [row["technique"] for row in rows] == ["baseline", "amp", "cudnn-benchmark-on", "accumulation"]
     alone = compare(
-        build_example("cnn", "cpu"),
+        blocks_cnn(),
         ["amp"],
         device="cpu",
-        memory_limit="64MiB",
+        memory_limit="4MiB",
         timing=Timing(windows=1, time_budget_seconds=0),
     )
     assert [row["batch_size"] for row in rows[:2]] == [row.batch_size for row in alone.rows]
