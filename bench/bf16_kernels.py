@@ -89,7 +89,8 @@ def measured_capped() -> dict[str, Any]:
     child = subprocess.run(
         [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True
     )
-    return json.loads(child.stdout)
+    measured: dict[str, Any] = json.loads(child.stdout)
+    return measured
 
 
 def main(argv: list[str] | None = None) -> None:
