@@ -108,7 +108,7 @@ BAD = [
     ),
     (
         ["--cfg", "CONFIG", "DATA.AUTOBATCH.TARGET_MEMORY_FRACTION", "1.5"],
-        "batchfit: error: DATA.AUTOBATCH.TARGET_MEMORY_FRACTION",
+        "batchfit: error: DATA.AUTOBATCH.MEMORY_FRACTION (TARGET_MEMORY_FRACTION) must be",
     ),
     (
         ["--cfg", "CONFIG", "DATA.AUTOBATCH.MIN_BATCH_SIZE", "600"],
