@@ -1,5 +1,6 @@
 """The tables of what a batch size does to training: bench/compare.py's techniques, bench/explore.py's
-pick against its sweep, bench/batch_schedule.py's schedule and bench/noise_prediction.py's S(B)."""
+pick against its sweep, bench/batch_schedule.py's schedule, bench/noise_prediction.py's S(B) and
+bench/bf16_kernels.py's step with and without bfloat16 kernels."""
 
 from __future__ import annotations
 
@@ -124,3 +125,21 @@ def noise_prediction_table(files: list[dict[str, Any]]) -> str:
     headers = ["batch", "learning rate", "steps (median)", "steps (range)", "fitted S(B)"]
     said = "\n".join(f"- {line}" for line in data["lines"])
     return f"{markdown(headers, lines, ())}\n\n{said}\n\n{provenance(data)}"
+
+
+def bf16_kernels_table(files: list[dict[str, Any]]) -> str:
+    """``bench/bf16_kernels.py``: one step's seconds in float32 and under bf16 autocast, with this
+    CPU's oneDNN bfloat16 kernels and with oneDNN capped below them."""
+    (data,) = files
+    isa = data["capped_isa"]
+    lines = [
+        [
+            row["model"],
+            f"{row['float32_seconds']:.3f} s",
+            f"{row['bf16_seconds']:.3f} s",
+            f"{row['bf16_capped_seconds']:.3f} s ({row['capped_over_float32']:.0f}x float32)",
+        ]
+        for row in data["rows"]
+    ]
+    headers = ["step", "float32", "bf16 autocast", f"bf16 autocast, `ONEDNN_MAX_CPU_ISA={isa}`"]
+    return f"{markdown(headers, lines, (0,))}\n\n{provenance(data)}"

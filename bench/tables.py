@@ -42,11 +42,17 @@ from _tables_find import (
 )
 from _tables_predict import predict_table, predict_trace_table, standin_agreement_table
 from _tables_sessions import gpu_tests_run_table, source_block, timings_table, transcript_block
-from _tables_training import batch_schedule_table, compare_table, explore_table, noise_prediction_table
+from _tables_training import (
+    batch_schedule_table,
+    bf16_kernels_table,
+    compare_table,
+    explore_table,
+    noise_prediction_table,
+)
 
 DOCUMENTS = ("README.md", "docs/*.md")
 BLOCK = re.compile(
-    r"(<!-- table: (?P<spec>[a-z][a-z-]* [^>]*?) -->)(?P<body>.*?)(<!-- /table -->)", re.DOTALL
+    r"(<!-- table: (?P<spec>[a-z][a-z0-9-]* [^>]*?) -->)(?P<body>.*?)(<!-- /table -->)", re.DOTALL
 )
 
 
@@ -63,6 +69,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "forecast-trained": (forecast_trained_table, True, False),
     "batch-schedule": (batch_schedule_table, True, False),
     "noise-prediction": (noise_prediction_table, True, False),
+    "bf16-kernels": (bf16_kernels_table, True, False),
     "predict": (predict_table, True, False),
     "allocator-history": (allocator_history_table, True, False),
     "predict-histories": (predict_histories_table, True, False),
