@@ -15,7 +15,6 @@ import _workloads
 import torch
 
 import batchfit
-from batchfit.find import find_on
 from batchfit.runtime.devices.allocator_settings import expandable_segments
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import Device
@@ -26,6 +25,7 @@ from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.workloads.batches import to_device
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.search.find_batch_size import find_on
 from batchfit.where import ResolvedDevice
 
 STEPS_PER_TRIAL = 2

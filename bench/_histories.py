@@ -1,6 +1,6 @@
 """CUDA's allocator histories (``bench/allocator_history.py``'s files) read back against batchfit's
 model of the allocator: the state each trial started from, its requests replayed on the model
-(``policy.caching_allocator``) beside the segments CUDA took, and its requests as the
+(``policy.allocator.caching_allocator``) beside the segments CUDA took, and its requests as the
 ``AllocationRecord`` that ``predict``'s replay plays.
 
 The start is seeded from the trial itself. A trace begins after the resident state was made (the
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, AllocatorEvent, ranked
-from batchfit.policy.allocator_blocks import (
+from batchfit.policy.allocator.allocation_record import ALLOC, FREE, AllocationRecord, AllocatorEvent, ranked
+from batchfit.policy.allocator.allocator_blocks import (
     LARGE_PAGE,
     SMALL_PAGE,
     SMALL_SEGMENT,
@@ -31,7 +31,7 @@ from batchfit.policy.allocator_blocks import (
     Segments,
     rounded,
 )
-from batchfit.policy.caching_allocator import CachingAllocator
+from batchfit.policy.allocator.caching_allocator import CachingAllocator
 
 ROOT = Path(__file__).resolve().parents[1]
 HISTORIES = ROOT / "bench" / "data" / "h200-2026-11-26-2"

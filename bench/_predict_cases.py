@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from _capped import CPU_CACHING
 
-from batchfit.policy.trial import Mode
+from batchfit.policy.search.trial import Mode
 
 #: ``recorded`` for a case predicted from the CPU alone only, on the modelled allocator: its
 #: truth holds what that path adds for CUDA (cuBLAS's workspace, a foreach optimizer step).

@@ -9,7 +9,7 @@ from typing import Any
 
 from _truth import Curve
 
-from batchfit.policy.capacity_prediction import CapacityPrediction
+from batchfit.policy.capacity.capacity_prediction import CapacityPrediction
 
 
 @dataclass

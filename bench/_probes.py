@@ -11,10 +11,10 @@ import torch
 from _capped import STEPS_PER_TRIAL, Bench
 
 from batchfit import BatchSizes, Workload
-from batchfit.cpu_alone import cuda_defaults
-from batchfit.policy.capacity_prediction import largest_placed
-from batchfit.policy.cards import cublas_workspaces
-from batchfit.policy.trial import Mode
+from batchfit.policy.capacity.capacity_prediction import largest_placed
+from batchfit.policy.capacity.cards import cublas_workspaces
+from batchfit.policy.search.trial import Mode
+from batchfit.prediction.cpu_alone import cuda_defaults
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.workloads.batches import to_device
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from batchfit.policy.allocation_record import AllocationRecord
-from batchfit.policy.trial import Trial
+from batchfit.policy.allocator.allocation_record import AllocationRecord
+from batchfit.policy.search.trial import Trial
 
 
 class GapError(LookupError):

@@ -21,7 +21,7 @@ import _workloads
 import torch
 from _capped import STEPS_PER_TRIAL, Bench, Case
 
-from batchfit.predict import RECORD_SIZES
+from batchfit.prediction.predict import RECORD_SIZES
 
 #: The most trace entries a trial keeps (torch's ring buffer): ResNet-50's two steps make about
 #: 7,000; past it the oldest are dropped, which ``dropped`` says.

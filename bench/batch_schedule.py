@@ -28,8 +28,8 @@ from _harness import RESULTS, Session, parser, print_markdown_table, print_text_
 from torch import nn
 
 from batchfit import MicroBatchOptions, MicroBatchStep
-from batchfit.policy.batch_schedule import BatchSchedule
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
+from batchfit.policy.plan.batch_schedule import BatchSchedule
+from batchfit.policy.plan.noise_monitor import NoiseScaleMonitor
 
 FEATURES, HIDDEN, CLASSES = 32, 128, 10
 LABEL_NOISE = 0.2

@@ -27,8 +27,8 @@ from _truth import CHECK_STEPS, Curve, judge, scan, settings
 from _workloads import build, missing
 
 import batchfit
-from batchfit.comparison import Comparison
-from batchfit.policy.techniques import repeated_block
+from batchfit.comparison.comparison import Comparison
+from batchfit.policy.explore.techniques import repeated_block
 from batchfit.runtime.devices.oom import is_out_of_memory
 from batchfit.runtime.devices.resolve import parse_device
 from batchfit.runtime.steps.techniques import applied, module_blocks

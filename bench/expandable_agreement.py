@@ -1,5 +1,5 @@
 """The model of expandable segments checked against the H200: batchfit's model of the caching
-allocator with ``expandable_segments:True`` (``policy.expandable_segments``), driven by the H200's
+allocator with ``expandable_segments:True`` (``policy.allocator.expandable_segments``), driven by the H200's
 recorded requests (``bench/allocator_history.py``'s default-allocator trials at 2, 4 and 8, each
 request's size on the line through them, as ``predict`` replays them; the requests a step makes do
 not depend on the allocator), says fit or fail at every point the H200 recorded with the setting
@@ -26,8 +26,8 @@ from typing import Any
 import _harness
 import _histories
 
-from batchfit.policy.allocation_replay import AllocationReplay
-from batchfit.policy.capacity_prediction import CapacityPredictor
+from batchfit.policy.allocator.allocation_replay import AllocationReplay
+from batchfit.policy.capacity.capacity_prediction import CapacityPredictor
 from batchfit.runtime.devices.cuda import CudaDevice
 
 TRUTH = "bench/data/h200-2026-11-26/find-cuda-expandable-cnn-transformer-mlp-resnet50-amp.json"

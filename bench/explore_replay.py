@@ -1,6 +1,6 @@
 """Replay explore's policy on throughput curves recorded by ``bench/explore.py`` (a tuning aid).
 
-It runs ``batchfit.policy.exploration.explore_rounds`` (its rounds, its chooser, its stopping
+It runs ``batchfit.policy.explore.exploration.explore_rounds`` (its rounds, its chooser, its stopping
 rules) hundreds of times against a model of the measurements built from a recorded run's truth,
 on a modelled clock, and tallies per example the quality and the time over the modelled sweep's.
 The same seed gives the same replay on any machine. It is a model, not the benchmark: compare
@@ -29,8 +29,8 @@ from _explore_rows import QUALITY_TARGET, TIME_TARGET
 from _sweep import RULE_TOLERANCE, STEPS_PER_WINDOW, SWEEP_WINDOWS, polish, table_of
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.exploration import Rules, explore_rounds
-from batchfit.policy.micro_batch import micro_batch_sizes
+from batchfit.policy.explore.exploration import Rules, explore_rounds
+from batchfit.policy.plan.micro_batch import micro_batch_sizes
 from batchfit.runtime.devices.cuda import WINDOW_STEPS
 from batchfit.runtime.steps.timer import MIN_WINDOW_SECONDS
 

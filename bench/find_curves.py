@@ -13,7 +13,7 @@ and allocator retries:
   as ``find`` runs it: the caching allocator fragments over the first steps);
 - on a caching allocator, the allocator's requests in the trials of the opening's sizes (up to
   4), step by step, which ``find`` replays at other sizes to place its confirming trials
-  (``policy.allocation_replay``), and those of each confirming trial that fitted (its first
+  (``policy.allocator.allocation_replay``), and those of each confirming trial that fitted (its first
   ``STEPS_PER_TRIAL`` steps, which the replay pairs with the opening's): ``find`` asks the replay
   again on such a record where its first answer failed;
 - ``find_batch_size`` itself, once, from a fresh workload: its trials, for the replay to check
@@ -45,7 +45,7 @@ from _capped import MAX_BATCH_SIZE, STEPS_PER_TRIAL, Bench, Case, bench_device
 from find import PACKAGES, prepared, select_cases
 
 from batchfit import Workload
-from batchfit.policy.trial import Trial
+from batchfit.policy.search.trial import Trial
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.runner import TrialRunner
@@ -93,7 +93,8 @@ class Curve:
     find_band: list[int] = field(default_factory=list)
     find_traces: int = 0  # its fake-tensor traces (the CPU's forecast)
     seconds: float = 0.0
-    # On a caching allocator, the allocator requests of the opening's sizes (policy.allocation_replay).
+    # On a caching allocator, the allocator requests of the opening's sizes
+    # (policy.allocator.allocation_replay).
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The same of each confirming trial that fitted (near the boundary), cut to the opening's steps.
     near_records: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """Replay ``find``'s search on trials recorded by ``bench/find_curves.py`` (a tuning aid).
 
-It runs ``batchfit.policy.search.search_and_confirm``, the function ``find_batch_size`` runs, with
+It runs ``batchfit.policy.search.search.search_and_confirm``, the function ``find_batch_size`` runs, with
 real trials only (no fake-tensor forecast, as on CUDA; on a caching allocator the opening's
 recorded allocator requests replayed at other sizes, as ``find`` does, unless ``--no-forecast``),
 against each recorded case: a size that was
@@ -9,7 +9,7 @@ interpolated between theirs, and above a failure, with that failure (memory grow
 On the same trials it counts what doubling then bisection from 2 takes (Lightning's binsearch) and
 accelerate's finder (from 512, 10% smaller after each failure), so a change to the policy is
 judged on trials a real device ran, in seconds, on any machine. ``--set NAME=VALUE`` changes one
-of the search's constants (a field of ``batchfit.policy.search_state.Tuning``: ``first_margin``,
+of the search's constants (a field of ``batchfit.policy.search.search_state.Tuning``: ``first_margin``,
 ``revisions``, ...) for the replay, which is handed that ``Tuning``.
 
 The truth is the largest recorded size whose trials fit (on a caching allocator its confirming
@@ -32,10 +32,10 @@ from pathlib import Path
 import _harness
 from _recorded_trials import Recorded, load
 
-from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.search import DEFAULT_TUNING, Candidates, Tuning, search_and_confirm
-from batchfit.policy.trial import Trial
-from batchfit.policy.trial_records import TrialRecords
+from batchfit.policy.search.replay_forecast import ReplayForecast
+from batchfit.policy.search.search import DEFAULT_TUNING, Candidates, Tuning, search_and_confirm
+from batchfit.policy.search.trial import Trial
+from batchfit.policy.search.trial_records import TrialRecords
 
 #: Lightning's binsearch, as the benchmark runs it: from 2, at most 25 trials that fit.
 LIGHTNING_START, LIGHTNING_MAX_TRIALS = 2, 25

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from find_replay import LIGHTNING_START, doubling_then_bisection
 
-from batchfit.policy.search import Candidates, SearchOutcome, confirm, search, search_and_confirm
-from batchfit.policy.trial import Trial
+from batchfit.policy.search.search import Candidates, SearchOutcome, confirm, search, search_and_confirm
+from batchfit.policy.search.trial import Trial
 
 MiB, GiB = 2**20, 2**30
 SEGMENT = 2 * MiB

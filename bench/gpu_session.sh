@@ -71,7 +71,7 @@ done
 # checks its boundary alone (--window 0: the answer's 10 and 20 steps, the size above).
 SMOKE_SECONDS=480
 NEVER_RUN=bench/gpu_never_run.txt
-GPU_TEST_FILES="tests/test_predict.py tests/runtime/distributed/test_lockstep.py tests/test_gpu.py tests/test_check_data.py tests/runtime/steps/test_finite.py"
+GPU_TEST_FILES="tests/prediction/test_predict.py tests/runtime/distributed/test_lockstep.py tests/test_gpu.py tests/data_check/test_check_data.py tests/runtime/steps/test_finite.py"
 smoke_parts=(
     "gpu-tests|220|env BATCHFIT_TEST_DEADLINE=180 BATCHFIT_TEST_FIRST=$NEVER_RUN $py -m pytest -p no:cacheprovider -q -rA --junitxml=$out/smoke-gpu-tests.xml --durations=0 -m gpu $GPU_TEST_FILES"
     "adapters|70|env BATCHFIT_TEST_FIRST=$NEVER_RUN $py -m pytest -p no:cacheprovider -q -rA --junitxml=$out/smoke-adapters.xml -m gpu tests/integrations"

@@ -47,7 +47,7 @@ from torch import nn
 
 import batchfit
 from batchfit import Sampling
-from batchfit.policy.noise_scale import GradientReading, estimate
+from batchfit.policy.noise.noise_scale import GradientReading, estimate
 
 RATE_LADDER = tuple(2.0**power for power in range(-6, 7))  # 1/64 to 64
 BOOTSTRAPS = 2000

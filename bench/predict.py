@@ -60,9 +60,9 @@ from _probes import MAX_BATCH_SIZE, memtracker_answer, truth_probe
 from _truth import scan, settings
 
 from batchfit import BatchSizes, Targets, Trials, Workload
-from batchfit.policy.trial import Mode
-from batchfit.predict import CPU_RECORDING_BYTES, Recorder, predict_on
-from batchfit.prediction import Prediction
+from batchfit.policy.search.trial import Mode
+from batchfit.prediction.predict import CPU_RECORDING_BYTES, Recorder, predict_on
+from batchfit.prediction.prediction import Prediction
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.cuda import CudaDevice
 from batchfit.units import format_bytes, parse_bytes

@@ -21,12 +21,12 @@ import _workloads
 import torch
 from _capped import STEPS_PER_TRIAL
 
-from batchfit.cpu_alone import cuda_defaults
 from batchfit.options import Trials
-from batchfit.policy.capacity_prediction import CapacityPredictor
-from batchfit.policy.cards import cublas_workspaces
-from batchfit.policy.search_state import Candidates
-from batchfit.predict import CPU_RECORDING_BYTES, record_traced
+from batchfit.policy.capacity.capacity_prediction import CapacityPredictor
+from batchfit.policy.capacity.cards import cublas_workspaces
+from batchfit.policy.search.search_state import Candidates
+from batchfit.prediction.cpu_alone import cuda_defaults
+from batchfit.prediction.predict import CPU_RECORDING_BYTES, record_traced
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 
 #: The workloads predicted from the CPU alone here, by its fake-tensor trace (seconds, GPT-2 small

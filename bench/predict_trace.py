@@ -25,12 +25,12 @@ from torch import nn
 
 import batchfit
 from batchfit import Targets, Trials
-from batchfit.cpu_alone import cuda_defaults
-from batchfit.policy.allocation_record import AllocationRecord
-from batchfit.policy.capacity_prediction import CapacityPredictor
-from batchfit.policy.cards import cublas_workspaces
-from batchfit.policy.trial import Mode
-from batchfit.predict import CPU_RECORDING_BYTES, record, record_traced
+from batchfit.policy.allocator.allocation_record import AllocationRecord
+from batchfit.policy.capacity.capacity_prediction import CapacityPredictor
+from batchfit.policy.capacity.cards import cublas_workspaces
+from batchfit.policy.search.trial import Mode
+from batchfit.prediction.cpu_alone import cuda_defaults
+from batchfit.prediction.predict import CPU_RECORDING_BYTES, record, record_traced
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import TinyLM
 

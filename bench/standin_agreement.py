@@ -26,7 +26,7 @@ from typing import Any
 import _harness
 import _histories
 
-from batchfit.policy.capacity_prediction import CapacityPredictor
+from batchfit.policy.capacity.capacity_prediction import CapacityPredictor
 from batchfit.runtime.devices.cuda import CudaDevice
 
 #: The H200's truths, the scan first: a workload and cap in both is judged on each.

@@ -9,16 +9,17 @@ its probed sizes and to fail above them (memory grows with the batch), and is co
 Every trial answers with the truth's 10-step verdict, the opening's short trials too. Its
 measurements (peaks, and for a trial that fits the allocator record the search's replay pairs
 with) come from the line through the H200's recorded trials, as ``predict``'s replay plays them
-(``_histories.record_of``, ``policy.allocation_replay``).
+(``_histories.record_of``, ``policy.allocator.allocation_replay``).
 
-The search is ``batchfit.policy.search.search_and_confirm`` then ``policy.safe_band.hold_below``, as
+The search is ``batchfit.policy.search.search.search_and_confirm`` then
+``policy.search.safe_band.hold_below``, as
 ``find`` runs them on CUDA: the seed is the saved prediction's answer (``StartingEvidence.placed``:
 the recorded trials' replay at the cap, over the 10 confirming steps, lowered to the top of the band
 below it that holds every size from the truth's smallest probed one), the forecast the replay of the
 prediction's records joined by the records of the trials that fit, every trial after the seed the
 confirming one; the check below the answer (from the truth's smallest probed size) runs its real
 trials where the replay decides something, and they count. The summary line
-is ``SearchResult``'s account of the trials (``policy.search_account``).
+is ``SearchResult``'s account of the trials (``policy.search.search_account``).
 
 Run (CPU only, a few seconds): ``python bench/trials_replay.py [--json F]``.
 """
@@ -36,16 +37,16 @@ import _harness
 import _histories
 import standin_agreement
 
-from batchfit.policy.allocation_record import ALLOC, AllocationRecord
-from batchfit.policy.allocation_replay import AllocationReplay
-from batchfit.policy.capacity_prediction import CapacityPredictor
-from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.safe_band import Under, hold_below
-from batchfit.policy.search import Candidates, Predicted, SearchOutcome, search_and_confirm
-from batchfit.policy.search_account import trials_account
-from batchfit.policy.trial import Trial
-from batchfit.policy.trial_records import TrialRecords
-from batchfit.starting_evidence import StartingEvidence
+from batchfit.policy.allocator.allocation_record import ALLOC, AllocationRecord
+from batchfit.policy.allocator.allocation_replay import AllocationReplay
+from batchfit.policy.capacity.capacity_prediction import CapacityPredictor
+from batchfit.policy.search.replay_forecast import ReplayForecast
+from batchfit.policy.search.safe_band import Under, hold_below
+from batchfit.policy.search.search import Candidates, Predicted, SearchOutcome, search_and_confirm
+from batchfit.policy.search.search_account import trials_account
+from batchfit.policy.search.trial import Trial
+from batchfit.policy.search.trial_records import TrialRecords
+from batchfit.search.starting_evidence import StartingEvidence
 
 #: find's defaults on CUDA: the opening's steps and the confirming trial's (the truth's too).
 OPENING_STEPS, CONFIRM_STEPS = 2, standin_agreement.TRUTH_STEPS

@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import batchfit
 from batchfit import apply_autobatch, load_config, load_workload
-from batchfit.config import ExperimentConfig
+from batchfit.analysis.config import ExperimentConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Workloads with real datasets for ``check_data`` (tests/test_check_data.py) and for
+"""Workloads with real datasets for ``check_data`` (tests/data_check/test_check_data.py) and for
 ``batchfit check-data --workload data_workloads:FUNCTION`` (tests/cli/test_cli_check_data.py, run
 from tests/). Importable on its own: torch and batchfit only, datasets at the top level.
 

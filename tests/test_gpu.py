@@ -28,10 +28,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import batchfit
 from batchfit import BatchSizes, SearchResult, Timing, Workload, find_batch_size
 from batchfit.errors import NonFiniteError
-from batchfit.find import find_on
-from batchfit.policy.allocation_replay import AllocationReplay
-from batchfit.policy.trial import Mode, Trial
-from batchfit.policy.trial_cache import TrialCache
+from batchfit.policy.allocator.allocation_replay import AllocationReplay
+from batchfit.policy.search.trial import Mode, Trial
+from batchfit.policy.search.trial_cache import TrialCache
 from batchfit.runtime.devices.allocator_settings import expandable_segments, set_allocator_settings
 from batchfit.runtime.devices.caching_device import CachingCpuDevice, GarbageCollector
 from batchfit.runtime.devices.cuda import CudaDevice, user_memory_fraction
@@ -44,7 +43,8 @@ from batchfit.runtime.steps.reach import grad_scalers
 from batchfit.runtime.steps.runner import TrialRunner
 from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.workloads.examples import build_example
-from batchfit.starting_evidence import Known
+from batchfit.search.find_batch_size import find_on
+from batchfit.search.starting_evidence import Known
 from batchfit.where import ResolvedDevice
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]

@@ -5,6 +5,7 @@ round a circle)."""
 from __future__ import annotations
 
 import ast
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -172,3 +173,94 @@ def test_the_options_are_pure_data_importing_no_algorithm_and_no_torch() -> None
         "batchfit.options",
         "batchfit.units",
     }
+
+
+def room_of(module: str) -> str:
+    """The room a module lives in: ``policy.<room>`` below the policies, else its top-level name."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "policy":
+        return f"policy.{parts[2]}"
+    return parts[1] if len(parts) > 1 else ""
+
+
+def rooms_imported(prefix: str) -> dict[str, set[str]]:
+    """For each room under ``prefix``, the other rooms its modules import (lazily too)."""
+    found: dict[str, set[str]] = {}
+    for name in MODULES:
+        room = room_of(name)
+        if name.count(".") >= 2 and room.startswith(prefix):
+            found.setdefault(room, set()).update(
+                room_of(imported)
+                for imported in imports(name, top_level_only=False)
+                if imported.startswith("batchfit.") and room_of(imported) != room
+            )
+    return found
+
+
+def test_each_policy_room_imports_only_the_rooms_its_package_names() -> None:
+    # policy/__init__.py says, room by room, which other rooms each reads: "- ``plan``: ... (noise,
+    # explore)." The imports hold to it, so the rooms stack without a circle.
+    said = {
+        f"policy.{line.split('``')[1]}": {
+            f"policy.{room}" for room in line.rsplit("(", 1)[1].split(")")[0].split(", ") if room != "none"
+        }
+        for line in (batchfit.policy.__doc__ or "").replace("\n  ", " ").splitlines()
+        if line.startswith("- ``")
+    }
+    assert set(said) == {room for room in rooms_imported("policy.")}
+    shared = {"checks", "errors", "units", "result"}
+    assert {room: found - shared for room, found in rooms_imported("policy.").items()} == said
+
+
+#: The verbs' rooms each verb room may read (the shared modules, the policies and the runtime aside):
+#: the checklist runs the other verbs, compare and explore find their sizes, a search may start from
+#: a saved prediction.
+VERB_ROOMS = {
+    "advice": {"comparison", "data_check", "exploration", "search"},
+    "analysis": {"search"},
+    "comparison": {"exploration", "search"},
+    "data_check": set(),
+    "exploration": {"search"},
+    "fit_check": {"search"},
+    "noise": set(),
+    "prediction": set(),
+    "search": {"prediction"},
+    "training_loop": set(),
+}
+
+
+def test_each_verb_room_reads_only_the_verb_rooms_it_builds_on() -> None:
+    below = {"policy", "runtime", "checks", "errors", "units", "result", "options", "where", "progress"}
+    found = {
+        room: {other for other in imported if other.split(".")[0] not in below}
+        for room, imported in rooms_imported("").items()
+        if room in VERB_ROOMS
+    }
+    assert found == VERB_ROOMS
+
+
+def test_a_room_opens_with_what_it_owns_and_defines_nothing_itself() -> None:
+    # A room's __init__ is its docstring alone: it re-exports nothing, so a verb (``batchfit.advise``,
+    # the function) never hides the module of its name, and every name has one home.
+    rooms = [PACKAGE / room.replace(".", "/") / "__init__.py" for room in rooms_imported("")]
+    rooms = [path for path in rooms if path.parent.name in VERB_ROOMS or path.parent.parent.name == "policy"]
+    assert len(rooms) == len(VERB_ROOMS) + 6
+    for path in rooms:
+        body = ast.parse(path.read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr), path
+        assert isinstance(body[0].value, ast.Constant) and len(body[0].value.value) > 60, path
+    top_level = {path.stem if path.is_file() else path.name for path in PACKAGE.iterdir()}
+    assert set(batchfit.__all__) & top_level == set()
+
+
+def test_each_verb_lives_in_the_module_of_its_name() -> None:
+    # cap_memory, load_workload and load_config are helpers of the verbs, not verbs.
+    helpers = {"cap_memory", "load_workload", "load_config"}
+    functions = [getattr(batchfit, name) for name in batchfit.__all__ if name not in helpers]
+    functions = [verb for verb in functions if inspect.isfunction(verb)]
+    assert len(functions) == 11
+    assert {
+        verb.__name__: verb.__module__.rsplit(".", 1)[1]
+        for verb in functions
+        if verb.__name__ != verb.__module__.rsplit(".", 1)[1]
+    } == {}

@@ -94,5 +94,5 @@ def test_the_walk_reads_classes_and_type_aliases_but_not_constants(source: str, 
 def test_the_walk_finds_the_package_s_own_types() -> None:
     found = declarations(PACKAGE)
     assert found["Event"] == ["progress.py"]
-    assert found["AllocatorEvent"] == ["policy/allocation_record.py"]
-    assert found["SafeBand"] == ["policy/safe_band.py"]
+    assert found["AllocatorEvent"] == ["policy/allocator/allocation_record.py"]
+    assert found["SafeBand"] == ["policy/search/safe_band.py"]

@@ -14,12 +14,12 @@ from tiny_workloads import build
 
 import batchfit
 from batchfit import BatchSizes, ConfigurationError, Goal, Timing, Trials, Where
-from batchfit.advise import Checklist
+from batchfit.advice.advise import Checklist
 from batchfit.checks import check_device
 from batchfit.cli import flags
 from batchfit.errors import ArgumentTypeError
 from batchfit.options import mode_named
-from batchfit.policy.loader_settings import LoaderSetting
+from batchfit.policy.explore.loader_settings import LoaderSetting
 from batchfit.where import where_of
 
 
@@ -236,7 +236,7 @@ def test_a_spec_or_anything_else_is_not_a_workload_either(given: object, message
             "LoaderSetting",
             (
                 "int (4); pass current=LoaderSetting(...) "
-                "(from batchfit.policy.loader_settings import LoaderSetting)"
+                "(from batchfit.policy.explore.loader_settings import LoaderSetting)"
             ),
         ),
         (
@@ -246,7 +246,7 @@ def test_a_spec_or_anything_else_is_not_a_workload_either(given: object, message
             "LoaderSearch",
             (
                 "int (8); pass search=LoaderSearch(...) "
-                "(from batchfit.policy.loader_settings import LoaderSearch)"
+                "(from batchfit.policy.explore.loader_settings import LoaderSearch)"
             ),
         ),
         (
@@ -254,7 +254,7 @@ def test_a_spec_or_anything_else_is_not_a_workload_either(given: object, message
             "checklist",
             ("find",),
             "Checklist",
-            "tuple (('find',)); pass checklist=Checklist(...) (from batchfit.advise import Checklist)",
+            "tuple (('find',)); pass checklist=Checklist(...) (from batchfit.advice.advise import Checklist)",
         ),
         ("advise", "baseline", 0.1, "Baseline", "float (0.1); pass baseline=batchfit.Baseline(...)"),
         ("noise_scale", "sampling", 64, "Sampling", "int (64); pass sampling=batchfit.Sampling(...)"),

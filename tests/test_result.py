@@ -17,10 +17,10 @@ from torch.utils.data import TensorDataset
 
 import batchfit
 from batchfit import Advice, Baseline, BatchSizes, Result, Sampling, Timing
-from batchfit.autobatch import analyze_config
-from batchfit.policy.loader_settings import LoaderSearch
-from batchfit.predict import Recorder, predict_on
-from batchfit.prediction import Targets
+from batchfit.analysis.apply_autobatch import analyze_config
+from batchfit.policy.explore.loader_settings import LoaderSearch
+from batchfit.prediction.predict import Recorder, predict_on
+from batchfit.prediction.prediction import Targets
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import build_example
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from batchfit import Event, Workload
-from batchfit.policy.trial import Trial
+from batchfit.policy.search.trial import Trial
 from batchfit.progress import OnProgress
 
 

@@ -5,34 +5,34 @@ options they take, the results they return, ``Workload`` and what loads one, the
 ``Event``, ``NoiseScale``, ``cap_memory`` and the errors a caller catches. The rest is imported
 from its own module, named in docs/api.md."""
 
-from batchfit.advice_result import Advice
-from batchfit.advise import advise
-from batchfit.analyze import Analysis, analyze
-from batchfit.autobatch import apply_autobatch
-from batchfit.check_data import DataCheck, check_data
-from batchfit.compare import compare
-from batchfit.comparison import Comparison
-from batchfit.config import load_config
+from batchfit.advice.advice_result import Advice
+from batchfit.advice.advise import advise
+from batchfit.analysis.analyze import Analysis, analyze
+from batchfit.analysis.apply_autobatch import apply_autobatch
+from batchfit.analysis.config import load_config
+from batchfit.comparison.compare import compare
+from batchfit.comparison.comparison import Comparison
+from batchfit.data_check.check_data import DataCheck, check_data
 from batchfit.errors import BatchfitError, ConfigurationError, DoesNotFitError
-from batchfit.explore import ExploreResult, explore
-from batchfit.find import find_batch_size
-from batchfit.fit_check import FitCheck, check
-from batchfit.micro_batch_step import MicroBatchOptions, MicroBatchStep
-from batchfit.noise_scale import noise_scale
-from batchfit.noise_scale_result import NoiseScaleResult
+from batchfit.exploration.explore import ExploreResult, explore
+from batchfit.fit_check.check import FitCheck, check
+from batchfit.noise.noise_scale import noise_scale
+from batchfit.noise.noise_scale_result import NoiseScaleResult
 from batchfit.options import BatchSizes, Goal, Sampling, Timing, Trials, Where
-from batchfit.policy.noise_scale import NoiseScale
-from batchfit.policy.plan import Plan, plan
-from batchfit.policy.plan_options import Baseline
-from batchfit.predict import predict
-from batchfit.prediction import Prediction, Targets
+from batchfit.policy.noise.noise_scale import NoiseScale
+from batchfit.policy.plan.plan import Plan, plan
+from batchfit.policy.plan.plan_options import Baseline
+from batchfit.prediction.predict import predict
+from batchfit.prediction.prediction import Prediction, Targets
 from batchfit.progress import Event
 from batchfit.result import Result
 from batchfit.runtime.devices.resolve import cap_memory
 from batchfit.runtime.workloads.examples import EXAMPLES as _BUILDERS
 from batchfit.runtime.workloads.specs import load_workload
 from batchfit.runtime.workloads.workload import Workload
-from batchfit.search_result import SearchResult
+from batchfit.search.find_batch_size import find_batch_size
+from batchfit.search.search_result import SearchResult
+from batchfit.training_loop.micro_batch_step import MicroBatchOptions, MicroBatchStep
 
 __version__ = "0.1.0"
 

@@ -174,7 +174,7 @@ def exported(kind: type) -> bool:
 
 def type_name(value: object) -> str:
     """``value``'s type as a user writes it: ``int``, ``torch.nn.Sequential``, ``batchfit.Trials``,
-    ``batchfit.policy.trial.Trial`` (a type batchfit does not export)."""
+    ``batchfit.policy.search.trial.Trial`` (a type batchfit does not export)."""
     kind = type(value)
     module = kind.__module__
     if module == "builtins":

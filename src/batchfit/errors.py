@@ -28,7 +28,8 @@ class RankFailedError(BatchfitError, RuntimeError):
 
 class DoesNotFitError(BatchfitError, RuntimeError):
     """Even the smallest allowed batch does not fit in the memory budget. Where a search raised
-    it, ``trial`` is the smallest batch's trial (a ``batchfit.policy.trial.Trial``), and ``budget_bytes`` and
+    it, ``trial`` is the smallest batch's trial (a ``batchfit.policy.search.trial.Trial``), and
+    ``budget_bytes`` and
     ``capacity_bytes`` the budget it failed and the capacity that budget is a share of."""
 
     def __init__(

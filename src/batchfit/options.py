@@ -37,7 +37,7 @@ from batchfit.units import parse_bytes
 if TYPE_CHECKING:
     import torch
 
-    from batchfit.policy.noise_scale import NoiseScale
+    from batchfit.policy.noise.noise_scale import NoiseScale
 
 
 def mode_named(mode: str) -> Mode:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from batchfit.policy.choose import Recommendation
-from batchfit.policy.trial import Trial
+from batchfit.policy.explore.choose import Recommendation
+from batchfit.policy.search.trial import Trial
 
 #: started: a trial (``batch_size``) or a step of advise (``label``) begins; trial: a memory trial
 #: ended; recommendation: explore's live recommendation changed; row, setting: compare measured a

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.policy.exploration import Rules, explore_rounds
-from batchfit.policy.micro_batch import micro_batch_sizes
+from batchfit.policy.explore.exploration import Rules, explore_rounds
+from batchfit.policy.plan.micro_batch import micro_batch_sizes
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.search import DEFAULT_TUNING, Candidates, search_and_confirm
-from batchfit.policy.trial import Trial
-from batchfit.policy.trial_records import TrialRecords
+from batchfit.policy.search.replay_forecast import ReplayForecast
+from batchfit.policy.search.search import DEFAULT_TUNING, Candidates, search_and_confirm
+from batchfit.policy.search.trial import Trial
+from batchfit.policy.search.trial_records import TrialRecords
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers
@@ -314,7 +314,7 @@ def test_on_the_h100_s_amp_trials_the_opening_s_requests_forecast_every_verdict(
         # The gallop's first step is a 32nd of the failed answer: a forecast one over that is not
         # asked again (as here) costs 3 more trials than a first step of 1 did (2, 4, 242, 241),
         # and one 4 over costs 2 fewer (it took 2, 4, 160, 159, 157, 153, 155, 156). find's own
-        # forecast is asked again on the first size that fits (tests/policy/test_search.py).
+        # forecast is asked again on the first size that fits (tests/policy/search/test_search.py).
         ("resnet50-amp", 242, [2, 4, 242, 234, 238, 240, 241], 241),
         ("resnet50-amp", 243, [2, 4, 243, 235, 239, 241, 242], 241),  # find.py's forecast on the H100
         ("transformer", 160, [2, 4, 160, 155, 157, 156], 156),  # the recording's own

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchfit.policy.search import Candidates
+from batchfit.policy.search.search import Candidates
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))

@@ -17,7 +17,7 @@ import _resnet
 import _workloads
 import predict_histories
 
-from batchfit.policy.capacity_prediction import CapacityPredictor
+from batchfit.policy.capacity.capacity_prediction import CapacityPredictor
 
 MiB = 2**20
 

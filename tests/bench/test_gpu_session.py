@@ -69,7 +69,7 @@ def test_the_smoke_runs_the_gpu_tests_the_main_command_and_find_with_the_truth_i
     gpu_tests = (
         "env BATCHFIT_TEST_DEADLINE=180 BATCHFIT_TEST_FIRST=bench/gpu_never_run.txt python -m pytest "
         f"-p no:cacheprovider -q -rA --junitxml={tmp_path}/smoke-gpu-tests.xml --durations=0 -m gpu "
-        "tests/test_predict.py"
+        "tests/prediction/test_predict.py"
     )
     assert parts["gpu-tests"][1].startswith(gpu_tests)
     # The deadline leaves a test begun before it 40 s to finish (the DDP one alone, with its

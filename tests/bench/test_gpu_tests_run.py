@@ -56,7 +56,7 @@ def test_the_never_run_list_is_every_gpu_test_no_log_shows_passed(recorded: dict
     assert missing == recorded["never_run"] == listed
     assert len(recorded["gpu_tests_now"]) == 43 and len(missing) == 10
     assert (
-        "tests/test_predict.py::test_on_cuda_the_prediction_at_a_capped_capacity_is_within_3_percent_of_find"
+        "tests/prediction/test_predict.py::test_on_cuda_the_prediction_at_a_capped_capacity_is_within_3_percent_of_find"
         in missing
     )
     # The CLI on cuda passed in the first session; explore on cuda has never run (each node id counts).
@@ -74,3 +74,9 @@ def test_a_log_longer_than_its_collection_is_refused() -> None:
 def test_the_gpu_tests_collected_now_are_those_the_results_file_holds(recorded: dict) -> None:
     # A gpu test added or renamed since the list was written: run python bench/gpu_tests_run.py.
     assert gpu_tests_run.collect(ROOT, ("-m", "gpu")) == recorded["gpu_tests_now"]
+
+
+def test_a_test_passed_under_the_path_its_file_had_then_has_passed() -> None:
+    log = {"outcomes": {"tests/test_predict.py::a": "passed", "tests/test_predict.py::b": "failed"}}
+    now = ["tests/prediction/test_predict.py::a", "tests/prediction/test_predict.py::b"]
+    assert gpu_tests_run.never_run([log], now) == ["tests/prediction/test_predict.py::b"]

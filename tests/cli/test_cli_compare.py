@@ -10,7 +10,7 @@ from pathlib import Path
 from tiny_workloads import blocks_cnn
 
 from batchfit import Timing
-from batchfit.compare import compare
+from batchfit.comparison.compare import compare
 
 #: The CLI imports ``--workload`` modules from its working directory: tests/, for tiny_workloads.
 TESTS = Path(__file__).resolve().parents[1]

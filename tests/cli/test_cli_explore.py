@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from batchfit.policy.exploration import Rules
+from batchfit.policy.explore.exploration import Rules
 from batchfit.runtime.devices.host import PINNED_MALLOC
 
 TESTS = Path(__file__).resolve().parent

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from batchfit.cli.progress import Display, StatusLine, trial_line
-from batchfit.policy.choose import Recommendation
-from batchfit.policy.trial import Trial
+from batchfit.policy.explore.choose import Recommendation
+from batchfit.policy.search.trial import Trial
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 COLUMNS = 200  # wide enough that no live line is cut short

@@ -13,8 +13,8 @@ from torch.utils.data import TensorDataset
 
 from batchfit import Goal
 from batchfit.errors import ConfigurationError
-from batchfit.policy.batch_schedule import BatchSchedule
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
+from batchfit.policy.plan.batch_schedule import BatchSchedule
+from batchfit.policy.plan.noise_monitor import NoiseScaleMonitor
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning_tiny import SAMPLES, Classifier, trainer  # noqa: E402

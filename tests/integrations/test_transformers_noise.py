@@ -22,9 +22,9 @@ from transformers import TrainerCallback, TrainingArguments
 from batchfit import BatchSizes, Goal
 from batchfit.errors import ConfigurationError
 from batchfit.integrations.transformers import BatchfitTrainer, NoiseScaleMixin, NoiseScaleTrainer
-from batchfit.policy.batch_schedule import BatchSchedule
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
-from batchfit.policy.noise_scale import GradientReading, estimate
+from batchfit.policy.noise.noise_scale import GradientReading, estimate
+from batchfit.policy.plan.batch_schedule import BatchSchedule
+from batchfit.policy.plan.noise_monitor import NoiseScaleMonitor
 
 
 class Steps(TrainerCallback):  # type: ignore[misc]
@@ -187,7 +187,7 @@ def test_one_micro_batch_per_step_is_refused_with_the_split_that_keeps_the_batch
 def test_the_monitor_must_be_a_monitor(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigurationError,
-        match=r"noise_monitor must be a batchfit\.policy\.noise_monitor\.NoiseScaleMonitor, got int\.",
+        match=r"noise_monitor must be a batchfit\.policy\.plan\.noise_monitor\.NoiseScaleMonitor, got int\.",
     ):
         trainer(tmp_path, 100, token_examples(32))  # type: ignore[arg-type]
 

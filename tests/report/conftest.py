@@ -16,17 +16,17 @@ from torch.utils.data import Dataset
 
 import batchfit
 from batchfit import BatchSizes, Timing, find_batch_size
-from batchfit.advise import Checklist, advise
-from batchfit.analyze import analyze
-from batchfit.check_data import check_data
-from batchfit.compare import compare
-from batchfit.explore import ExploreResult, explore, with_goodput
-from batchfit.policy.loader_settings import LoaderSearch
-from batchfit.policy.noise_scale import NoiseScale
-from batchfit.policy.plan import plan
-from batchfit.policy.plan_options import Baseline
-from batchfit.predict import Recorder, predict_on
-from batchfit.prediction import Targets
+from batchfit.advice.advise import Checklist, advise
+from batchfit.analysis.analyze import analyze
+from batchfit.comparison.compare import compare
+from batchfit.data_check.check_data import check_data
+from batchfit.exploration.explore import ExploreResult, explore, with_goodput
+from batchfit.policy.explore.loader_settings import LoaderSearch
+from batchfit.policy.noise.noise_scale import NoiseScale
+from batchfit.policy.plan.plan import plan
+from batchfit.policy.plan.plan_options import Baseline
+from batchfit.prediction.predict import Recorder, predict_on
+from batchfit.prediction.prediction import Targets
 from batchfit.report import SavedResult, read_result, saved_result
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.workloads.examples import build_example

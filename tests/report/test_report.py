@@ -14,9 +14,9 @@ import torch
 import batchfit
 from batchfit import BatchSizes, Timing
 from batchfit.errors import ConfigurationError
-from batchfit.explore import explore
-from batchfit.policy.plan import plan
-from batchfit.policy.plan_options import Baseline
+from batchfit.exploration.explore import explore
+from batchfit.policy.plan.plan import plan
+from batchfit.policy.plan.plan_options import Baseline
 from batchfit.report import (
     SavedResult,
     legacy_kind,

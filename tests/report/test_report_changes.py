@@ -8,9 +8,9 @@ from typing import Any
 from test_report import Page
 
 from batchfit import Timing
-from batchfit.compare import compare
-from batchfit.policy.advice import Change
-from batchfit.policy.loader_settings import LoaderSetting
+from batchfit.comparison.compare import compare
+from batchfit.policy.explore.advice import Change
+from batchfit.policy.explore.loader_settings import LoaderSetting
 from batchfit.report import SavedResult, recognise, render_report
 from batchfit.runtime.workloads.examples import build_example
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import batchfit
 from batchfit import Baseline, BatchSizes, ConfigurationError, Timing, Where
-from batchfit.advise import STEPS as ADVISE_STEPS
-from batchfit.advise import Checklist
+from batchfit.advice.advise import STEPS as ADVISE_STEPS
+from batchfit.advice.advise import Checklist
 from batchfit.cli import flags
 
 STEPS = ", ".join(ADVISE_STEPS)

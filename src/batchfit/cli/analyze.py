@@ -8,10 +8,10 @@ from typing import Any
 
 import batchfit
 from batchfit import ConfigurationError, Where
-from batchfit.autobatch import analyze_config
+from batchfit.analysis.apply_autobatch import analyze_config
+from batchfit.analysis.config import ExperimentConfig
 from batchfit.cli import flags
-from batchfit.config import ExperimentConfig
-from batchfit.policy.trial import Mode
+from batchfit.policy.search.trial import Mode
 
 FORMATS = ("text", "json", "jsonl", "csv")
 

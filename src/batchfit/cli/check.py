@@ -8,7 +8,7 @@ from typing import Any
 import batchfit
 from batchfit import FitCheck, Trials, Where
 from batchfit.cli import flags
-from batchfit.policy.trial import Mode
+from batchfit.policy.search.trial import Mode
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

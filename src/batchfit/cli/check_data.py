@@ -9,7 +9,7 @@ from typing import Any
 import batchfit
 from batchfit import Where
 from batchfit.cli import flags
-from batchfit.policy.loader_settings import LoaderSearch, LoaderSetting
+from batchfit.policy.explore.loader_settings import LoaderSearch, LoaderSetting
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ from typing import Any
 import batchfit
 from batchfit import BatchSizes, Timing, Where
 from batchfit.cli import flags
-from batchfit.policy.techniques import TECHNIQUES
+from batchfit.policy.explore.techniques import TECHNIQUES
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ from typing import Any
 import batchfit
 from batchfit import BatchSizes, SearchResult, Trials, Where
 from batchfit.cli import flags
-from batchfit.policy.trial import Mode
+from batchfit.policy.search.trial import Mode
 
 FORMATS = ("text", "json")
 

@@ -24,7 +24,7 @@ import batchfit
 from batchfit import ConfigurationError, Result, Where, Workload
 from batchfit.cli.launch import launched_process_group, launched_world_size
 from batchfit.cli.progress import Display
-from batchfit.policy.trial import Mode
+from batchfit.policy.search.trial import Mode
 
 T = TypeVar("T")
 

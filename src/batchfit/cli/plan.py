@@ -8,7 +8,7 @@ from typing import Any
 import batchfit
 from batchfit import Baseline
 from batchfit.cli import flags
-from batchfit.policy.plan_options import Scaling, TrainingFacts
+from batchfit.policy.plan.plan_options import Scaling, TrainingFacts
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:

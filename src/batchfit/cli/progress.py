@@ -14,8 +14,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
 from batchfit import Event
-from batchfit.policy.choose import Recommendation
-from batchfit.policy.trial import Trial
+from batchfit.policy.explore.choose import Recommendation
+from batchfit.policy.search.trial import Trial
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from lightning.pytorch.utilities.parsing import lightning_setattr
 from torch.utils.data import DataLoader
 
 import batchfit
-from batchfit.find import find_batch_size
 from batchfit.integrations.lightning_checks import (
     LoaderBatchSizeError,
     check_arguments,
@@ -43,11 +42,12 @@ from batchfit.integrations.lightning_steps import (
     scratch_logging,
 )
 from batchfit.options import BatchSizes, Trials, Where
-from batchfit.policy.trial import Mode
+from batchfit.policy.search.trial import Mode
 from batchfit.progress import Event
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.distributed.lockstep import ranks
-from batchfit.search_result import SearchResult
+from batchfit.search.find_batch_size import find_batch_size
+from batchfit.search.search_result import SearchResult
 from batchfit.units import format_bytes
 
 __all__ = [

@@ -29,7 +29,7 @@ from batchfit.errors import ConfigurationError
 from batchfit.integrations.lightning_plan import GlobalBatch
 from batchfit.integrations.lightning_steps import loaders_of
 from batchfit.options import BatchSizes, Trials
-from batchfit.policy.micro_batch import check_divisible
+from batchfit.policy.plan.micro_batch import check_divisible
 
 logger = logging.getLogger("batchfit.integrations.lightning")
 OWNER = "BatchfitCallback"

@@ -12,9 +12,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.batch_schedule import ScheduleChange
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
-from batchfit.policy.noise_scale import NoiseScale
+from batchfit.policy.noise.noise_scale import NoiseScale
+from batchfit.policy.plan.batch_schedule import ScheduleChange
+from batchfit.policy.plan.noise_monitor import NoiseScaleMonitor
 from batchfit.runtime.steps.gradient_noise import AccumulationNoise
 from batchfit.runtime.steps.learning_rate import scale_learning_rate
 from batchfit.runtime.steps.micro_batches import count_samples
@@ -45,7 +45,7 @@ class NoiseScaleCallback(Callback):
     def __init__(self, monitor: NoiseScaleMonitor) -> None:
         if not isinstance(monitor, NoiseScaleMonitor):
             raise ConfigurationError(
-                "monitor must be a batchfit.policy.noise_monitor.NoiseScaleMonitor, got "
+                "monitor must be a batchfit.policy.plan.noise_monitor.NoiseScaleMonitor, got "
                 f"{type(monitor).__name__}."
             )
         self.monitor = monitor

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.micro_batch import chosen_micro_batch
+from batchfit.policy.plan.micro_batch import chosen_micro_batch
 
 #: The checkpoint's key for the plan: ``torch.load(path)["batchfit"]``.
 CHECKPOINT_KEY = "batchfit"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from batchfit.policy.loader_settings import LoaderSetting
+from batchfit.policy.explore.loader_settings import LoaderSetting
 from batchfit.report.canvas import legend_below, new_figure, to_svg
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from batchfit.policy.noise_scale import GradientReading, NoiseScale, estimate
+from batchfit.policy.noise.noise_scale import GradientReading, NoiseScale, estimate
 from batchfit.report.canvas import batch_size_axis, legend_below, new_figure, to_svg
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import batchfit
-from batchfit.policy.advice import Change
+from batchfit.policy.explore.advice import Change
 from batchfit.report import canvas, change_plots, goodput_plots, noise_plots, plots, prediction_plots
 from batchfit.report.results import Kind, SavedResult
 

@@ -112,7 +112,7 @@ def _find_limits(axes: Axes, result: Mapping[str, Any]) -> None:
 def plan_figure(plan: Mapping[str, Any], salt: str) -> str:
     """The learning rate over optimizer steps: the plan's linear warm-up to its peak, then constant,
     and for comparison the cosine and linear decays ``warmup_schedule`` offers, to 10 x the warm-up."""
-    from batchfit.schedule import Decay, lr_factor
+    from batchfit.training_loop.schedule import Decay, lr_factor
 
     peak, warmup = plan["learning_rate"], plan["warmup_steps"]
     total = max(10 * warmup, 10)

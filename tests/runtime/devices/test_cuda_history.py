@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from batchfit.policy.allocation_record import ALLOC, FREE, AllocationRecord, Recording
-from batchfit.policy.caching_allocator import CachingAllocator
+from batchfit.policy.allocator.allocation_record import ALLOC, FREE, AllocationRecord, Recording
+from batchfit.policy.allocator.caching_allocator import CachingAllocator
 from batchfit.runtime.devices.cuda import _CudaAllocator, _start, read_trace
 
 

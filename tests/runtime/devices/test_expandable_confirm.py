@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from batchfit import BatchSizes, Workload
-from batchfit.find import find_on
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS, EXPANDABLE_CONFIRM_STEPS, CachingCpuDevice
+from batchfit.search.find_batch_size import find_on
 from batchfit.where import ResolvedDevice
 
 

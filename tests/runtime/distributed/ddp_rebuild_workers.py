@@ -15,10 +15,10 @@ from torch.nn.parallel import DistributedDataParallel
 from two_ranks import report_and_leave
 
 from batchfit import BatchSizes, Workload
-from batchfit.find import find_on
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.distributed.data_parallel import reduced_bytes
+from batchfit.search.find_batch_size import find_on
 from batchfit.where import ResolvedDevice
 
 #: A device whose caching allocator the DDP's buckets fragment: 16 MiB weights (4 x 4M float32,

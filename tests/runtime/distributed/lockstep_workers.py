@@ -32,10 +32,10 @@ from batchfit import (
     explore,
     find_batch_size,
 )
-from batchfit.find import find_on
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.tracker import StorageTracker
 from batchfit.runtime.distributed.data_parallel import bucket_bytes
+from batchfit.search.find_batch_size import find_on
 from batchfit.units import parse_bytes
 from batchfit.where import ResolvedDevice
 

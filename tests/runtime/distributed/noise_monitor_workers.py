@@ -17,9 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 from two_ranks import report_and_leave
 
 from batchfit import MicroBatchOptions, MicroBatchStep
-from batchfit.policy.batch_schedule import BatchSchedule
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
-from batchfit.policy.noise_scale import GradientReading
+from batchfit.policy.noise.noise_scale import GradientReading
+from batchfit.policy.plan.batch_schedule import BatchSchedule
+from batchfit.policy.plan.noise_monitor import NoiseScaleMonitor
 
 MICRO_BATCH_SIZE = 16
 FIRST_BATCH_SIZE = 64  # per rank: 4 micro-batches

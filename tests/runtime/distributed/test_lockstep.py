@@ -14,8 +14,8 @@ from tiny_workloads import build, classification_batch, large_batch_workspace
 from two_ranks import run_ranks
 
 from batchfit import BatchSizes, find_batch_size
-from batchfit.find import find_on
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
+from batchfit.search.find_batch_size import find_on
 from batchfit.where import ResolvedDevice
 
 pytestmark = pytest.mark.distributed

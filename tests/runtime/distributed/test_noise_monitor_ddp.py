@@ -15,7 +15,7 @@ from micro_batch_helpers import make_model
 from torch import nn
 from two_ranks import run_ranks
 
-from batchfit.policy.noise_scale import GradientReading, estimate
+from batchfit.policy.noise.noise_scale import GradientReading, estimate
 
 pytestmark = pytest.mark.distributed
 

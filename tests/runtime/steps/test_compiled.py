@@ -15,7 +15,6 @@ from torch import nn
 import batchfit
 from batchfit import BatchSizes
 from batchfit.errors import ConfigurationError
-from batchfit.find import find_on
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice
 from batchfit.runtime.devices.measurement import Measurement
@@ -23,6 +22,7 @@ from batchfit.runtime.devices.tracker import resident_tensors
 from batchfit.runtime.steps.compiled import compiled_parts
 from batchfit.runtime.steps.stepping import _optimizer_phases
 from batchfit.runtime.steps.techniques import compiler_unavailable
+from batchfit.search.find_batch_size import find_on
 from batchfit.where import ResolvedDevice
 
 LIMIT = 64 * 2**20

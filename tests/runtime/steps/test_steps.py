@@ -13,10 +13,10 @@ import torch
 from tiny_workloads import build, overflowing_workload, skipping_workload
 
 from batchfit import Workload
-from batchfit.policy.allocation_replay import AllocationReplay
-from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.trial import Trial
-from batchfit.policy.trial_records import TrialRecords
+from batchfit.policy.allocator.allocation_replay import AllocationReplay
+from batchfit.policy.search.replay_forecast import ReplayForecast
+from batchfit.policy.search.trial import Trial
+from batchfit.policy.search.trial_records import TrialRecords
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice, CpuDevice, Device
 from batchfit.runtime.steps.runner import TrialRunner, snapshot_scalers

@@ -11,7 +11,6 @@ import torch
 from tiny_workloads import adversarial, build, untraceable
 
 from batchfit import cap_memory, find_batch_size
-from batchfit.find import find_on
 from batchfit.runtime.devices.caching_device import CachingCpuDevice
 from batchfit.runtime.devices.device import CappedCpuDevice
 from batchfit.runtime.steps.runner import TrialRunner
@@ -19,6 +18,7 @@ from batchfit.runtime.steps.state import TrainingSnapshot
 from batchfit.runtime.steps.trace import FakeTracer, TraceUnavailable
 from batchfit.runtime.workloads.examples import build_example
 from batchfit.runtime.workloads.workload import Workload
+from batchfit.search.find_batch_size import find_on
 from batchfit.where import ResolvedDevice
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batchfit.errors import ConfigurationError
-from batchfit.find import find_batch_size
 from batchfit.integrations.transformers.workload import (
     LongestBatches,
     PredictionStep,
@@ -22,12 +21,13 @@ from batchfit.integrations.transformers.workload import (
     trainer_workload,
 )
 from batchfit.options import BatchSizes, Trials, Where
-from batchfit.policy.micro_batch import MicroBatchChange
-from batchfit.policy.plan import Plan, plan
-from batchfit.policy.plan_options import Baseline
+from batchfit.policy.plan.micro_batch import MicroBatchChange
+from batchfit.policy.plan.plan import Plan, plan
+from batchfit.policy.plan.plan_options import Baseline
 from batchfit.progress import Event, OnProgress, tell
 from batchfit.runtime.workloads.workload import Workload
-from batchfit.search_result import SearchResult
+from batchfit.search.find_batch_size import find_batch_size
+from batchfit.search.search_result import SearchResult
 
 #: The file each checkpoint holds the plan in, beside the Trainer's ``trainer_state.json``.
 PLAN_FILE = "batchfit_plan.json"

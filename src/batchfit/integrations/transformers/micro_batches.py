@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.integrations.transformers.loss_weights import LossWeights, weighted_loss
-from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchOutcome, MicroBatchShrink
+from batchfit.policy.plan.micro_batch import MicroBatchChange, MicroBatchOutcome, MicroBatchShrink
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.gradients import gradient_mask
 from batchfit.runtime.distributed.lockstep import Lockstep

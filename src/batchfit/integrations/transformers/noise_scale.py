@@ -12,9 +12,9 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.batch_schedule import ScheduleChange
-from batchfit.policy.noise_monitor import MonitorUpdate, NoiseScaleMonitor
-from batchfit.policy.noise_scale import GradientReading, NoiseScale
+from batchfit.policy.noise.noise_scale import GradientReading, NoiseScale
+from batchfit.policy.plan.batch_schedule import ScheduleChange
+from batchfit.policy.plan.noise_monitor import MonitorUpdate, NoiseScaleMonitor
 from batchfit.runtime.steps.gradient_noise import AccumulationNoise
 from batchfit.runtime.steps.learning_rate import scale_learning_rate
 from batchfit.runtime.steps.micro_batches import count_samples
@@ -56,7 +56,7 @@ class NoiseScaleMixin:
     def __init__(self, *args: Any, noise_monitor: NoiseScaleMonitor, **kwargs: Any) -> None:
         if not isinstance(noise_monitor, NoiseScaleMonitor):
             raise ConfigurationError(
-                "noise_monitor must be a batchfit.policy.noise_monitor.NoiseScaleMonitor, got "
+                "noise_monitor must be a batchfit.policy.plan.noise_monitor.NoiseScaleMonitor, got "
                 f"{type(noise_monitor).__name__}."
             )
         self.noise_monitor = noise_monitor

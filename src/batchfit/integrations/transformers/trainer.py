@@ -22,7 +22,7 @@ from batchfit.integrations.transformers.loss_weights import LossWeights, read_re
 from batchfit.integrations.transformers.micro_batches import TrainingMicroBatches, predict_in_lockstep
 from batchfit.integrations.transformers.workload import LongestBatches, loader_data
 from batchfit.options import BatchSizes, Trials, Where
-from batchfit.policy.micro_batch import MicroBatchChange
+from batchfit.policy.plan.micro_batch import MicroBatchChange
 from batchfit.progress import Event
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.lockstep import Lockstep

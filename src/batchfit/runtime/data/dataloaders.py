@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader, IterableDataset
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.loader_settings import KNOBS, LoaderSetting
+from batchfit.policy.explore.loader_settings import KNOBS, LoaderSetting
 from batchfit.runtime.steps.micro_batches import plain
 from batchfit.runtime.workloads.workload import Workload
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader
 
-from batchfit.policy.loader_settings import LoaderSetting, SettingRow
+from batchfit.policy.explore.loader_settings import LoaderSetting, SettingRow
 from batchfit.runtime.data.dataloaders import LoaderSource, batches_per_epoch
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.steps.state import TrainingSnapshot

@@ -4,7 +4,7 @@ standing in for a GPU with CUDA's caching allocator modelled on the model's real
 The device's logic (the cap on what the allocator reserves, the cache emptied between trials, the
 steady-state allocated and reserved peaks, the retries as evidence, the confirming steps) is written
 once here, against an ``Allocator`` seam: ``runtime.devices.cuda`` reads and caps torch's own allocator,
-``ModelledAllocator`` feeds every storage the CPU allocates to ``policy.caching_allocator``. So the
+``ModelledAllocator`` feeds every storage the CPU allocates to ``policy.allocator.caching_allocator``. So the
 CUDA path's logic runs in CI, fragmentation included.
 """
 
@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from batchfit.policy.allocation_record import Recording
+from batchfit.policy.allocator.allocation_record import Recording
 from batchfit.runtime.devices.device import BucketHolding
 from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.modelled_allocator import ModelledAllocator

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from batchfit.errors import DeviceUnavailableError
-from batchfit.policy.allocation_record import Recording, ranked
-from batchfit.policy.allocator_blocks import Segments
+from batchfit.policy.allocator.allocation_record import Recording, ranked
+from batchfit.policy.allocator.allocator_blocks import Segments
 from batchfit.runtime.devices.allocator_settings import expandable_segments, unmodelled_settings
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS, EXPANDABLE_CONFIRM_STEPS, CachingDevice
 from batchfit.runtime.devices.device import BucketHolding
@@ -259,7 +259,7 @@ def read_trace(
 
 def _start(snapshot: Any, index: int | None, expandable: bool) -> tuple[Segments, bool] | None:
     """The state of device ``index``'s allocator in a ``memory_snapshot()``, as
-    ``policy.caching_allocator`` lists it, and whether its segments are expandable (``expandable``:
+    ``policy.allocator.caching_allocator`` lists it, and whether its segments are expandable (``expandable``:
     the allocator makes expandable segments now); None where the model cannot start from it:
     segments of both kinds, or expandable ones on several streams.
 

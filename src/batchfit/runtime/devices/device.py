@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from batchfit.policy.allocation_record import Recording
+from batchfit.policy.allocator.allocation_record import Recording
 from batchfit.runtime.devices.host import data_limited, host_available_bytes, malloc_trim
 from batchfit.runtime.devices.measurement import Measurement, profiled
 from batchfit.runtime.devices.tracker import StorageTracker, resident_oom_message
@@ -90,7 +90,7 @@ class Device(Protocol):
 
     def recording(self) -> AbstractContextManager[Recording | None]:
         """Inside ``measure``: a block whose requests to the allocator are taken down, step by step
-        (``policy.allocation_replay``); None where no allocator places them (memory counted as
+        (``policy.allocator.allocation_replay``); None where no allocator places them (memory counted as
         live bytes, or an allocator that cannot be recorded)."""
         ...
 
@@ -99,7 +99,7 @@ class Device(Protocol):
         ...
 
     def allocator_state(self) -> Hashable | None:
-        """What decides where the allocator places the next requests (``policy.steady``), inside
+        """What decides where the allocator places the next requests (``policy.allocator.steady``), inside
         ``measure``; None where nothing does (memory counted as live bytes)."""
         ...
 

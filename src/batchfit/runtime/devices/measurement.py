@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from batchfit.policy.allocation_record import Recording
+from batchfit.policy.allocator.allocation_record import Recording
 from batchfit.runtime.devices.host import data_limited, host_available_bytes
 from batchfit.runtime.devices.tracker import resident_oom_message
 from batchfit.runtime.steps.compiled import ProfiledAllocations, ProfiledSteps

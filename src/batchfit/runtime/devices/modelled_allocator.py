@@ -1,5 +1,6 @@
 """CUDA's caching allocator modelled on the CPU: every storage a capped block creates takes a block of
-``policy.caching_allocator``, so segments, fragmentation and retries follow the allocator's rules."""
+``policy.allocator.caching_allocator``, so segments, fragmentation and retries follow the allocator's
+rules."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchfit.policy.allocation_record import Recording
-from batchfit.policy.allocator_blocks import Block, rounded, segment_size
-from batchfit.policy.caching_allocator import AllocatorOutOfMemory, CachingAllocator
+from batchfit.policy.allocator.allocation_record import Recording
+from batchfit.policy.allocator.allocator_blocks import Block, rounded, segment_size
+from batchfit.policy.allocator.caching_allocator import AllocatorOutOfMemory, CachingAllocator
 from batchfit.runtime.devices.device import unique_storages
 from batchfit.runtime.devices.tracker import output_storages
 from batchfit.units import format_bytes
@@ -22,7 +23,7 @@ from batchfit.units import format_bytes
 
 class ModelledAllocator:
     """CUDA's caching allocator, modelled on the CPU: every storage created in a capped block takes a
-    block of ``policy.caching_allocator``, and gives it back when the storage is freed (whenever
+    block of ``policy.allocator.caching_allocator``, and gives it back when the storage is freed (whenever
     that is: parameters keep theirs from trial to trial, as on a GPU). ``fake``: the storages of
     fake tensors are placed instead of real ones (a trace of the step, which allocates nothing)."""
 

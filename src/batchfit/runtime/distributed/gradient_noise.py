@@ -22,7 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.noise_scale import GradientReading
+from batchfit.policy.noise.noise_scale import GradientReading
 from batchfit.runtime.steps.gradient_noise import ReadingLog, reading_of, scale_of, trained_parameters
 
 

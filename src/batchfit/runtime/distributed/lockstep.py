@@ -2,7 +2,7 @@
 
 Every rank runs the same search policy on the same trials: each rank runs the candidate on its
 own device, then one ``all_gather_object`` per trial hands every rank everyone's result, which
-``policy.ranks.merge_trials`` turns into the one trial all act on. A rank whose step raises (not an
+``policy.search.ranks.merge_trials`` turns into the one trial all act on. A rank whose step raises (not an
 out-of-memory) or is interrupted still takes part in that collective, with its error, so every
 rank raises after the same trial and none waits on a rank that is gone.
 """
@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from batchfit.errors import RankFailedError
-from batchfit.policy.allocation_replay import Played
-from batchfit.policy.ranks import merge_trials
-from batchfit.policy.replay_forecast import ReplayForecast
-from batchfit.policy.trial import Trial
+from batchfit.policy.allocator.allocation_replay import Played
+from batchfit.policy.search.ranks import merge_trials
+from batchfit.policy.search.replay_forecast import ReplayForecast
+from batchfit.policy.search.trial import Trial
 from batchfit.runtime.steps.timer import StepTimer
 
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Reading the gradient noise scale's squared norms from training as it runs, on one device:
 ``AccumulationNoise`` reads each micro-batch's gradient against the step's accumulated gradient
-(``policy.noise_scale.GradientReading``, one per optimizer step). Under DDP the pair is one rank's
+(``policy.noise.noise_scale.GradientReading``, one per optimizer step). Under DDP the pair is one rank's
 gradient against the all-reduced one instead: ``runtime.distributed.gradient_noise``.
 
 Per optimizer step of ``k`` micro-batches of ``micro_batch_size`` samples::
@@ -13,7 +13,7 @@ Per optimizer step of ``k`` micro-batches of ``micro_batch_size`` samples::
     reading = noise.end_step()                  # before unscale_, clipping and optimizer.step
     scaler.step(optimizer); scaler.update()
     ...
-    noise.estimate()                            # policy.noise_scale.NoiseScale over the readings
+    noise.estimate()                            # policy.noise.noise_scale.NoiseScale over the readings
 
 ``end_step`` reads the device once per step; ``after_backward`` only queues work on it.
 """
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.noise_scale import GradientReading, NoiseScale, estimate
+from batchfit.policy.noise.noise_scale import GradientReading, NoiseScale, estimate
 
 
 def squared_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -83,7 +83,7 @@ class ReadingLog:
         return reading
 
     def estimate(self) -> NoiseScale:
-        """The noise scale over the readings so far (``policy.noise_scale.estimate``)."""
+        """The noise scale over the readings so far (``policy.noise.noise_scale.estimate``)."""
         return estimate(self.readings)
 
 

@@ -15,7 +15,12 @@ import torch
 from torch import nn
 
 from batchfit.errors import OptimizerStepOutOfMemoryError
-from batchfit.policy.micro_batch import MicroBatchChange, MicroBatchOutcome, MicroBatchShrink, merge_outcomes
+from batchfit.policy.plan.micro_batch import (
+    MicroBatchChange,
+    MicroBatchOutcome,
+    MicroBatchShrink,
+    merge_outcomes,
+)
 from batchfit.runtime.devices.oom import first_line, is_out_of_memory
 from batchfit.runtime.distributed.gradients import GradientAverage, prepare_average
 from batchfit.runtime.distributed.lockstep import Lockstep

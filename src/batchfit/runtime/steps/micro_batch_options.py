@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batchfit.errors import ArgumentTypeError, ConfigurationError
-from batchfit.policy.noise_monitor import NoiseScaleMonitor
+from batchfit.policy.plan.noise_monitor import NoiseScaleMonitor
 from batchfit.runtime.steps.micro_batch_finite import NON_FINITE, NonFinite
 from batchfit.runtime.steps.micro_batch_reduction import Reduction
 
@@ -64,7 +64,7 @@ class MicroBatchOptions:
         monitor = self.noise_monitor
         if monitor is not None and not isinstance(monitor, NoiseScaleMonitor):
             raise ConfigurationError(
-                f"noise_monitor must be a batchfit.policy.noise_monitor.NoiseScaleMonitor or None, got "
+                f"noise_monitor must be a batchfit.policy.plan.noise_monitor.NoiseScaleMonitor or None, got "
                 f"{type(monitor).__name__}; pass NoiseScaleMonitor(every=100) to log the gradient noise "
                 f"scale, or None."
             )

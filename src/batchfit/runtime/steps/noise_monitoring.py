@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from batchfit.policy.noise_monitor import MonitorUpdate, NoiseScaleMonitor
-from batchfit.policy.noise_scale import GradientReading
+from batchfit.policy.noise.noise_scale import GradientReading
+from batchfit.policy.plan.noise_monitor import MonitorUpdate, NoiseScaleMonitor
 from batchfit.runtime.distributed.lockstep import Lockstep
 from batchfit.runtime.steps.gradient_noise import AccumulationNoise
 from batchfit.runtime.steps.learning_rate import scale_learning_rate

@@ -9,9 +9,9 @@ from typing import Any, TypedDict
 import torch
 from typing_extensions import Unpack
 
-from batchfit.policy.trial import Mode, Trial
-from batchfit.policy.trial_cache import verdict
-from batchfit.policy.trial_records import TrialRecords
+from batchfit.policy.search.trial import Mode, Trial
+from batchfit.policy.search.trial_cache import verdict
+from batchfit.policy.search.trial_records import TrialRecords
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.host import host_memory
 from batchfit.runtime.devices.host_failure import host_ran_out
@@ -65,8 +65,8 @@ class TrialRunner:
     retries on the way are evidence (they cost speed), not a failure. On a caching allocator the
     steps end where its state recurs (``until_steady``): the steps left would repeat earlier ones.
     With ``record``, each trial that fits adds its allocator requests (of its first
-    ``record_steps`` steps, None: all) to ``records`` (``policy.trial_records.TrialRecords``), for
-    ``policy.allocation_replay`` to forecast other sizes. What does not change from trial to trial
+    ``record_steps`` steps, None: all) to ``records`` (``policy.search.trial_records.TrialRecords``), for
+    ``policy.allocator.allocation_replay`` to forecast other sizes. What does not change from trial to trial
     is its ``spec`` (``StepSpec``), capped at its ``cap_bytes``, the budget.
     """
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from batchfit.policy.steady import RecurrenceWatch
-from batchfit.policy.trial import Mode
+from batchfit.policy.allocator.steady import RecurrenceWatch
+from batchfit.policy.search.trial import Mode
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.measurement import Measurement
 from batchfit.runtime.devices.tracker import resident_tensors
@@ -44,7 +44,7 @@ class StepSpec:
     warm_batch: int | None = None
     #: The hard cap on the device's memory over the steps, in bytes; None: no cap.
     cap_bytes: int | None = None
-    #: End the steps where the device's allocator state after a step recurs (``policy.steady``):
+    #: End the steps where the device's allocator state after a step recurs (``policy.allocator.steady``):
     #: the steps left would repeat steps that ran.
     until_steady: bool = False
     #: Take the allocator's requests down step by step (``Measurement.recording``).

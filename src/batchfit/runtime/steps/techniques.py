@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.techniques import ACCUMULATION, COMPILE, EXPANDABLE_SEGMENTS, mixed_precision_of
+from batchfit.policy.explore.techniques import ACCUMULATION, COMPILE, EXPANDABLE_SEGMENTS, mixed_precision_of
 from batchfit.runtime.devices.allocator_settings import set_allocator_settings
 from batchfit.runtime.workloads.default_step import model_loss, needs_closure, optimizer_step
 from batchfit.runtime.workloads.workload import Workload
@@ -47,7 +47,7 @@ def runs_bfloat16(device: torch.device) -> bool:
 
 
 def mixed_precision(device: torch.device, kind: str = "amp") -> tuple[torch.dtype, bool]:
-    """The autocast dtype and whether it needs a GradScaler, for ``kind`` (``policy.techniques``'
+    """The autocast dtype and whether it needs a GradScaler, for ``kind`` (``policy.explore.techniques``'
     ``MIXED_PRECISION``): float16 with a GradScaler for ``amp-fp16``, bfloat16 for ``amp-bf16``;
     for ``amp``, bfloat16 where ``device`` runs it, else float16 with a GradScaler."""
     if kind == "amp-fp16" or (kind == "amp" and not runs_bfloat16(device)):

@@ -24,9 +24,9 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 
-from batchfit.policy.search import Candidates, SearchOutcome, search
-from batchfit.policy.trial import Mode, Trial
-from batchfit.policy.trial_cache import TrialCache
+from batchfit.policy.search.search import Candidates, SearchOutcome, search
+from batchfit.policy.search.trial import Mode, Trial
+from batchfit.policy.search.trial_cache import TrialCache
 from batchfit.runtime.devices.device import CpuDevice, Device
 from batchfit.runtime.devices.host import host_memory
 from batchfit.runtime.devices.host_failure import host_ran_out

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from batchfit.errors import ConfigurationError
-from batchfit.policy.trial import Mode
+from batchfit.policy.search.trial import Mode
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 

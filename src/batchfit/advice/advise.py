@@ -1,0 +1,250 @@
+"""``advise``: the checklist, run on the user's model: find (train and eval), explore, compare and,
+given data, check_data, then what to change ranked by its measured gain, with the plan's
+learning rate and warm-up for the batch it recommends."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from typing_extensions import Unpack
+
+from batchfit.advice.advice_result import Advice
+from batchfit.checks import check_option, check_positive_int, shown, type_name
+from batchfit.comparison.compare import compare_on
+from batchfit.comparison.comparison import Comparison
+from batchfit.data_check.check_data import DataCheck, check_data
+from batchfit.errors import ConfigurationError
+from batchfit.exploration.explore import ExploreResult, explore_on
+from batchfit.options import BatchSizes, Goal, Timing, Where
+from batchfit.policy.explore.advice import Change, costly, noisy, rank
+from batchfit.policy.noise.goodput import noise_scale_of
+from batchfit.policy.noise.noise_scale import NoiseScale
+from batchfit.policy.plan.plan import Plan, plan
+from batchfit.policy.plan.plan_options import Baseline, Scaling, TrainingFacts
+from batchfit.policy.search.trial import Mode
+from batchfit.progress import Event, OnProgress, tell
+from batchfit.runtime.data.dataloaders import LoaderFactory
+from batchfit.runtime.workloads.entry import check_entry
+from batchfit.runtime.workloads.workload import Workload
+from batchfit.search.find_batch_size import find_on
+from batchfit.search.search_result import SearchResult
+from batchfit.where import ResolvedDevice, WhereShorthand, target_of
+
+#: The steps advise runs, in order; each can be skipped.
+STEPS = ("find", "explore", "compare", "check-data", "plan")
+
+
+#: advise's timing unless told: explore gets 10 s.
+ADVISE_TIMING = Timing(time_budget_seconds=10.0)
+
+
+@dataclass(frozen=True)
+class Checklist:
+    """Which of advise's steps run, and what they are given: the steps to ``skip``, the
+    ``batch_size`` to check data and plan at (default: explore's recommendation, else find's
+    largest), compare's ``techniques`` (None: the defaults), check-data's ``loader`` (a factory
+    or its ``module:function`` spec; None: the workload's dataset) and the gradient
+    ``noise_scale`` (a number of samples or a measured ``NoiseScale``) that adds goodput to explore
+    and how far scaling pays to the plan."""
+
+    skip: tuple[str, ...] = ()
+    batch_size: int | None = None
+    techniques: tuple[str, ...] | None = None
+    loader: LoaderFactory | str | None = None
+    noise_scale: float | NoiseScale | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("skip", "techniques"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not (value is None or isinstance(value, (tuple, list))):
+                example = "('compare',)" if name == "skip" else "('amp', 'checkpointing')"
+                raise ConfigurationError(
+                    f"Checklist.{name} must be a tuple of names, got {type_name(value)} ({shown(value)}); "
+                    f"pass {name}={example}."
+                )
+        unknown = [step for step in self.skip if step not in STEPS]
+        if unknown:
+            raise ConfigurationError(f"skip {unknown}: the steps are {', '.join(STEPS)}.")
+        if self.batch_size is not None:
+            check_positive_int("batch_size", self.batch_size)
+        if self.noise_scale is not None:
+            noise_scale_of(self.noise_scale)
+
+
+def advise(
+    workload: Workload,
+    *,
+    where: Where | None = None,
+    sizes: BatchSizes = BatchSizes(),
+    timing: Timing = ADVISE_TIMING,
+    checklist: Checklist = Checklist(),
+    baseline: Baseline | None = None,
+    on_progress: OnProgress | None = None,
+    **shorthand: Unpack[WhereShorthand],
+) -> Advice:
+    """Run the checklist on ``workload``: ``find`` (train and eval, in ``sizes``), ``explore``
+    (with ``timing``), ``compare``, ``check-data`` (when the workload has a dataset or the
+    checklist a loader) and ``plan`` (with ``baseline``, the run the learning rate was tuned on:
+    the learning rate and warm-up for ``sizes.global_batch_size``, by default the recommended
+    batch x ``sizes.world_size``, by the scaling rule of the workload's optimizer), each unless
+    ``checklist.skip`` names it. ``on_progress`` hears each step as it starts (``started``,
+    labelled with the step) and the steps' own events. The model, optimizer and RNG are left as
+    they were.
+    ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
+    ``memory_fraction`` are its shorthand for the one-line call (one that disagrees with
+    ``where`` is a ConfigurationError).
+    """
+    check_entry(
+        "advise",
+        workload,
+        on_progress,
+        sizes=(sizes, BatchSizes),
+        timing=(timing, Timing),
+        checklist=(checklist, Checklist),
+    )
+    if baseline is not None:
+        check_option("advise", "baseline", baseline, Baseline)
+    started = time.perf_counter()
+    run = _Checklist(target_of("advise", where, shorthand), workload, checklist, on_progress)
+    train, evaluation = run.find(replace(sizes, global_batch_size=None, world_size=None))
+    largest = None if train is None else train.batch_size
+    exploration = run.explore(sizes, largest, timing)
+    batch_size = checklist.batch_size
+    if batch_size is None:
+        batch_size = exploration.recommendation.batch_size if exploration is not None else largest
+    comparison = run.compare()
+    data = run.check_data(batch_size)
+    planned = run.plan(batch_size, largest, sizes, baseline)
+    changes = _changes(comparison, data)
+    return Advice(
+        train,
+        evaluation,
+        exploration,
+        comparison,
+        data,
+        planned,
+        batch_size,
+        rank(changes),
+        costly(changes),
+        noisy(changes),
+        tuple(run.skipped),
+        time.perf_counter() - started,
+    )
+
+
+@dataclass
+class _Checklist:
+    """advise's steps on one target, each run unless skipped and told as it starts; ``skipped``
+    collects why a step did not run."""
+
+    target: ResolvedDevice
+    workload: Workload
+    checklist: Checklist
+    on_progress: OnProgress | None
+    skipped: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.skipped = [f"{step}: asked" for step in self.checklist.skip]
+
+    def starting(self, step: str) -> bool:
+        if step in self.checklist.skip:
+            return False
+        tell(self.on_progress, Event("advise", "started", step))
+        return True
+
+    def find(self, sizes: BatchSizes) -> tuple[SearchResult | None, SearchResult | None]:
+        if not self.starting("find"):
+            return None, None
+        modes: tuple[Mode, Mode] = ("train", "eval")
+        train, evaluation = (
+            find_on(self.target, self.workload, mode, sizes.for_mode(mode), on_progress=self.on_progress)
+            for mode in modes
+        )
+        return train, evaluation
+
+    def explore(self, sizes: BatchSizes, largest: int | None, timing: Timing) -> ExploreResult | None:
+        if not self.starting("explore"):
+            return None
+        up_to = replace(sizes, max_batch_size=largest, global_batch_size=None, world_size=None)
+        goal = Goal(noise_scale=self.checklist.noise_scale)
+        return explore_on(self.target, self.workload, up_to, timing, goal, self.on_progress)
+
+    def compare(self) -> Comparison | None:
+        if not self.starting("compare"):
+            return None
+        no_explore = Timing(time_budget_seconds=0)
+        techniques = self.checklist.techniques
+        return compare_on(
+            self.target, self.workload, techniques, timing=no_explore, on_progress=self.on_progress
+        )
+
+    def check_data(self, batch_size: int | None) -> DataCheck | None:
+        loader = self.checklist.loader
+        if "check-data" in self.checklist.skip:
+            return None
+        if loader is None and self.workload.dataset is None:
+            self.skipped.append("check-data: the workload has no dataset and no loader was given")
+        elif batch_size is None:
+            self.skipped.append("check-data: no batch size to check (find and explore skipped, none given)")
+        elif self.starting("check-data"):
+            device = self.target.device.torch_device
+            return check_data(
+                self.workload, batch_size, device=device, loader=loader, on_progress=self.on_progress
+            )
+        return None
+
+    def plan(
+        self, batch_size: int | None, largest: int | None, sizes: BatchSizes, baseline: Baseline | None
+    ) -> Plan | None:
+        if "plan" in self.checklist.skip:
+            return None
+        if baseline is None:
+            self.skipped.append("plan: base_learning_rate and base_batch_size were not given")
+            return None
+        if batch_size is None and sizes.global_batch_size is None:
+            self.skipped.append("plan: no batch size to plan (find and explore skipped, none given)")
+            return None
+        if not self.starting("plan"):
+            return None
+        world_size = sizes.world_size or 1
+        global_batch_size = sizes.global_batch_size or (batch_size or 1) * world_size
+        scaling = Scaling(optimizer=self.workload.optimizer_name())  # Adam's rule is not SGD's
+        bound = largest or batch_size  # find skipped: the batch given is taken to fit
+        training = TrainingFacts(noise_scale=self.checklist.noise_scale)
+        return plan(
+            global_batch_size,
+            baseline,
+            max_micro_batch_size=bound,
+            world_size=world_size,
+            scaling=scaling,
+            training=training,
+        )
+
+
+def _changes(comparison: Comparison | None, data: DataCheck | None) -> list[Change]:
+    """Every change a step measured against the workload as given, before ranking."""
+    changes = []
+    for row in comparison.rows[1:] if comparison is not None else ():
+        if row.applied and row.batch_size is not None:
+            changes.append(
+                Change(
+                    f"{row.technique} ({row.note})",
+                    row.throughput_ratio,
+                    row.batch_ratio,
+                    f"batchfit compare --techniques {row.technique}",
+                    row.at_max_batch_size,
+                    row.throughput_ratio_low,
+                    row.throughput_ratio_high,
+                )
+            )
+    if data is not None and data.recommendation is not None:
+        changes.append(
+            Change(
+                f"load data with {data.recommendation.setting.describe()}",
+                data.recommendation.gain,
+                None,
+                f"batchfit check-data --batch-size {data.batch_size}",
+            )
+        )
+    return changes
