@@ -88,3 +88,12 @@ def test_every_pass_is_heard_as_it_starts_and_every_few_seconds_within_it(one_th
     times = [started] + [moment for moment, _ in heard] + [ended]
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert max(gaps) < 2 * (PROGRESS_SECONDS + step_seconds) + 1.0, gaps
+
+
+def test_without_a_bound_every_setting_is_measured_and_none_named(one_thread: None) -> None:
+    search = LoaderSearch(max_num_workers=1, window_seconds=0.2)
+    result = check_data(sleepy(), 32, device="cpu", search=search, timing=Timing(time_budget_seconds=None))
+    assert result.bottleneck and result.stop_reason != "time_budget", result.table()
+    assert [row.setting.num_workers for row in result.settings][:2] == [0, 1]
+    assert result.time_budget_seconds is None and result.not_measured == ()
+    assert result.to_dict()["not_measured"] == [] and "not measured" not in result.table()

@@ -177,7 +177,8 @@ class DataLoop:
             one = self._steps(1)
             self.pace.batch(0)
             count = max(MIN_TIMED_BATCHES, math.ceil(self.window_seconds / one))
-            count = max(1, min(count, math.floor(budget.left() / one)))
+            if not math.isinf(budget.left()):  # as many as the pass's share of the budget holds
+                count = max(1, min(count, math.floor(budget.left() / one)))
             run = max(1, math.floor(PROGRESS_SECONDS / one))
             seconds, done = 0.0, 0
             while done < count:
