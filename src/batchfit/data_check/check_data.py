@@ -106,7 +106,8 @@ def check_data(
 @dataclass
 class _Pace:
     """The check's one budget and what it says while it works: each pass's share of what is left,
-    an event as the pass starts and at least every ``PROGRESS_SECONDS`` within it, with the time left."""
+    an event as the pass starts, and a note after the first batch or step that ends
+    ``PROGRESS_SECONDS`` or more after the last event, each with the time left."""
 
     budget: TimeBudget
     on_progress: OnProgress | None
