@@ -71,10 +71,18 @@ def test_a_loader_factory_through_the_command_line(runs: dict[str, subprocess.Co
     advice = document["recommendation"]
     assert advice["setting"]["num_workers"] >= 1 and advice["gain"] > 1.5, document["summary"]
     assert advice["data_wait_share"] < document["threshold"]
-    # stderr: one line per setting as it is measured, then the summary with the check's time.
-    lines = done.stderr.splitlines()
-    assert len(lines) == len(rows) + 1
-    for line, row in zip(lines, rows, strict=False):
+    # The default budget (60 s) is the whole check's, and it left nothing out here.
+    assert document["time_budget_seconds"] == 60.0 and document["not_measured"] == []
+    # stderr: a line as each pass starts (the loader alone, the step alone, then the loader feeding
+    # the step at each setting) with the time left, one per setting as it is measured, then the
+    # summary with the check's time; notes every few seconds inside a long pass.
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("batchfit: note: ")]
+    started = [line for line in lines if line.startswith("batchfit: check-data: ")]
+    assert len(started) == 2 + len(rows)
+    assert all(line.endswith(" s of the time budget left)...") for line in started), started
+    settings = [line for line in lines if not line.startswith("batchfit: check-data: ")]
+    assert len(settings) == len(rows) + 1
+    for line, row in zip(settings, rows, strict=False):
         assert line.startswith(f"batchfit: num_workers={row['num_workers']} ")
     assert lines[-1].startswith(f"batchfit: {document['summary']} (")
 

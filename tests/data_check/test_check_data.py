@@ -31,7 +31,7 @@ from data_workloads import (
 )
 from torch import nn
 
-from batchfit import ConfigurationError, DataCheck, Workload, check_data
+from batchfit import ConfigurationError, DataCheck, Timing, Workload, check_data
 from batchfit.policy.explore.loader_settings import WAIT_SHARE_THRESHOLD, LoaderSearch, LoaderSetting
 from batchfit.runtime.data import loop as data_loop
 
@@ -216,7 +216,8 @@ def test_a_factory_is_given_only_the_knobs_it_takes(one_thread: None) -> None:
         32,
         device="cpu",
         loader=factory,
-        search=LoaderSearch(window_seconds=0.2, time_budget_seconds=0),
+        search=LoaderSearch(window_seconds=0.2),
+        timing=Timing(time_budget_seconds=0),
     )
     assert result.source.startswith("loader=") and result.source.endswith("factory")
     assert {call["batch_size"] for call in seen} == {32}

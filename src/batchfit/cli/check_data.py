@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 import batchfit
-from batchfit import Where
+from batchfit import Timing, Where
 from batchfit.cli import flags
 from batchfit.policy.explore.loader_settings import LoaderSearch, LoaderSetting
 
@@ -34,6 +34,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     flags.add_where(parser, memory=False)
     flags.add_options(parser, LoaderSetting)
     flags.add_options(parser, LoaderSearch)
+    flags.add_options(
+        parser,
+        flags.default_of(batchfit.check_data, "timing"),
+        exclude=("windows", "steps_per_window"),
+        help={"time_budget_seconds": "the whole check's time: start no setting that would not fit in it"},
+    )
     flags.add_output(parser, ("text", "json"))
     return parser
 
@@ -41,10 +47,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     where = flags.options(args, Where)
     current, search = flags.options(args, LoaderSetting), flags.options(args, LoaderSearch)
-    return flags.run_launched(args, where, lambda: _run(args, where, current, search))
+    timing = flags.options(args, Timing)
+    return flags.run_launched(args, where, lambda: _run(args, where, current, search, timing))
 
 
-def _run(args: argparse.Namespace, where: Where, current: LoaderSetting, search: LoaderSearch) -> int:
+def _run(
+    args: argparse.Namespace, where: Where, current: LoaderSetting, search: LoaderSearch, timing: Timing
+) -> int:
     workload = flags.workload(args, where)
     with flags.progress(args, "check-data", noun="settings") as display:
         result = batchfit.check_data(
@@ -54,6 +63,7 @@ def _run(args: argparse.Namespace, where: Where, current: LoaderSetting, search:
             loader=args.loader,
             current=current,
             search=search,
+            timing=timing,
             on_progress=display.hear,
         )
         flags.say(f"{result.summary()} ({result.seconds:.1f} s)")

@@ -1,18 +1,20 @@
 """``check_data``: whether data loading holds training back at a batch size, and the DataLoader
-setting that stops it, measured. The decisions are the policy's (``batchfit.policy.explore.loader_settings``);
-this module times real loaders and steps for it and reports."""
+setting that stops it, measured within one time budget. The decisions are the policy's
+(``batchfit.policy.explore.loader_settings``, ``loader_budget``); this module times real loaders and
+steps for it and reports."""
 
 from __future__ import annotations
 
-import json
-import time
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
 
 from typing_extensions import Unpack
 
 from batchfit.checks import check_positive_int
-from batchfit.options import Where
+from batchfit.data_check.data_check_result import DataCheck
+from batchfit.options import Timing, Where
+from batchfit.policy.explore.loader_budget import expected_seconds, not_measured, settings_left
 from batchfit.policy.explore.loader_settings import (
     KNOBS,
     WAIT_SHARE_THRESHOLD,
@@ -25,10 +27,10 @@ from batchfit.policy.explore.loader_settings import (
     recommend,
     try_settings,
 )
+from batchfit.policy.explore.time_budget import NotMeasured, TimeBudget
 from batchfit.progress import Event, OnProgress, tell
-from batchfit.result import stamped
 from batchfit.runtime.data.dataloaders import LoaderFactory, LoaderSource
-from batchfit.runtime.data.loop import DataLoop
+from batchfit.runtime.data.loop import MIN_TIMED_BATCHES, PROGRESS_SECONDS, DataLoop
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.devices.host import usable_cores
 from batchfit.runtime.workloads.entry import check_entry
@@ -36,93 +38,15 @@ from batchfit.runtime.workloads.specs import load_function
 from batchfit.runtime.workloads.workload import Workload, check_model_on
 from batchfit.where import DeviceShorthand, target_of
 
+__all__ = ["CHECK_DATA_TIMING", "DataCheck", "check_data"]
 
-@dataclass(frozen=True)
-class DataCheck:
-    """The three measurements at ``batch_size``, the verdict, every setting tried, the advice."""
-
-    batch_size: int
-    device: str
-    source: str  # "the workload's dataset" or "loader=FACTORY"
-    loader_samples_per_second: float  # the loader alone, at the current setting
-    step_samples_per_second: float  # training steps on a batch already in memory
-    together_samples_per_second: float  # the loader feeding the steps, as training runs them
-    data_wait_share: float  # of that loop's time, waiting in next(iterator) and the copy
-    device_busy_share: float  # of that loop's time, inside the steps (CUDA events on a GPU)
-    bottleneck: bool  # data_wait_share above threshold
-    threshold: float
-    tolerance: float
-    settings: tuple[SettingRow, ...]  # the current setting first, then each one tried
-    recommendation: LoaderRecommendation | None  # None when the loader is not the bottleneck
-    stop_reason: DataCheckStopReason
-    batches_per_epoch: int | None
-    notes: tuple[str, ...]
-    seconds: float
-
-    def summary(self) -> str:
-        wait = f"{self.data_wait_share:.0%} of each step waits for data (threshold {self.threshold:.0%})"
-        if self.recommendation is None:
-            return f"the loader is not the bottleneck at batch_size={self.batch_size}: {wait}."
-        advice = self.recommendation.summary()
-        if self.stop_reason == "time_budget":
-            advice += f" (time_budget_seconds ran out after {len(self.settings)} setting(s) measured.)"
-        return f"the loader is the bottleneck at batch_size={self.batch_size}: {wait}; {advice}"
-
-    command: ClassVar[str] = "check-data"
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {
-            "batch_size": self.batch_size,
-            "device": self.device,
-            "source": self.source,
-            "loader_samples_per_second": self.loader_samples_per_second,
-            "step_samples_per_second": self.step_samples_per_second,
-            "together_samples_per_second": self.together_samples_per_second,
-            "data_wait_share": self.data_wait_share,
-            "device_busy_share": self.device_busy_share,
-            "bottleneck": self.bottleneck,
-            "threshold": self.threshold,
-            "tolerance": self.tolerance,
-            "settings": [row.to_dict() for row in self.settings],
-            "recommendation": None if self.recommendation is None else self.recommendation.to_dict(),
-            "stop_reason": self.stop_reason,
-            "batches_per_epoch": self.batches_per_epoch,
-            "notes": list(self.notes),
-            "seconds": self.seconds,
-            "summary": self.summary(),
-        }
-        return stamped(self.command, data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    def table(self) -> str:
-        lines = [
-            f"batch_size={self.batch_size} on {self.device}, batches from {self.source}",
-            f"  loader alone  {self.loader_samples_per_second:>10.1f} samples/s",
-            f"  step alone    {self.step_samples_per_second:>10.1f} samples/s",
-            (
-                f"  together      {self.together_samples_per_second:>10.1f} samples/s   data wait "
-                f"{self.data_wait_share:.1%}, device busy {self.device_busy_share:.1%}"
-            ),
-            "",
-            (
-                f"{'num_workers':>11}  {'prefetch_factor':>15}  {'pin_memory':>10}  {'samples/s':>10}  "
-                f"{'data wait':>9}  {'startup s':>9}"
-            ),
-        ]
-        chosen = None if self.recommendation is None else self.recommendation.row.setting
-        for index, row in enumerate(self.settings):
-            marks = (["current"] if index == 0 else []) + (["recommended"] if row.setting == chosen else [])
-            setting = row.setting
-            lines.append(
-                f"{setting.num_workers:>11}  {setting.effective_prefetch_factor or '-':>15}  "
-                f"{setting.pin_memory!s:>10}  {row.samples_per_second:>10.1f}  {row.data_wait_share:>9.1%}  "
-                f"{row.startup_seconds:>9.2f}{'  <- ' + ', '.join(marks) if marks else ''}"
-            )
-        lines += [f"note: {note}" for note in self.notes]
-        lines.append(self.summary())
-        return "\n".join(lines) + "\n"
+#: check_data's default: the whole check within a minute. The three passes and the few settings a
+#: loader with workers needs take about 10 s on a 2-core machine (1 s windows); a many-core machine's
+#: longer ladder of worker counts fits too, and a slow step or loader stops early, saying what is left.
+CHECK_DATA_TIMING = Timing(time_budget_seconds=60.0)
+#: The three passes' shares of what is left when each starts: the loader alone, the step alone, the
+#: two together (the last takes all that is left). They bind only on a budget of a few windows.
+PASS_SHARES = (1 / 3, 1 / 2, 1.0)
 
 
 def check_data(
@@ -133,6 +57,7 @@ def check_data(
     loader: LoaderFactory | str | None = None,
     current: LoaderSetting = LoaderSetting(),
     search: LoaderSearch = LoaderSearch(),
+    timing: Timing = CHECK_DATA_TIMING,
     on_progress: OnProgress | None = None,
     **shorthand: Unpack[DeviceShorthand],
 ) -> DataCheck:
@@ -147,14 +72,25 @@ def check_data(
     the bottleneck (more than ``WAIT_SHARE_THRESHOLD`` of the loop waits for data), settings are
     tried up to ``search.max_num_workers`` (default: the cores this process may use) and the
     cheapest within ``search.tolerance`` of the fastest is recommended. Each pass times at least
-    ``search.window_seconds``; no setting is started after ``search.time_budget_seconds``. ``on_progress``
-    hears each setting as it is measured, the current one first. The model, optimizer and RNG
-    are left as they were. docs/check-data.md explains. ``where`` says where to measure (a
+    ``search.window_seconds``. ``timing.time_budget_seconds`` (alone of ``Timing``'s fields read
+    here; default 60 s, None: no bound) is the whole check's: a setting is started only if its
+    expected time (``loader_budget.expected_seconds``, from the passes measured) fits in what is
+    left, and each one left is named in ``DataCheck.not_measured`` with the seconds it would
+    need; the three passes always run, their windows shortened (to one batch at least) where the
+    budget is smaller than they are. ``on_progress`` hears each pass as it starts (``started``,
+    with the time left), a ``note`` at least every few seconds within it, and each setting as it
+    is measured (``setting``), the current one first. The model, optimizer and RNG are left as
+    they were. docs/check-data.md explains. ``where`` says where to measure (a
     ``batchfit.Where``; its device alone matters here), ``device`` its shorthand.
     """
-    started = time.perf_counter()
+    budget = TimeBudget(timing.time_budget_seconds) if isinstance(timing, Timing) else TimeBudget(None)
     check_entry(
-        "check_data", workload, on_progress, current=(current, LoaderSetting), search=(search, LoaderSearch)
+        "check_data",
+        workload,
+        on_progress,
+        current=(current, LoaderSetting),
+        search=(search, LoaderSearch),
+        timing=(timing, Timing),
     )
     check_positive_int("batch_size", batch_size)
     target = target_of("check_data", where, shorthand, DeviceShorthand.__optional_keys__).device
@@ -164,26 +100,57 @@ def check_data(
     source = LoaderSource(workload, batch_size, factory)
     source.check(current)
     check_model_on(workload.module, target.torch_device)
-    return _Check(source, current, search, started, on_progress).run(target)
+    return _Check(source, current, search, _Pace(budget, on_progress), on_progress).run(target)
+
+
+@dataclass
+class _Pace:
+    """The check's one budget and what it says while it works: each pass's share of what is left,
+    an event as the pass starts, and a note after the first batch or step that ends
+    ``PROGRESS_SECONDS`` or more after the last event, each with the time left."""
+
+    budget: TimeBudget
+    on_progress: OnProgress | None
+    what: str = ""
+    told: float = 0.0  # budget.spent() when the last event was told
+
+    def begin(self, what: str, share: float) -> TimeBudget:
+        self.what, self.told = what, self.budget.spent()
+        tell(self.on_progress, Event("check-data", "started", f"{what} ({self.left()})", message=what))
+        return self.budget.part(share)
+
+    def batch(self, batches: int) -> None:
+        if self.budget.spent() - self.told < PROGRESS_SECONDS:
+            return
+        self.told = self.budget.spent()
+        done = "warming up" if batches == 0 else f"{batches} timed batch(es)"
+        message = f"{self.what}: {done}, {self.budget.spent():.0f} s in; {self.left()}"
+        tell(self.on_progress, Event("check-data", "note", self.what, message=message))
+
+    def left(self) -> str:
+        left = self.budget.left()
+        return "no time budget" if math.isinf(left) else f"{left:.0f} s of the time budget left"
 
 
 @dataclass(frozen=True)
 class _Check:
     """One data check: the three passes at the current setting and, where the loader is the
-    bottleneck, the settings tried, each told as it comes and none started after the time budget."""
+    bottleneck, the settings tried, each told as it comes and none started that the time left
+    does not fit."""
 
     source: LoaderSource
     current: LoaderSetting
     search: LoaderSearch
-    started: float
+    pace: _Pace
     on_progress: OnProgress | None
 
     def run(self, target: Device) -> DataCheck:
         batch_size, source, tolerance = self.source.batch_size, self.source, self.search.tolerance
-        with DataLoop(source.workload, target, source, self.search.window_seconds) as loop:
-            loader_rate = loop.loader_alone(self.current)
-            step_rate = loop.step_alone()
-            now, busy_share = loop.together(self.current)
+        window, (alone, step, both) = self.search.window_seconds, PASS_SHARES
+        with DataLoop(source.workload, target, source, window, self.pace) as loop:
+            loader_rate = loop.loader_alone(self.current, alone)
+            step_rate = loop.step_alone(step)
+            now, busy_share = loop.together(self.current, both)
             self.heard(now)
             settings, stop = self.tried(loop, now)
         epoch = loop.batches_per_epoch
@@ -212,7 +179,9 @@ class _Check:
             stop,
             epoch,
             _notes(source, target.torch_device.type, chosen, epoch),
-            time.perf_counter() - self.started,
+            self.pace.budget.spent(),
+            self.pace.budget.seconds,
+            self.left_out(settings, stop, cuda=target.torch_device.type == "cuda"),
         )
 
     def tried(self, loop: DataLoop, now: SettingRow) -> tuple[tuple[SettingRow, ...], DataCheckStopReason]:
@@ -229,12 +198,42 @@ class _Check:
             knobs=self.source.knobs,
             cuda=loop.device.torch_device.type == "cuda",
             tolerance=self.search.tolerance,
-            out_of_time=self.out_of_time,
+            fits=self.fits,
         )
 
-    def out_of_time(self) -> bool:
-        budget = self.search.time_budget_seconds
-        return budget is not None and time.perf_counter() - self.started > budget
+    def fits(self, setting: LoaderSetting, rows: Sequence[SettingRow]) -> bool:
+        """Whether ``setting``'s expected time, from the rows measured, fits in what is left."""
+        return self.pace.budget.allows(self.expected(setting, rows))
+
+    def expected(self, setting: LoaderSetting, rows: Sequence[SettingRow]) -> float:
+        return expected_seconds(
+            setting,
+            rows,
+            batch_size=self.source.batch_size,
+            window_seconds=self.search.window_seconds,
+            min_batches=MIN_TIMED_BATCHES,
+        )
+
+    def left_out(
+        self, rows: tuple[SettingRow, ...], stop: DataCheckStopReason, *, cuda: bool
+    ) -> tuple[NotMeasured, ...]:
+        """The settings the budget stopped before, each with the seconds it would need."""
+        if stop != "time_budget":
+            return ()
+        left = settings_left(
+            self.current,
+            rows,
+            max_num_workers=self.search.max_num_workers or 0,
+            knobs=self.source.knobs,
+            cuda=cuda,
+        )
+        return not_measured(
+            left,
+            rows,
+            batch_size=self.source.batch_size,
+            window_seconds=self.search.window_seconds,
+            min_batches=MIN_TIMED_BATCHES,
+        )
 
     def heard(self, row: SettingRow) -> SettingRow:
         message = (

@@ -32,23 +32,21 @@ from batchfit.integrations.lightning_plan import (
     CHECKPOINT_KEY,
     GlobalBatch,
     LightningPlan,
+    plan_changes,
     split_global_batch,
 )
+from batchfit.integrations.lightning_search import search_on, trainer_where, up_to
 from batchfit.integrations.lightning_steps import (
     MICRO_BATCHES_MEASURED,
     EvalHook,
     LightningSteps,
     lightning_workload,
-    scratch_logging,
 )
 from batchfit.options import BatchSizes, Trials, Where
 from batchfit.policy.search.trial import Mode
-from batchfit.progress import Event
 from batchfit.runtime.devices.resolve import resolve_device
 from batchfit.runtime.distributed.lockstep import ranks
-from batchfit.search.find_batch_size import find_batch_size
 from batchfit.search.search_result import SearchResult
-from batchfit.units import format_bytes
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -129,7 +127,7 @@ class BatchfitCallback(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         check_fit(trainer, pl_module, self.batch_arg_name, self.sizes, self.keep_global_batch_size)
         saved, self._saved, self.results = self._saved, None, {}
-        where = self._where(trainer)
+        where = trainer_where(self.where, trainer)
         devices = tuple(ranks().run(lambda: resolve_device(where.device, where.memory_limit).name))
         loader = one_loader(trainer.fit_loop._data_source)
         target = self._global_batch(trainer, loader)
@@ -207,7 +205,7 @@ class BatchfitCallback(Callback):
         accumulation = MICRO_BATCHES_MEASURED if target is not None else trainer.accumulate_grad_batches
         steps = LightningSteps(trainer, trainer.precision_plugin, accumulation, "validation_step", True)
         optimizer = trainer.optimizers[0]
-        sizes = self.sizes if target is None else _up_to(self.sizes, target.samples // world_size)
+        sizes = self.sizes if target is None else up_to(self.sizes, target.samples // world_size)
         found = self._search(
             trainer, where, lightning_workload(trainer, loader, steps, optimizer), "train", sizes
         )
@@ -253,7 +251,7 @@ class BatchfitCallback(Callback):
         """What differs from when the checkpoint's plan was found (empty: nothing), the same on
         every rank: the devices are every rank's."""
         if saved is None:
-            return "no plan in the checkpoint"
+            return plan_changes(None, {})
         now = {
             "world_size": trainer.world_size,
             "devices": list(devices),
@@ -264,10 +262,7 @@ class BatchfitCallback(Callback):
                 saved.accumulation_steps if target is not None else trainer.accumulate_grad_batches
             ),
         }
-        then = {**saved.to_dict(), "devices": list(saved.devices)}
-        return "; ".join(
-            f"{name} {then[name]} then, {value} now" for name, value in now.items() if then[name] != value
-        )
+        return plan_changes(saved, now)
 
     # -- validate and test ---------------------------------------------------------------
 
@@ -278,7 +273,7 @@ class BatchfitCallback(Callback):
         name = self.eval_batch_arg_name or self.batch_arg_name
         check_attribute(pl_module, name, "eval_batch_arg_name")
         check_strategy(trainer)
-        where = self._where(trainer)
+        where = trainer_where(self.where, trainer)
         steps = LightningSteps(trainer, trainer.precision_plugin, 1, hook, False)
         workload = lightning_workload(trainer, one_loader(loop._data_source), steps, None)
         result = self._search(trainer, where, workload, "eval", self.sizes)
@@ -294,43 +289,12 @@ class BatchfitCallback(Callback):
 
     # -- shared --------------------------------------------------------------------------
 
-    def _where(self, trainer: pl.Trainer) -> Where:
-        """Where the search runs: the device given, else the Trainer's."""
-        device = self.where.device if self.where.device is not None else trainer.strategy.root_device
-        return Where(device, self.where.memory_limit, self.where.memory_fraction)
-
     def _search(
         self, trainer: pl.Trainer, where: Where, workload: batchfit.Workload, mode: Mode, sizes: BatchSizes
     ) -> SearchResult:
-        """``find_batch_size`` with the loop's logging set aside; rank 0 tells the logger."""
-        speak = trainer.is_global_zero
-        with scratch_logging(trainer):
-            result = find_batch_size(
-                workload,
-                mode,
-                where=where,
-                sizes=replace(sizes.for_mode(mode), global_batch_size=None, world_size=None),
-                trials=self.trials,
-                on_progress=_tell if speak else None,
-            )
-        if speak:
-            logger.info("%s", result.summary())
-        self.results[mode] = result
-        return result
+        self.results[mode] = search_on(trainer, where, workload, mode, sizes, self.trials, logger)
+        return self.results[mode]
 
     def _say(self, trainer: pl.Trainer, message: str) -> None:
         if trainer.is_global_zero:
             logger.info("%s", message)
-
-
-def _tell(event: Event) -> None:
-    """A search's progress, to this module's logger: one line per trial."""
-    trial = event.trial
-    if event.stage == "trial" and trial is not None:
-        peak = format_bytes(trial.peak_bytes) if trial.peak_bytes else "-"
-        logger.info("%s batch_size=%d: %s, peak %s", event.label, trial.batch_size, trial.outcome, peak)
-
-
-def _up_to(sizes: BatchSizes, per_device: int) -> BatchSizes:
-    """``sizes`` as the search under a global batch takes them: up to the batch each rank trains."""
-    return replace(sizes, max_batch_size=min(sizes.upper("train"), per_device))

@@ -3,6 +3,7 @@ for), and the split of the global batch it keeps into equal micro-batches."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -96,4 +97,15 @@ def _unsplittable(target: GlobalBatch, world_size: int, largest: int) -> str:
         f"under half of {largest}. Lightning weights every accumulated batch equally, so micro-batches "
         f"of another size would change the step. Pass sizes=batchfit.BatchSizes(global_batch_size=N) "
         f"with N a multiple of world_size x {largest} ({nearby}){instead}."
+    )
+
+
+def plan_changes(saved: LightningPlan | None, now: Mapping[str, Any]) -> str:
+    """What differs from when ``saved`` was found (empty: nothing): each of ``now``'s values (keys
+    of ``LightningPlan.to_dict``) against the plan's."""
+    if saved is None:
+        return "no plan in the checkpoint"
+    then = {**saved.to_dict(), "devices": list(saved.devices)}
+    return "; ".join(
+        f"{name} {then[name]} then, {value} now" for name, value in now.items() if then[name] != value
     )

@@ -127,7 +127,7 @@ def test_the_current_setting_is_not_measured_again_and_the_time_budget_stops_it(
         knobs=("num_workers",),
         cuda=False,
         tolerance=0.03,
-        out_of_time=lambda: next(answers),
+        fits=lambda setting, rows: not next(answers),
     )
     assert loader.asked == [ZERO]  # 2 was the current setting; the budget ran out before 1
     assert stop == "time_budget" and [r.setting.num_workers for r in rows] == [2, 0]

@@ -46,7 +46,7 @@ def test_the_plan_says_how_far_scaling_pays_and_warns_far_above_the_noise_scale(
         training=TrainingFacts(noise_scale=measured),
     )
     assert result.payoff == scaling_payoff(4096, 256, measured)
-    lines = result.summary().splitlines()
+    lines = result.table().splitlines()
     assert lines[4] == (
         "noise_scale 500 [400, 640]: from base_batch_size 256 to global_batch_size 4096 the steps to a "
         "target fall to 0.38x (in proportion: 0.06x) and the samples grow to 6.08x; scaling pays up to "
@@ -77,7 +77,7 @@ def test_under_the_square_root_rule_no_sgd_learning_rate_is_given_and_near_the_n
         scaling=Scaling(optimizer="adamw"),
         training=TrainingFacts(noise_scale=1000.0),
     )
-    assert [line for line in result.summary().splitlines() if "noise_scale" in line or "SGD" in line] == [
+    assert [line for line in result.table().splitlines() if "noise_scale" in line or "SGD" in line] == [
         result.payoff.lines("sqrt", result.learning_rate_scale)[0]  # type: ignore[union-attr]
     ]
     assert result.warnings == ()
@@ -92,7 +92,7 @@ def test_an_unresolved_noise_scale_takes_the_steps_to_fall_in_proportion() -> No
     assert (result.payoff.steps_ratio, result.payoff.samples_ratio) == (0.25, 1.0)
     assert result.warnings == ()
     assert json.loads(json.dumps(result.to_dict(), allow_nan=False))["payoff"]["noise_scale"] is None
-    assert result.summary().splitlines()[4].startswith("noise_scale unresolved: from base_batch_size 256")
+    assert result.table().splitlines()[4].startswith("noise_scale unresolved: from base_batch_size 256")
 
 
 def test_a_noise_scale_that_is_not_positive_is_refused_when_the_facts_are_made() -> None:

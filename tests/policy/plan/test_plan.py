@@ -464,7 +464,7 @@ def test_zero_weight_decay_is_accepted() -> None:
 
 def test_summary_and_json() -> None:
     result = make(1024, uses_ema=True, weight_decay=1e-4, scale_weight_decay=True)
-    assert result.summary() == "\n".join(
+    assert result.table() == "\n".join(
         [
             "global_batch_size 1024 = micro_batch_size 32 x accumulation_steps 4 x world_size 8",
             "learning_rate 0.4 = base_learning_rate 0.1 x 1024 / 256 (linear rule)",
@@ -475,7 +475,15 @@ def test_summary_and_json() -> None:
             "warmup_steps 400 (recommended: 100 steps x learning-rate scale-up 4)",
             "weight_decay 0.0002 = 0.0001 x sqrt(4)",
             f"warning: {result.warnings[0]}",
+            "",
         ]
+    )
+    # One paragraph: the quantities on one line, the rule's reason and the warnings left to the table.
+    assert result.summary() == (
+        "global_batch_size 1024 = micro_batch_size 32 x accumulation_steps 4 x world_size 8; "
+        "learning_rate 0.4 = base_learning_rate 0.1 x 1024 / 256 (linear rule); "
+        "warmup_steps 400 (recommended: 100 steps x learning-rate scale-up 4); "
+        "weight_decay 0.0002 = 0.0001 x sqrt(4); 1 warning (see the table)."
     )
     document = json.loads(result.to_json())
     assert document == result.to_dict()
@@ -500,7 +508,7 @@ def test_summary_and_json() -> None:
     ],
 )
 def test_summary_lines(overrides: dict[str, Any], line: str) -> None:
-    assert line in make(1024, **overrides).summary().splitlines()
+    assert line in make(1024, **overrides).table().splitlines()
 
 
 SQRT = "the learning rate with the square root of the batch (Malladi et al., 2022)"
@@ -549,7 +557,7 @@ def test_the_rule_follows_the_optimizer_unless_given(
     result = make(1024, optimizer=optimizer, scaling_rule=given)
     assert (result.scaling_rule, result.scaling_reason, result.optimizer) == (rule, reason, optimizer)
     assert result.learning_rate == pytest.approx(0.2 if rule == "sqrt" else 0.4)  # k = 4
-    assert f"scaling_rule {reason}" in result.summary().splitlines()
+    assert f"scaling_rule {reason}" in result.table().splitlines()
 
 
 @pytest.mark.parametrize(
@@ -608,7 +616,7 @@ def test_cli_plan_prints_the_summary(
 ) -> None:
     assert main([*CLI, *flags]) == 0
     out, err = capsys.readouterr()
-    assert out == make(1024, **overrides).summary() + "\n"
+    assert out == make(1024, **overrides).table()
     assert err == ""
 
 

@@ -13,7 +13,8 @@ import torch
 
 from batchfit.policy.allocator.allocation_record import ALLOC, FREE, AllocationRecord, Recording
 from batchfit.policy.allocator.caching_allocator import CachingAllocator
-from batchfit.runtime.devices.cuda import _CudaAllocator, _start, read_trace
+from batchfit.runtime.devices.cuda import _CudaAllocator
+from batchfit.runtime.devices.cuda_history import allocator_start, read_trace
 
 
 def entry(action: str, addr: int | None = None, size: int = 0) -> dict[str, Any]:
@@ -103,7 +104,7 @@ def test_a_snapshot_of_segments_is_the_model_s_start() -> None:
         segment(0x20000000, [(4 * MiB, USED), (16 * MiB, FREE_BLOCK)]),
         segment(0x20000000, [(2 * MiB, USED)], "small") | {"device": 1},  # another device's
     ]
-    assert _start(snapshot, 0, expandable=False) == (
+    assert allocator_start(snapshot, 0, expandable=False) == (
         (((MiB, True), (MiB, False)), ((4 * MiB, True), (16 * MiB, False)), ((20 * MiB, False),)),
         False,
     )
@@ -116,7 +117,7 @@ def test_an_expandable_segment_s_mapped_stretches_are_one_segment_with_the_unmap
         segment(base + 60 * MiB, [(20 * MiB, USED)], expandable=True),  # 20 MiB unmapped before it
         segment(0x7E0000000000, [(KiB := 1024, USED), (2 * MiB - KiB, FREE_BLOCK)], "small", expandable=True),
     ]
-    start = _start(snapshot, 0, expandable=True)
+    start = allocator_start(snapshot, 0, expandable=True)
     large = ((30 * MiB, True), (10 * MiB, False), (20 * MiB, None), (20 * MiB, True))
     assert start == ((((KiB, True), (2 * MiB - KiB, False)), large), True)
     # The model starts from it: a request that the free 10 MiB and the hole hold maps the hole.
@@ -128,12 +129,14 @@ def test_an_expandable_segment_s_mapped_stretches_are_one_segment_with_the_unmap
 
 def test_a_start_the_model_cannot_take_is_none() -> None:
     native, expandable = segment(0, [(20 * MiB, USED)]), segment(1 << 40, [(20 * MiB, USED)], expandable=True)
-    assert _start([native, expandable], 0, expandable=True) is None  # made before the setting changed
-    assert _start([native], 0, expandable=True) is None
-    assert _start([expandable], 0, expandable=False) is None
+    assert (
+        allocator_start([native, expandable], 0, expandable=True) is None
+    )  # made before the setting changed
+    assert allocator_start([native], 0, expandable=True) is None
+    assert allocator_start([expandable], 0, expandable=False) is None
     on_another_stream = segment(1 << 41, [(20 * MiB, USED)], expandable=True, stream=7)
-    assert _start([expandable, on_another_stream], 0, expandable=True) is None
-    assert _start([], 0, expandable=True) == (((), ()), True)  # nothing mapped yet
+    assert allocator_start([expandable, on_another_stream], 0, expandable=True) is None
+    assert allocator_start([], 0, expandable=True) == (((), ()), True)  # nothing mapped yet
 
 
 def test_under_settings_the_model_does_not_have_the_cuda_device_takes_no_record(

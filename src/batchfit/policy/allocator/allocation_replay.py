@@ -20,9 +20,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from batchfit.policy.allocator.allocation_record import ALLOC, FREE, AllocationRecord, AllocatorEvent
+from batchfit.policy.allocator.allocation_record import ALLOC, AllocationRecord, AllocatorEvent
 from batchfit.policy.allocator.allocator_blocks import Block, Segments
 from batchfit.policy.allocator.caching_allocator import AllocatorOutOfMemory, CachingAllocator
+from batchfit.policy.allocator.record_alignment import (
+    align,
+    frees_are_valid,
+    handed_on,
+    request_groups,
+    request_kinds,
+    requests_in,
+)
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,8 @@ class AllocationReplay:
         self.start, self.steps, self.expandable = start, steps, expandable
         self.places = places  # the segments' order in addresses, as the reference recorded it
         self.lines = lines  # each request's bytes: intercept, bytes per sample
-        self.handed_on = _handed_on(steps, lines)
-        self.transient = _kinds(steps)[1]  # the workspaces: freed right after they are made
+        self.handed_on = handed_on(steps, lines)
+        self.transient = request_kinds(steps)[1]  # the workspaces: freed right after they are made
 
     @classmethod
     def of(cls, first: AllocationRecord, second: AllocationRecord) -> AllocationReplay | None:
@@ -73,11 +81,11 @@ class AllocationReplay:
             return None
         if first.expandable != second.expandable:  # recorded on two kinds of allocator
             return None
-        if not _frees_are_valid(first.steps) or not _frees_are_valid(second.steps):
+        if not frees_are_valid(first.steps) or not frees_are_valid(second.steps):
             return None
         larger, smaller = sorted((first, second), key=lambda record: -record.batch_size)
         for reference, other in ((larger, smaller), (smaller, larger)):
-            matched = _align(reference.steps, other.steps)
+            matched = align(reference.steps, other.steps)
             if matched is not None:
                 break
         else:
@@ -85,7 +93,7 @@ class AllocationReplay:
         sizes = [value for events in reference.steps for kind, value in events if kind == ALLOC]
         other_sizes = [value for events in other.steps for kind, value in events if kind == ALLOC]
         span = reference.batch_size - other.batch_size
-        scratch, groups = _kinds(reference.steps)[2], _groups(reference.steps)
+        scratch, groups = request_kinds(reference.steps)[2], request_groups(reference.steps)
         lines: list[tuple[float, float]] = []
         for ordinal, size in enumerate(sizes):
             match = matched[ordinal]
@@ -148,7 +156,7 @@ class AllocationReplay:
         early (placed) once the allocator's state after a step recurs: the rest repeat steps played."""
         assert self.handed_on is not None
         last = self.steps[-1]
-        first = _requests(self.steps[:-1])  # the last step's first request
+        first = requests_in(self.steps[:-1])  # the last step's first request
         inherited = {freed: index for index, (freed, _) in enumerate(self.handed_on)}
         seen = {player.allocator.segments()}
         current = {ordinal: block for ordinal, block in blocks.items() if ordinal >= first}
@@ -189,134 +197,3 @@ class _Player:
     def release(self, block: Block | None) -> None:
         if block is not None:
             self.allocator.free(block)
-
-
-def _requests(steps: tuple[tuple[AllocatorEvent, ...], ...]) -> int:
-    return sum(1 for events in steps for kind, _ in events if kind == ALLOC)
-
-
-def _kinds(steps: tuple[tuple[AllocatorEvent, ...], ...]) -> tuple[set[int], set[int], set[int]]:
-    """The requests never freed; those made and freed alone, with nothing between (transient: a
-    workspace); and those made and freed together with others (scratch: a reduction's staging
-    buffer and its semaphores)."""
-    freed = {value for events in steps for kind, value in events if kind == FREE}
-    transient: set[int] = set()
-    scratch: set[int] = set()
-    for first, count in _groups(steps).items():
-        (transient if count == 1 else scratch).update(range(first, first + count))
-    return set(range(_requests(steps))) - freed, transient, scratch
-
-
-#: The most requests a kernel makes and frees together (a staging buffer and its semaphores).
-MAX_GROUP = 8
-
-
-def _groups(steps: tuple[tuple[AllocatorEvent, ...], ...]) -> dict[int, int]:
-    """The requests made and freed together with nothing else between, by the ordinal of each
-    group's first request: how many it holds (1: a workspace alone)."""
-    found: dict[int, int] = {}
-    ordinal = 0
-    for events in steps:
-        position = 0
-        while position < len(events):
-            if events[position][0] != ALLOC:
-                position += 1
-                continue
-            count = _group_at(events[position : position + 2 * MAX_GROUP], ordinal)
-            if count:
-                found[ordinal] = count
-            ordinal, position = ordinal + max(count, 1), position + max(2 * count, 1)
-    return found
-
-
-def _group_at(events: tuple[AllocatorEvent, ...], ordinal: int) -> int:
-    """How many requests the group that begins ``events`` (with request ``ordinal``) holds; 0: none
-    (a free of another request comes first, or more than ``MAX_GROUP`` are open)."""
-    open_requests: set[int] = set()
-    made = 0
-    for kind, value in events:
-        if kind == ALLOC:
-            open_requests.add(ordinal + made)
-            made += 1
-        elif value in open_requests:
-            open_requests.remove(value)
-            if not open_requests:
-                return made
-        else:
-            return 0
-    return 0
-
-
-def _align(
-    reference: tuple[tuple[AllocatorEvent, ...], ...], other: tuple[tuple[AllocatorEvent, ...], ...]
-) -> list[int | None] | None:
-    """For each request of ``reference``, the ordinal of its match in ``other`` (None: a transient
-    request ``other`` lacks), step by step; None where they do not align (see ``AllocationReplay.of``).
-    A matched pair is alike in how it is freed: at matching frees, right after, or never."""
-    kinds_ref, kinds_other = _kinds(reference), _kinds(other)
-    groups_ref, groups_other = _groups(reference), _groups(other)
-    matched: list[int | None] = []
-    to_reference: dict[int, int] = {}
-    ref_ordinal = other_ordinal = 0
-    for ref_events, other_events in zip(reference, other, strict=True):
-        j = i = 0
-        while j < len(ref_events) or i < len(other_events):
-            ref_kind, ref_value = ref_events[j] if j < len(ref_events) else (None, None)
-            kind, value = other_events[i] if i < len(other_events) else (None, None)
-            if ref_kind == kind == ALLOC and [ref_ordinal in k for k in kinds_ref] == [
-                other_ordinal in k for k in kinds_other
-            ]:
-                matched.append(other_ordinal)
-                to_reference[other_ordinal] = ref_ordinal
-                ref_ordinal, other_ordinal, j, i = ref_ordinal + 1, other_ordinal + 1, j + 1, i + 1
-            elif ref_kind == kind == FREE and value is not None and to_reference.get(value) == ref_value:
-                j, i = j + 1, i + 1
-            elif kind == ALLOC and other_ordinal in groups_other:  # a workspace only ``other`` has
-                count = groups_other[other_ordinal]
-                other_ordinal, i = other_ordinal + count, i + 2 * count
-            elif ref_kind == ALLOC and ref_ordinal in groups_ref:  # one only ``reference`` has
-                count = groups_ref[ref_ordinal]
-                matched.extend([None] * count)
-                ref_ordinal, j = ref_ordinal + count, j + 2 * count
-            elif kind == ALLOC and other_ordinal in kinds_other[0]:  # made once, by the first trial
-                other_ordinal, i = other_ordinal + 1, i + 1
-            else:
-                return None
-    return matched
-
-
-def _frees_are_valid(steps: tuple[tuple[AllocatorEvent, ...], ...]) -> bool:
-    """Each free names a request made before it and not yet freed."""
-    live: set[int] = set()
-    ordinal = 0
-    for events in steps:
-        for kind, value in events:
-            if kind == ALLOC:
-                live.add(ordinal)
-                ordinal += 1
-            elif value not in live:
-                return False
-            else:
-                live.remove(value)
-    return True
-
-
-def _handed_on(
-    steps: tuple[tuple[AllocatorEvent, ...], ...], lines: list[tuple[float, float]]
-) -> tuple[tuple[int, int], ...] | None:
-    """Pairs (a request of an earlier step that the last step frees, the request of the last step
-    that takes its place for the next), in request order; None where they do not pair up (another
-    count, or other sizes: the last step is not yet the steady state)."""
-    if len(steps) < 2:
-        return None
-    first = _requests(steps[:-1])
-    last = steps[-1]
-    count = sum(1 for kind, _ in last if kind == ALLOC)
-    freed_earlier = sorted(value for kind, value in last if kind == FREE and value < first)
-    freed_here = {value for kind, value in last if kind == FREE and value >= first}
-    kept = [ordinal for ordinal in range(first, first + count) if ordinal not in freed_here]
-    if len(freed_earlier) != len(kept):
-        return None
-    if any(lines[a] != lines[b] for a, b in zip(freed_earlier, kept, strict=True)):
-        return None
-    return tuple(zip(freed_earlier, kept, strict=True))

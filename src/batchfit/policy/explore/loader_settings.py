@@ -110,21 +110,18 @@ def check_tolerance(tolerance: object) -> None:
 
 @dataclass(frozen=True)
 class LoaderSearch:
-    """How the data check measures and how far it searches: each pass's length, the time allowed,
-    the most workers to try, and what counts as as fast as the best."""
+    """How the data check measures and how far it searches: each pass's length, the most workers
+    to try, and what counts as as fast as the best (the time allowed is ``Timing``'s)."""
 
     max_num_workers: int | None = option(
         None, "the most workers to try (default: the cores this process may use)"
     )
     tolerance: float = option(0.03, "within this of the best counts as as fast")
     window_seconds: float = option(1.0, "the timed length of each pass")
-    time_budget_seconds: float | None = option(None, "start no setting after this many seconds")
 
     def __post_init__(self) -> None:
         check_tolerance(self.tolerance)
         check_positive_number("window_seconds", self.window_seconds)
-        if self.time_budget_seconds is not None:
-            check_positive_number("time_budget_seconds", self.time_budget_seconds, allow_zero=True)
         if self.max_num_workers is not None:
             check_positive_int("max_num_workers", self.max_num_workers, minimum=0)
 
@@ -159,7 +156,7 @@ def try_settings(
     knobs: Sequence[str],
     cuda: bool,
     tolerance: float,
-    out_of_time: Callable[[], bool] = lambda: False,
+    fits: Callable[[LoaderSetting, Sequence[SettingRow]], bool] = lambda setting, rows: True,
 ) -> tuple[tuple[SettingRow, ...], DataCheckStopReason]:
     """Every setting measured (``current`` first), and why the trying stopped.
 
@@ -168,7 +165,8 @@ def try_settings(
     than ``tolerance`` (more workers only contend for the cores). At the fastest worker count,
     if above 0: ``prefetch_factor`` in ``PREFETCH_FACTORS``, then ``pin_memory=True`` on CUDA (on
     the CPU there is no copy for it to speed up). Only the ``knobs`` the loader accepts are varied;
-    ``out_of_time()`` is asked before each measurement.
+    ``fits(setting, rows)`` is asked before each measurement (the rows so far), and a ``False`` ends
+    the trying (``"time_budget"``).
     """
     rows = [current]
     measured = {current.setting: current}
@@ -178,7 +176,7 @@ def try_settings(
 
     def run(setting: LoaderSetting) -> SettingRow | None:
         if setting not in measured:
-            if out_of_time():
+            if not fits(setting, tuple(rows)):
                 return None
             measured[setting] = measure(setting)
             rows.append(measured[setting])

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchfit.checks import check_divisible as check_divisible
+from batchfit.checks import check_positive_int
 from batchfit.errors import ConfigurationError, DoesNotFitError
 
 #: A chosen micro-batch must use at least this share of max_micro_batch_size (or the whole
@@ -244,3 +245,42 @@ class MicroBatchShrink:
 def _is_count(value: object) -> bool:
     """A whole number, 1 or more (not a bool, not a float)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_split(
+    global_batch_size: int, world_size: int, max_micro_batch_size: int | None, micro_batch_size: int | None
+) -> None:
+    check_positive_int("global_batch_size", global_batch_size)
+    check_positive_int("world_size", world_size)
+    if max_micro_batch_size is not None:
+        check_positive_int("max_micro_batch_size", max_micro_batch_size)
+    if micro_batch_size is not None:
+        check_positive_int("micro_batch_size", micro_batch_size)
+    if (
+        micro_batch_size is not None
+        and max_micro_batch_size is not None
+        and micro_batch_size > max_micro_batch_size
+    ):
+        raise ConfigurationError(
+            f"micro_batch_size ({micro_batch_size}) is larger than max_micro_batch_size "
+            f"({max_micro_batch_size}); lower micro_batch_size or raise max_micro_batch_size."
+        )
+
+
+def plan_micro_batch(
+    global_batch_size: int, world_size: int, max_micro_batch_size: int | None, micro_batch_size: int | None
+) -> int:
+    """The micro-batch of each forward. The per-device batch ``global_batch_size / world_size`` must
+    be whole. Unless ``micro_batch_size`` forces one (which must divide the per-device batch), it is
+    the largest divisor of the per-device batch up to ``max_micro_batch_size``, so accumulation_steps
+    is the fewest possible. A divisor under half of ``max_micro_batch_size`` (when the per-device batch
+    is larger than it) wastes the memory that was measured, so that global batch is refused and the
+    nearest ones that work are named. The split's values are checked first (``_check_split``)."""
+    _check_split(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
+    if micro_batch_size is not None:
+        return forced_micro_batch(global_batch_size, world_size, micro_batch_size)
+    if max_micro_batch_size is not None:
+        return chosen_micro_batch(global_batch_size, world_size, max_micro_batch_size)
+    raise ConfigurationError(
+        "plan needs max_micro_batch_size (the largest micro-batch that fits) or micro_batch_size."
+    )

@@ -11,18 +11,22 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from batchfit.checks import check_option, check_positive_int
+from batchfit.checks import check_option
 from batchfit.errors import ConfigurationError
 from batchfit.policy.noise.scaling_payoff import ScalingPayoff, scaling_payoff
-from batchfit.policy.plan.micro_batch import chosen_micro_batch, forced_micro_batch
+from batchfit.policy.plan.learning_rate import (
+    WARMUP_MAX_EPOCHS,
+    WARMUP_STEPS_PER_LR_SCALE,
+    learning_rate_scale,
+    recommended_warmup,
+    scaled_weight_decay,
+    warmup_steps_of,
+)
+from batchfit.policy.plan.micro_batch import plan_micro_batch
 from batchfit.policy.plan.plan_options import Baseline, Scaling, ScalingRule, TrainingFacts
 from batchfit.policy.plan.scaling_rules import scaling_rule
 from batchfit.result import stamped
 
-# Warm-up: 100 optimizer steps per unit of learning-rate scale-up (seed 002's example: 1000 steps
-# for a 10x scale-up), at most 5 epochs (Goyal et al. 2017: 5 epochs for 256 -> 8192, a 32x scale-up).
-WARMUP_STEPS_PER_LR_SCALE = 100
-WARMUP_MAX_EPOCHS = 5
 # Warning thresholds, from seed 002.
 MAX_ACCUMULATION_STEPS = 16  # "Keep accumulation <= 16x"
 NO_WARMUP_MAX_LR_SCALE = 4  # 4x: "maybe" needs warm-up; 8x: "yes"; 16x: "critical"
@@ -55,7 +59,7 @@ class Plan:
     @property
     def learning_rate_scale(self) -> float:
         """learning_rate / base_learning_rate: the scale factor under the linear rule, its root under sqrt."""
-        return _learning_rate_scale(self.scale_factor, self.scaling_rule)
+        return learning_rate_scale(self.scale_factor, self.scaling_rule)
 
     command: ClassVar[str] = "plan"
 
@@ -69,11 +73,22 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2)
 
     def table(self) -> str:
-        """The plan as the command prints it: ``summary``'s lines, one per quantity."""
-        return self.summary() + "\n"
+        """The plan as the command prints it: one line per quantity (the split, the learning rate
+        and its rule, the warm-up, the payoff, the weight decay), then the warnings."""
+        lines = [*self._quantities(), *(f"warning: {warning}" for warning in self.warnings)]
+        return "\n".join(lines) + "\n"
 
     def summary(self) -> str:
-        """One line per quantity: the split, the learning rate and its rule, the warm-up, warnings."""
+        """One paragraph: the split, the learning rate, the warm-up and the weight decay, and how
+        many warnings ``table`` gives (the rule's reason and the payoff are the table's)."""
+        split, learning_rate, _, warmup, *rest = self._quantities()
+        quantities = [split, learning_rate, warmup, *(rest[-1:] if self.weight_decay is not None else [])]
+        count = len(self.warnings)
+        warned = f"; {count} warning{'s' if count > 1 else ''} (see the table)" if count else ""
+        return "; ".join(quantities) + warned + "."
+
+    def _quantities(self) -> list[str]:
+        """The split, the learning rate, its rule and why, the warm-up, the payoff, the weight decay."""
         rule = (
             f"{self.global_batch_size} / {self.base_batch_size}"
             if self.scaling_rule == "linear"
@@ -91,14 +106,19 @@ class Plan:
             f"scaling_rule {self.scaling_reason}",
             f"warmup_steps {self.warmup_steps} ({self._warmup_reason()})",
         ]
-        if self.payoff is not None:
-            lines.extend(self.payoff.lines(self.scaling_rule, self.learning_rate_scale))
+        lines.extend(self._payoff_lines())
         if self.weight_decay is not None:
             scaled = self.weight_decay != self.base_weight_decay
             how = f"= {self.base_weight_decay:g} x sqrt({self.scale_factor:g})" if scaled else "(unchanged)"
             lines.append(f"weight_decay {self.weight_decay:g} {how}")
-        lines.extend(f"warning: {warning}" for warning in self.warnings)
-        return "\n".join(lines)
+        return lines
+
+    def _payoff_lines(self) -> list[str]:
+        return (
+            []
+            if self.payoff is None
+            else list(self.payoff.lines(self.scaling_rule, self.learning_rate_scale))
+        )
 
     def _warmup_reason(self) -> str:
         if not self.warmup_recommended:
@@ -145,10 +165,10 @@ def plan(
     sources: docs/plan.md.
     """
     _check_options(baseline, scaling, training)
-    micro = _micro_batch(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
+    micro = plan_micro_batch(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
     scale = global_batch_size / baseline.base_batch_size
     rule, reason = scaling_rule(scaling.scaling_rule, scaling.optimizer)
-    lr_scale = _learning_rate_scale(scale, rule)
+    lr_scale = learning_rate_scale(scale, rule)
     result = Plan(
         micro_batch_size=micro,
         accumulation_steps=global_batch_size // (world_size * micro),
@@ -159,9 +179,9 @@ def plan(
         base_learning_rate=baseline.base_learning_rate,
         base_batch_size=baseline.base_batch_size,
         scaling_rule=rule,
-        warmup_steps=_warmup_steps(scaling, lr_scale),
+        warmup_steps=warmup_steps_of(scaling, lr_scale),
         warmup_recommended=scaling.warmup_steps is None,
-        weight_decay=_weight_decay(baseline.weight_decay, scale, scaling.scale_weight_decay),
+        weight_decay=scaled_weight_decay(baseline.weight_decay, scale, scaling.scale_weight_decay),
         base_weight_decay=baseline.weight_decay,
         warnings=(),
         optimizer=scaling.optimizer,
@@ -169,13 +189,6 @@ def plan(
         payoff=_payoff(global_batch_size, baseline, training),
     )
     return dataclasses.replace(result, warnings=_warnings(result, training, scaling.steps_per_epoch))
-
-
-def _warmup_steps(scaling: Scaling, lr_scale: float) -> int:
-    """The warm-up given, else the one recommended for the learning rate's scale-up."""
-    if scaling.warmup_steps is not None:
-        return scaling.warmup_steps
-    return _recommended_warmup(lr_scale, scaling.steps_per_epoch)
 
 
 def _check_options(baseline: Baseline, scaling: Scaling, training: TrainingFacts) -> None:
@@ -202,72 +215,6 @@ def _payoff(global_batch_size: int, baseline: Baseline, training: TrainingFacts)
     return scaling_payoff(global_batch_size, baseline.base_batch_size, training.noise_scale)
 
 
-def _check_split(
-    global_batch_size: int, world_size: int, max_micro_batch_size: int | None, micro_batch_size: int | None
-) -> None:
-    check_positive_int("global_batch_size", global_batch_size)
-    check_positive_int("world_size", world_size)
-    if max_micro_batch_size is not None:
-        check_positive_int("max_micro_batch_size", max_micro_batch_size)
-    if micro_batch_size is not None:
-        check_positive_int("micro_batch_size", micro_batch_size)
-    if (
-        micro_batch_size is not None
-        and max_micro_batch_size is not None
-        and micro_batch_size > max_micro_batch_size
-    ):
-        raise ConfigurationError(
-            f"micro_batch_size ({micro_batch_size}) is larger than max_micro_batch_size "
-            f"({max_micro_batch_size}); lower micro_batch_size or raise max_micro_batch_size."
-        )
-
-
-def _micro_batch(
-    global_batch_size: int, world_size: int, max_micro_batch_size: int | None, micro_batch_size: int | None
-) -> int:
-    """The micro-batch of each forward. The per-device batch ``global_batch_size / world_size`` must
-    be whole. Unless ``micro_batch_size`` forces one (which must divide the per-device batch), it is
-    the largest divisor of the per-device batch up to ``max_micro_batch_size``, so accumulation_steps
-    is the fewest possible. A divisor under half of ``max_micro_batch_size`` (when the per-device batch
-    is larger than it) wastes the memory that was measured, so that global batch is refused and the
-    nearest ones that work are named. The split's values are checked first (``_check_split``)."""
-    _check_split(global_batch_size, world_size, max_micro_batch_size, micro_batch_size)
-    if micro_batch_size is not None:
-        return forced_micro_batch(global_batch_size, world_size, micro_batch_size)
-    if max_micro_batch_size is not None:
-        return chosen_micro_batch(global_batch_size, world_size, max_micro_batch_size)
-    raise ConfigurationError(
-        "plan needs max_micro_batch_size (the largest micro-batch that fits) or micro_batch_size."
-    )
-
-
-def _learning_rate_scale(scale: float, scaling_rule: str) -> float:
-    """What the learning rate is multiplied by for ``scale = global_batch_size / base_batch_size``:
-    ``scale`` by the linear rule (Goyal et al. 2017), ``sqrt(scale)`` by the square-root rule
-    (Krizhevsky 2014; Malladi et al. 2022 for Adam and RMSprop)."""
-    return scale if scaling_rule == "linear" else math.sqrt(scale)
-
-
-def _recommended_warmup(lr_scale: float, steps_per_epoch: int | None) -> int:
-    """Optimizer steps of warm-up for a learning-rate scale-up ``lr_scale``: 0 when it is at most 1,
-    else ``ceil(100 x lr_scale)`` (seed 002 warms up 1000 steps for a 10x scale-up), at most 5 epochs
-    of ``steps_per_epoch`` optimizer steps at the global batch (Goyal et al. warm up over 5 epochs for
-    their largest scale-up, 256 -> 8192)."""
-    steps = 0 if lr_scale <= 1 else math.ceil(WARMUP_STEPS_PER_LR_SCALE * lr_scale)
-    if steps_per_epoch is not None:
-        steps = min(steps, WARMUP_MAX_EPOCHS * steps_per_epoch)
-    return steps
-
-
-def _weight_decay(weight_decay: float | None, scale: float, scale_weight_decay: bool) -> float | None:
-    """Unchanged, or with ``scale_weight_decay`` multiplied by ``sqrt(scale)`` whatever the
-    learning-rate rule: seed 002 ("weight_decay ~ sqrt(batch_size)") and the normalized weight decay
-    of Loshchilov & Hutter (2019, AdamW) both grow it with the square root of the batch."""
-    if weight_decay is not None and scale_weight_decay:
-        return weight_decay * math.sqrt(scale)
-    return weight_decay
-
-
 def _warnings(result: Plan, training: TrainingFacts, steps_per_epoch: int | None) -> tuple[str, ...]:
     """Seed 002's warnings that apply to ``result``: over 16 accumulation steps; a 4x or larger
     learning-rate jump with ``warmup_steps=0``; BatchNorm with a micro-batch under 16; EMA with
@@ -285,7 +232,7 @@ def _warnings(result: Plan, training: TrainingFacts, steps_per_epoch: int | None
             f"or a smaller global_batch_size."
         )
     if not recommended and warmup_steps == 0 and lr_scale >= NO_WARMUP_MAX_LR_SCALE:
-        advice = _recommended_warmup(lr_scale, steps_per_epoch)
+        advice = recommended_warmup(lr_scale, steps_per_epoch)
         warnings.append(
             f"learning_rate {learning_rate:g} is {lr_scale:g}x base_learning_rate with warmup_steps 0: "
             f"a jump this large can diverge in the first steps; warm up linearly over about {advice} "

@@ -1,5 +1,6 @@
 """The data-loading check's measurements: a DataLoader alone, the training step alone, and the two
-together as training runs them. Each pass puts the weights, optimizer and RNG back after it, and
+together as training runs them, each pass within its share of the check's time budget and telling
+its ``Pace`` after every batch. Each pass puts the weights, optimizer and RNG back after it, and
 ``close`` leaves them (and the gradients) as the check found them."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from batchfit.policy.explore.loader_settings import LoaderSetting, SettingRow
+from batchfit.policy.explore.time_budget import TimeBudget
 from batchfit.runtime.data.dataloaders import LoaderSource, batches_per_epoch
 from batchfit.runtime.devices.device import Device
 from batchfit.runtime.steps.state import TrainingSnapshot
@@ -20,8 +22,33 @@ from batchfit.runtime.steps.stepping import step_until_settled, timed_steps
 from batchfit.runtime.workloads.batches import to_device
 from batchfit.runtime.workloads.workload import Workload
 
-#: A timed window holds at least this many batches, however long they take.
+#: A timed window holds at least this many batches, however long they take (unless its share of
+#: the time budget is spent first).
 MIN_TIMED_BATCHES = 5
+#: The step alone runs its timed steps in runs of about this many seconds, telling the pace after each.
+PROGRESS_SECONDS = 2.0
+
+
+class Pace(Protocol):
+    """What a pass answers to: the check's time budget, and whoever hears its progress."""
+
+    def begin(self, what: str, share: float) -> TimeBudget:
+        """Pass ``what`` begins; its budget is ``share`` of what is left of the check's."""
+        ...
+
+    def batch(self, batches: int) -> None:
+        """After each batch or step, warm-up included (``batches``: timed so far)."""
+        ...
+
+
+class Unpaced:
+    """No budget and nobody to tell."""
+
+    def begin(self, what: str, share: float) -> TimeBudget:
+        return TimeBudget(None)
+
+    def batch(self, batches: int) -> None:
+        pass
 
 
 class StepClock(Protocol):
@@ -102,13 +129,20 @@ class DataLoop:
     """The passes of the check on one workload and device, each a window of at least
     ``window_seconds`` and ``MIN_TIMED_BATCHES`` batches after an untimed warm-up round (one batch
     per worker, one without workers: the workers' start and their first batches, which arrive
-    together)."""
+    together). A window whose share of the budget is spent ends after the batch it has (one at
+    least), so a tight budget shortens the windows rather than being overrun by them."""
 
     def __init__(
-        self, workload: Workload, device: Device, source: LoaderSource, window_seconds: float
+        self,
+        workload: Workload,
+        device: Device,
+        source: LoaderSource,
+        window_seconds: float,
+        pace: Pace | None = None,
     ) -> None:
         self.workload, self.device, self.source = workload, device, source
         self.window_seconds = window_seconds
+        self.pace: Pace = Unpaced() if pace is None else pace
         optimizer = workload.optimizer if isinstance(workload.optimizer, torch.optim.Optimizer) else None
         self.snapshot = TrainingSnapshot.capture(workload.module, optimizer, workload.functions)
         self.scalers = [state.scaler for state in self.snapshot.scalers]
@@ -119,31 +153,47 @@ class DataLoop:
         self.torch_device = device.torch_device
         self.compiled = bool(workload.compiled)  # read once: it walks the model
 
-    def loader_alone(self, setting: LoaderSetting) -> float:
+    def loader_alone(self, setting: LoaderSetting, share: float = 1.0) -> float:
         """Samples/s of the loader iterated with nothing else running."""
+        budget = self.pace.begin(f"the loader alone at {setting.describe()}", share)
         epochs = self._start(setting)
         samples, batches = 0, 0
         begin = time.perf_counter()
-        while not self._window_done(begin, batches):
+        while not self._window_done(begin, batches, budget):
             samples += self.source.samples(epochs.next())
             batches += 1
+            self.pace.batch(batches)
         return samples / (time.perf_counter() - begin)
 
-    def step_alone(self) -> float:
+    def step_alone(self, share: float = 1.0) -> float:
         """Samples/s of training steps on one batch already in memory: the first batch the loader
-        gave (a pass has read it), each step on a fresh device copy of it, as in training."""
+        gave (a pass has read it), each step on a fresh device copy of it, as in training. The
+        steps run in runs of about ``PROGRESS_SECONDS``, the pace told after each."""
         samples = self.source.samples(self.host_batch)
+        budget = self.pace.begin("the step alone", share)
         try:
             self.workload.module.train()
             step_until_settled(self.scalers, lambda: self._train(self.host_batch))  # warm-up
-            count = max(MIN_TIMED_BATCHES, math.ceil(self.window_seconds / self._steps(1)))
-            return samples * count / self._steps(count)
+            one = self._steps(1)
+            self.pace.batch(0)
+            count = max(MIN_TIMED_BATCHES, math.ceil(self.window_seconds / one))
+            if not math.isinf(budget.left()):  # as many as the pass's share of the budget holds
+                count = max(1, min(count, math.floor(budget.left() / one)))
+            run = max(1, math.floor(PROGRESS_SECONDS / one))
+            seconds, done = 0.0, 0
+            while done < count:
+                steps = min(run, count - done)
+                seconds += self._steps(steps)
+                done += steps
+                self.pace.batch(done)
+            return samples * count / seconds
         finally:
             self._put_back()
 
-    def together(self, setting: LoaderSetting) -> tuple[SettingRow, float]:
+    def together(self, setting: LoaderSetting, share: float = 1.0) -> tuple[SettingRow, float]:
         """``setting``'s row, the loader feeding real training steps, and the share of the window
         the device was busy in the steps."""
+        budget = self.pace.begin(f"the loader feeding the step at {setting.describe()}", share)
         try:
             self.workload.module.train()
             epochs = self._start(setting, warm=self._train)
@@ -153,7 +203,7 @@ class DataLoop:
             waited, samples, batches = 0.0, 0, 0
             self.device.synchronize()
             begin = time.perf_counter()
-            while not self._window_done(begin, batches):
+            while not self._window_done(begin, batches, budget):
                 before = time.perf_counter()
                 batch = epochs.next()
                 on_device = to_device(batch, self.torch_device, non_blocking=setting.pin_memory)
@@ -163,6 +213,7 @@ class DataLoop:
                 clock.end()
                 samples += self.source.samples(batch)
                 batches += 1
+                self.pace.batch(batches)
             self.device.synchronize()
             wall = time.perf_counter() - begin
             row = SettingRow(setting, samples / wall, min(1.0, waited / wall), epochs.startup_seconds)
@@ -194,13 +245,17 @@ class DataLoop:
             self.batches_per_epoch = batches_per_epoch(loader)
         if warm is not None:
             warm(epochs.first)
+        self.pace.batch(0)
         for _ in range(max(1, setting.num_workers) - 1):
             batch = epochs.next()
             if warm is not None:
                 warm(batch)
+            self.pace.batch(0)
         return epochs
 
-    def _window_done(self, begin: float, batches: int) -> bool:
+    def _window_done(self, begin: float, batches: int, budget: TimeBudget) -> bool:
+        if batches >= 1 and budget.left() <= 0:
+            return True
         return batches >= MIN_TIMED_BATCHES and time.perf_counter() - begin >= self.window_seconds
 
     def _train(self, host_batch: Any) -> None:

@@ -11,10 +11,18 @@ from typing import Any
 import torch
 
 from batchfit.errors import DeviceUnavailableError
-from batchfit.policy.allocator.allocation_record import Recording, ranked
-from batchfit.policy.allocator.allocator_blocks import Segments
+from batchfit.policy.allocator.allocation_record import Recording
 from batchfit.runtime.devices.allocator_settings import expandable_segments, unmodelled_settings
 from batchfit.runtime.devices.caching_device import CONFIRM_STEPS, EXPANDABLE_CONFIRM_STEPS, CachingDevice
+from batchfit.runtime.devices.cuda_history import (
+    MAX_TRACE_ENTRIES,
+    HistoryRecording,
+    allocator_start,
+    device_segments,
+    history,
+    history_free,
+    read_trace,
+)
 from batchfit.runtime.devices.device import BucketHolding
 from batchfit.units import format_bytes
 
@@ -24,9 +32,6 @@ logger = logging.getLogger(__name__)
 #: so its first step pays the launch ramp and the unhidden batch copy that back-to-back training
 #: steps overlap; one-step windows under-read small batches, where that ramp weighs most.
 WINDOW_STEPS = 3
-#: The most allocator events a recorded trial keeps (torch's history is a ring: past this, the
-#: oldest are dropped, and a recording that lost any is not used).
-MAX_TRACE_ENTRIES = 1_000_000
 
 
 class CudaDevice(CachingDevice):
@@ -128,7 +133,7 @@ class _CudaAllocator:
     def layout(self) -> Hashable:
         # The allocator's own account of its segments and blocks, read on the host (no sync). An
         # expandable segment's mapped stretches are placed by their offsets from its first.
-        segments = _device_segments(torch.cuda.memory_snapshot(), self.device.index)
+        segments = device_segments(torch.cuda.memory_snapshot(), self.device.index)
         first: dict[tuple[Any, Any], int] = {}
         for segment in segments:
             if segment.get("is_expandable", False):
@@ -159,11 +164,11 @@ class _CudaAllocator:
             logger.debug("no record: the model of CUDA's allocator does not have %s", ", ".join(unmodelled))
             yield None
             return
-        if not _history_free():
+        if not history_free():
             yield None
             return
         snapshot = torch.cuda.memory_snapshot()
-        start = _start(snapshot, self.device.index, expandable_segments())
+        start = allocator_start(snapshot, self.device.index, expandable_segments())
         if start is None:
             yield None
             return
@@ -176,126 +181,15 @@ class _CudaAllocator:
             yield None
             return
         try:
-            recording = _HistoryRecording(*start, index)
+            recording = HistoryRecording(*start, index)
             yield recording
-            entries = _history(index)[recording.begin :]
+            entries = history(index)[recording.begin :]
             starts = [position - recording.begin for position in recording.starts]
             # Where the start's segments lie: the record places the trial's new ones among them.
-            bases = (
-                None if start[1] else [s["address"] for s in _device_segments(snapshot, self.device.index)]
-            )
+            bases = None if start[1] else [s["address"] for s in device_segments(snapshot, self.device.index)]
             read_trace(entries, starts, recording, MAX_TRACE_ENTRIES - recording.begin, bases)
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
-
-
-def _history_free() -> bool:
-    """Whether this torch keeps an allocator history that batchfit can turn on and read, and nobody
-    records one now."""
-    memory = torch.cuda.memory
-    enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)  # absent from CPU-only builds too
-    if enabled is None or not (hasattr(memory, "_record_memory_history") and hasattr(memory, "_snapshot")):
-        return False
-    try:  # a CUDA build on a machine without a driver raises here (torch.AcceleratorError)
-        backend = getattr(memory, "get_allocator_backend", lambda: "native")()
-        return backend == "native" and not enabled()
-    except RuntimeError as error:
-        logger.debug("no allocator history: %s", error)
-        return False
-
-
-class _HistoryRecording(Recording):
-    """A ``Recording`` read from the allocator's history at the end; a step's mark notes where in
-    the history it begins (``begin``: where the history stood when it was turned on)."""
-
-    def __init__(self, start: Segments, expandable: bool, index: int) -> None:
-        super().__init__(start, expandable)
-        self.index = index
-        self.begin = len(_history(index))
-        self.starts: list[int] = []
-
-    def mark_step(self) -> None:
-        self.starts.append(len(_history(self.index)))
-
-
-def _history(index: int) -> list[Any]:
-    traces = torch.cuda.memory._snapshot().get("device_traces", [])
-    return list(traces[index]) if index < len(traces) else []
-
-
-def read_trace(
-    entries: list[Any],
-    step_starts: list[int],
-    recording: Recording,
-    max_entries: int = MAX_TRACE_ENTRIES,
-    bases: list[int] | None = None,
-) -> None:
-    """Feed a CUDA allocator history (``_snapshot()["device_traces"][i]``) to ``recording``: each
-    ``alloc`` a request, each ``free_completed`` (the block back in the pool) its free, a step begun
-    at each of ``step_starts``. A history that reached ``max_entries`` lost its oldest events: the
-    recording is marked incomplete. ``bases``: the addresses of the segments the recording started
-    from, in address order (None: not known, or expandable); with them, the recording's ``places``
-    rank those and each ``segment_alloc``'s by address, where no ``segment_free`` came between."""
-    if len(entries) >= max_entries:
-        recording.complete = False
-    ordinals: dict[int, int] = {}  # address -> the ordinal of the request that holds it
-    starts = sorted(step_starts)
-    for position, entry in enumerate(entries):
-        while starts and starts[0] <= position:
-            starts.pop(0)
-            recording.next_step()
-        action, address = entry.get("action"), entry.get("addr")
-        if action == "alloc" and address is not None:
-            ordinals[address] = recording.alloc(int(entry.get("size", 0)))
-        elif action == "free_completed" and address is not None:
-            recording.free(ordinals.pop(address, None))
-    for _ in starts:
-        recording.next_step()
-    actions = [entry.get("action") for entry in entries]
-    if bases is not None and "segment_free" not in actions:
-        made = [int(entry["addr"]) for entry in entries if entry.get("action") == "segment_alloc"]
-        recording.places = ranked([*bases, *made])
-
-
-def _start(snapshot: Any, index: int | None, expandable: bool) -> tuple[Segments, bool] | None:
-    """The state of device ``index``'s allocator in a ``memory_snapshot()``, as
-    ``policy.allocator.caching_allocator`` lists it, and whether its segments are expandable (``expandable``:
-    the allocator makes expandable segments now); None where the model cannot start from it:
-    segments of both kinds, or expandable ones on several streams.
-
-    Each segment's blocks: their sizes and whether in use, in address order. The snapshot lists an
-    expandable segment as its mapped stretches; the unmapped space between two is taken from their
-    addresses (any before the first is not seen: the model starts at that stretch)."""
-    segments = _device_segments(snapshot, index)
-    kinds = {bool(segment.get("is_expandable", False)) for segment in segments}
-    if kinds and kinds != {expandable}:
-        return None  # made before the setting changed: the model has one kind at a time
-    if not expandable:
-        return tuple(_states(segment) for segment in segments), False
-    if len({segment["stream"] for segment in segments}) > 1:
-        return None  # an expandable segment a stream: the model has one
-    pools = []
-    for small in (True, False):
-        blocks: list[tuple[int, bool | None]] = []
-        end = None
-        for segment in segments:
-            if (segment["segment_type"] == "small") != small:
-                continue
-            if end is not None and segment["address"] > end:
-                blocks.append((int(segment["address"] - end), None))
-            blocks.extend(_states(segment))
-            end = segment["address"] + segment["total_size"]
-        pools.append(tuple(blocks))
-    return tuple(pools), True
-
-
-def _states(segment: Any) -> tuple[tuple[int, bool | None], ...]:
-    return tuple((int(b["size"]), b["state"] != "inactive") for b in segment["blocks"])
-
-
-def _device_segments(snapshot: Any, index: int | None) -> list[Any]:
-    """The segments of device ``index`` in a ``memory_snapshot()``, in address order."""
-    return sorted((s for s in snapshot if s.get("device") == index), key=lambda s: s["address"])
 
 
 def _blocks(segment: Any) -> tuple[tuple[int, str], ...]:
