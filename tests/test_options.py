@@ -231,16 +231,6 @@ def test_a_spec_or_anything_else_is_not_a_workload_either(given: object, message
         ),
         (
             "check_data",
-            "current",
-            4,
-            "LoaderSetting",
-            (
-                "int (4); pass current=LoaderSetting(...) "
-                "(from batchfit.policy.explore.loader_settings import LoaderSetting)"
-            ),
-        ),
-        (
-            "check_data",
             "search",
             8,
             "LoaderSearch",

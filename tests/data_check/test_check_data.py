@@ -318,10 +318,8 @@ def test_bad_input_names_the_parameter(build: Any, arguments: dict[str, Any], me
             for name in list(arguments)
             if name in LoaderSetting.__dataclass_fields__
         }
-        search = LoaderSearch(**{"window_seconds": 0.05, **searching})
-        check_data(
-            build(), batch_size, device="cpu", current=LoaderSetting(**setting), search=search, **arguments
-        )
+        search = LoaderSearch(**{"window_seconds": 0.05, **searching}, current=LoaderSetting(**setting))
+        check_data(build(), batch_size, device="cpu", search=search, **arguments)
     assert str(info.value) == message
 
 

@@ -46,14 +46,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     where = flags.options(args, Where)
-    current, search = flags.options(args, LoaderSetting), flags.options(args, LoaderSearch)
+    search = flags.options(args, LoaderSearch, current=flags.options(args, LoaderSetting))
     timing = flags.options(args, Timing)
-    return flags.run_launched(args, where, lambda: _run(args, where, current, search, timing))
+    return flags.run_launched(args, where, lambda: _run(args, where, search, timing))
 
 
-def _run(
-    args: argparse.Namespace, where: Where, current: LoaderSetting, search: LoaderSearch, timing: Timing
-) -> int:
+def _run(args: argparse.Namespace, where: Where, search: LoaderSearch, timing: Timing) -> int:
     workload = flags.workload(args, where)
     with flags.progress(args, "check-data", noun="settings") as display:
         result = batchfit.check_data(
@@ -61,7 +59,6 @@ def _run(
             args.batch_size,
             where=where,
             loader=args.loader,
-            current=current,
             search=search,
             timing=timing,
             on_progress=display.hear,

@@ -55,7 +55,6 @@ def check_data(
     *,
     where: Where | None = None,
     loader: LoaderFactory | str | None = None,
-    current: LoaderSetting = LoaderSetting(),
     search: LoaderSearch = LoaderSearch(),
     timing: Timing = CHECK_DATA_TIMING,
     on_progress: OnProgress | None = None,
@@ -67,7 +66,7 @@ def check_data(
     persistent_workers=..., prefetch_factor=...) -> DataLoader`` (a function, or its
     ``module:function`` spec), called with only the keywords its signature names (all of them
     with ``**kwargs``; only those are varied), or else from a DataLoader over the workload's
-    map-style ``dataset`` (shuffled, ``drop_last=True``). ``current`` is the setting used now.
+    map-style ``dataset`` (shuffled, ``drop_last=True``). ``search.current`` is the setting used now.
     Three passes time the loader alone, the step alone and the two together; when the loader is
     the bottleneck (more than ``WAIT_SHARE_THRESHOLD`` of the loop waits for data), settings are
     tried up to ``search.max_num_workers`` (default: the cores this process may use) and the
@@ -88,7 +87,6 @@ def check_data(
         "check_data",
         workload,
         on_progress,
-        current=(current, LoaderSetting),
         search=(search, LoaderSearch),
         timing=(timing, Timing),
     )
@@ -98,6 +96,7 @@ def check_data(
         search = replace(search, max_num_workers=usable_cores())
     factory = load_function(loader, "loader") if isinstance(loader, str) else loader
     source = LoaderSource(workload, batch_size, factory)
+    current = search.current
     source.check(current)
     check_model_on(workload.module, target.torch_device)
     return _Check(source, current, search, _Pace(budget, on_progress), on_progress).run(target)

@@ -8,6 +8,7 @@ import pytest
 from batchfit.errors import ConfigurationError
 from batchfit.policy.explore.loader_settings import (
     WAIT_SHARE_THRESHOLD,
+    LoaderSearch,
     LoaderSetting,
     SettingRow,
     is_bottleneck,
@@ -226,3 +227,13 @@ def test_a_bad_tolerance_is_refused() -> None:
     current = row()
     with pytest.raises(ConfigurationError, match=r"^tolerance=1.5 must be in \[0, 1\), e.g. 0.03 for 3%.$"):
         recommend(current, [current], tolerance=1.5, batch_size=32)
+
+
+def test_the_setting_used_now_must_be_a_loader_setting() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LoaderSearch(current=4)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "LoaderSearch.current must be a LoaderSetting, got int (4); "
+        "pass current=LoaderSetting(num_workers=...)."
+    )
+    assert LoaderSearch(current=LoaderSetting(num_workers=2)).current.num_workers == 2

@@ -110,9 +110,11 @@ def check_tolerance(tolerance: object) -> None:
 
 @dataclass(frozen=True)
 class LoaderSearch:
-    """How the data check measures and how far it searches: each pass's length, the most workers
-    to try, and what counts as as fast as the best (the time allowed is ``Timing``'s)."""
+    """How the data check measures and how far it searches: the setting used now (its start), each
+    pass's length, the most workers to try, and what counts as as fast as the best (the time allowed
+    is ``Timing``'s)."""
 
+    current: LoaderSetting = option(LoaderSetting(), "the setting used now, the search's start", cli=False)
     max_num_workers: int | None = option(
         None, "the most workers to try (default: the cores this process may use)"
     )
@@ -120,6 +122,11 @@ class LoaderSearch:
     window_seconds: float = option(1.0, "the timed length of each pass")
 
     def __post_init__(self) -> None:
+        if not isinstance(self.current, LoaderSetting):
+            raise ConfigurationError(
+                f"LoaderSearch.current must be a LoaderSetting, got {type(self.current).__name__} "
+                f"({self.current!r}); pass current=LoaderSetting(num_workers=...)."
+            )
         check_tolerance(self.tolerance)
         check_positive_number("window_seconds", self.window_seconds)
         if self.max_num_workers is not None:
