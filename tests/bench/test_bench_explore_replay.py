@@ -86,7 +86,7 @@ def test_a_replay_reads_no_real_clock() -> None:
 
 def test_set_changes_one_rule_of_a_copy() -> None:
     rules = replay_tool.with_setting(Rules(), "focus_time_factor=2")
-    assert rules == Rules(focus_time_factor=2.0) and Rules().focus_time_factor == 1.5
+    assert rules == Rules(focus_time_factor=2.0) and Rules().focus_time_factor == 0.5
     assert replay_tool.with_setting(rules, "time_budget_seconds=none").time_budget_seconds is None
     assert replay_tool.with_setting(rules, "settled_rounds=3").settled_rounds == 3
     with pytest.raises(ValueError, match="Rules has no field 'FOCUS_TIME_FACTOR'"):

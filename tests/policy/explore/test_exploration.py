@@ -167,18 +167,18 @@ def test_too_short_a_budget_leaves_a_leaning_and_names_the_budget_that_settles_i
     """Out of time after the first coarse size: confidence 0 is not an answer. The result names
     what was measured and the rest of explore's plan: the 6 coarse sizes left (63 samples in all)
     at the 5 ms per sample that 64's visit took (2 steps' warm-up and 3 windows, 0.32 s on the
-    modelled clock), then rounds at their cap of 1.5 times the coarse pass. That budget, given,
-    settles on what an unlimited run recommends, and is about what that run took."""
+    modelled clock), then rounds at their cap of 0.5 times the coarse pass. That budget, given,
+    settles on what an unlimited run recommends, in less time than that run took."""
     short = explore_rounds(range(1, 65), ModelledMeter(knee), Rules(time_budget_seconds=0.0))
     doubt = short.unsettled
     assert short.stop_reason == "time_budget" and not short.recommendation.settled and doubt is not None
     assert (doubt.confidence, doubt.floor, doubt.leaning, doubt.measured) == (0, 50, 64, (64,))
-    assert doubt.more_seconds == pytest.approx(63 * 0.005 + 1.5 * (0.32 + 63 * 0.005))
+    assert doubt.more_seconds == pytest.approx(63 * 0.005 + 0.5 * (0.32 + 63 * 0.005))
     assert doubt.budget_seconds == pytest.approx(short.seconds + doubt.more_seconds)
     assert doubt.line() == (
-        "measured 64; about 2 s more of timing would settle it (time_budget_seconds about 2): the 6 "
+        "measured 64; about 1 s more of timing would settle it (time_budget_seconds about 1): the 6 "
         "coarse sizes not timed yet, at the 5.0 ms per sample that 64 took, then rounds over the "
-        "contenders of up to 1.5 times the coarse pass."
+        "contenders of up to 0.5 times the coarse pass."
     )
     unlimited = explore_rounds(range(1, 65), ModelledMeter(knee), Rules())
     again = explore_rounds(range(1, 65), ModelledMeter(knee), Rules(time_budget_seconds=doubt.budget_seconds))
@@ -186,7 +186,9 @@ def test_too_short_a_budget_leaves_a_leaning_and_names_the_budget_that_settles_i
         again.unsettled is None
         and again.recommendation.batch_size == unlimited.recommendation.batch_size == 8
     )
-    assert 0.8 < doubt.budget_seconds / unlimited.seconds < 1.2
+    # An unlimited run spends rounds confirming a sure answer past the rounds' cap, which the
+    # estimate leaves out: the budget it names settles it in less than that run took.
+    assert 0.5 < doubt.budget_seconds / unlimited.seconds < 1.0
 
 
 def test_rounds_that_end_unsure_estimate_the_time_from_the_spread() -> None:
@@ -199,12 +201,12 @@ def test_rounds_that_end_unsure_estimate_the_time_from_the_spread() -> None:
     doubt = short.unsettled
     assert short.stop_reason == "exhausted" and doubt is not None and doubt.confidence < 50
     assert doubt.more_seconds is not None and doubt.how.startswith(
-        "the spread measured so far needs about 16 times the windows to reach the confidence target of 90"
+        "the spread measured so far needs about 32 times the windows to reach the confidence target of 90"
     )
     longer = Rules(time_budget_seconds=doubt.budget_seconds, max_focus_rounds=10_000, focus_time_factor=1e3)
     again = explore_rounds(range(1, 65), NoisyMeter(knee, 0.3, seed=6), longer)
     assert again.stop_reason == "time_budget" and again.unsettled is None
-    hopeless = explore_rounds(range(1, 65), NoisyMeter(knee, 0.3, seed=3), rules).unsettled
+    hopeless = explore_rounds(range(1, 65), NoisyMeter(knee, 0.3, seed=30), rules).unsettled
     assert hopeless is not None and hopeless.more_seconds is None and hopeless.budget_seconds is None
     assert hopeless.line().endswith(
         "even 64 times the windows, at the spread measured so far, would not reach the confidence target "

@@ -53,9 +53,9 @@ class Rules:
     confidence_target: int = 90  # 0-100: stop once the recommendation is this sure
     windows: int = 3  # windows per batch size in the coarse pass
     time_budget_seconds: float | None = None
-    max_refinements: int = 2  # sizes added between the recommendation and a measured neighbour
+    max_refinements: int = 1  # sizes added between the recommendation and a measured neighbour
     max_focus_rounds: int = 16  # rounds over the contenders before stopping unsettled
-    focus_time_factor: float = 1.5  # ... or once they took this many times the coarse pass's time
+    focus_time_factor: float = 0.5  # ... or once they took this many times the coarse pass's time
     keep_chance: float = KEEP_CHANCE  # a size this likely to be within the tolerance stays in the rounds
     settled_rounds: int = 2  # rounds in a row at the target before stopping confident
     far_below: float = 0.8  # coarse pass: a first window under this share of the fastest is enough
@@ -255,7 +255,10 @@ class _Explorer:
     def run_round(self, batches: set[int]) -> bool:
         """One window per batch size, in alternating order (a drift within the round hits both
         ends alike), so the chooser can divide the round's common factor out."""
-        finished = all(self.visit(batch, 1) for batch in sorted(batches, reverse=self.rounds % 2 == 1))
+        order = sorted(batches, reverse=self.rounds % 2 == 1)
+        # A size new to the rounds (a refinement) gets the coarse pass's windows at once, so it
+        # can be compared and settled before the rounds' time cap.
+        finished = all(self.visit(b, 1 if b in self.measured else self.rules.windows) for b in order)
         self.end_round()
         self.update(finished)
         return finished
