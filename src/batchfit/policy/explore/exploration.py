@@ -54,12 +54,12 @@ class Rules:
     confidence_target: int = 90  # 0-100: stop once the recommendation is this sure
     windows: int = 3  # windows per batch size in the coarse pass
     time_budget_seconds: float | None = None
-    max_refinements: int = 1  # sizes added between the recommendation and a measured neighbour
+    max_refinements: int = 0  # sizes added between the recommendation and a measured neighbour
     max_focus_rounds: int = 16  # rounds over the contenders before stopping unsettled
     focus_time_factor: float = 0.5  # ... or once they took this many times the coarse pass's time
     keep_chance: float = KEEP_CHANCE  # a size this likely to be within the tolerance stays in the rounds
     settled_rounds: int = 2  # rounds in a row at the target before stopping confident
-    far_below: float = 0.8  # coarse pass: a first window under this share of the fastest is enough
+    far_below: float = 0.95  # coarse pass: a first window under this share of the fastest is enough
 
     def check(self) -> None:
         """Raise a ConfigurationError naming the first unusable rule."""
