@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from batchfit.policy.plan.micro_batch import micro_batch_sizes
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import explore_replay as replay_tool
+from _tables_training import explore_replay_table
 
 KNEE = {1: 100.0, 2: 190.0, 4: 350.0, 8: 600.0, 16: 960.0, 32: 1000.0, 64: 1010.0}
 
@@ -133,3 +135,28 @@ def test_the_replay_judges_the_rule_the_pick_no_larger_than_the_truth_s() -> Non
     assert "no larger than the rule's 32 in 100%" in replay_tool.line(replay_tool.summarise(curve, picks))
     larger = [dataclasses.replace(picks[0], pick=64), picks[1]]
     assert "no larger than the rule's 32 in 50%" in replay_tool.line(replay_tool.summarise(curve, larger))
+
+
+def test_the_replay_bench_writes_every_curve_s_quality_and_time(tmp_path: Path) -> None:
+    """The results file holds a row per recorded curve (CPU and GPU), each scored against three
+    interleaved passes of its sweep's sizes, and the docs' table renders from it."""
+    recorded = Path(__file__).parent / "data" / "explore_bench_cnn.json"
+    cuda = Path(__file__).resolve().parents[2] / "bench/data/h200-2026-11-26/explore-cuda-resnet50-amp.json"
+    path = tmp_path / "replay.json"
+    assert replay_tool.main([str(recorded), str(cuda), "--replays", "4", "--json", str(path)]) == 0
+    written = json.loads(path.read_text())
+    assert [(row["curve"], row["device"], row["replays"]) for row in written["rows"]] == [
+        ("cnn@explore_bench_cnn", "cpu", 4),
+        ("resnet50-amp@explore-cuda-resnet50-amp", "cuda:0", 4),
+    ]
+    for row, source in zip(written["rows"], (recorded, cuda), strict=True):
+        curve = replay_tool.curves_of([source], None)[0]
+        replays = [replay_tool.replay(curve, seed) for seed in range(4)]
+        assert row["interleaved_ratio_median"] == statistics.median(r.interleaved_ratio for r in replays)
+        assert row["quality_met"] == sum(r.quality >= 0.97 for r in replays) / 4
+        assert curve.interleaved_seconds() == pytest.approx(
+            sum(3 * (1 + 3) * curve.step_seconds(batch) for batch in curve.sizes)
+        )
+    assert written["interleaved_target"] == 0.5 and written["rules"]["max_refinements"] == 0
+    table = explore_replay_table([written])
+    assert "| cnn | cpu | 64 | 4 |" in table and "| resnet50-amp | cuda:0 | 512 | 4 |" in table
