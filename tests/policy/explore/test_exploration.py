@@ -235,13 +235,13 @@ def test_bad_rules_fail_before_anything_is_timed(rules: Rules, message: str) -> 
 def test_a_budget_is_kept_and_what_it_left_out_is_named(budget: float) -> None:
     """No visit starts that the budget left cannot pay for (a first visit to a size costs 2 steps'
     warm-up and its windows), and a visit ends between windows once the budget is spent: the run
-    ends within the budget (or the first visit) plus one window of the largest size,
+    ends within the budget (or the first window) plus one window of the largest size,
     and names each coarse size it left, with the seconds it would need (its samples at the
     seconds per sample of the smallest size timed)."""
     meter = ModelledMeter(knee)
     result = explore_rounds(range(1, 65), meter, Rules(time_budget_seconds=budget))
     assert result.stop_reason == "time_budget"
-    first_visit = 5 * 64 / knee(64)  # the first visit runs whole: the estimates of the rest read it
+    first_visit = 3 * 64 / knee(64)  # the first window always runs, after 2 steps' warm-up
     assert result.seconds <= max(budget, first_visit) + 64 / knee(64)
     timed = [point.batch_size for point in result.points]
     left = [batch for batch in coarse_sizes(list(range(1, 65)), None) if batch not in timed]

@@ -214,8 +214,7 @@ class _Explorer:
         budget = self.rules.time_budget_seconds
         return budget is not None and self.meter.now() - self.started + expected_seconds > budget
 
-    def note(self, phase: str, batch: int) -> None:
-        """Tell ``on_note`` which phase and size are next, and the time left."""
+    def note(self, phase: str, batch: int) -> None:  # the phase and size next, and the time left
         budget, spent = self.rules.time_budget_seconds, self.meter.now() - self.started
         left = "no time budget" if budget is None else f"{max(0.0, budget - spent):.0f} s left"
         if self.on_note is not None:
@@ -241,8 +240,8 @@ class _Explorer:
     def visit(self, batch: int, count: int, floor: float = 0.0, phase: str = "") -> bool:
         """``count`` windows at ``batch`` in the current round, or one when the first reads below
         ``floor``; False when the budget left is under the visit's expected cost (the seconds per
-        sample of the costliest visit so far, for ``count`` windows and a warm-up's worth more; the
-        first window always runs)."""
+        sample of the costliest visit so far, for ``count`` windows and a warm-up's worth more); the
+        first window always runs, and the budget ends a visit between windows."""
         if self.measured and self.out_of_time(self.sample_seconds * batch * (count + 1)):
             return False
         self.note(phase, batch)
@@ -257,7 +256,7 @@ class _Explorer:
             if index == 0 and self.measured[batch][-1][1] < floor:
                 self.far.add(batch)
                 break
-            if len(self.measured) > 1 and self.out_of_time():  # the first visit, whole, is the yardstick
+            if self.out_of_time():  # the budget ends a visit between windows
                 break
         seconds = self.meter.now() - started
         self.timing_seconds += seconds
@@ -272,8 +271,10 @@ class _Explorer:
             before = self.timing_seconds
             phase = f"coarse pass, size {len(self.coarse_timed) + 1} of {len(batches)}"
             finished = self.visit(batch, self.rules.windows, self.rules.far_below * fastest, phase)
-            if finished:
-                self.coarse_timed.append((batch, self.timing_seconds - before))
+            if finished:  # a visit the budget cut short, scaled to a whole one (a warm-up ~ 2 windows)
+                taken, windows = len(self.measured[batch]), self.rules.windows
+                whole = 1 if batch in self.far else (windows + 2) / (taken + 2)
+                self.coarse_timed.append((batch, whole * (self.timing_seconds - before)))
             self.end_round()
             self.update(finished, covered=batch == batches[0])
             if not finished:
@@ -285,8 +286,7 @@ class _Explorer:
         """One window per batch size, in alternating order (a drift within the round hits both
         ends alike), so the chooser can divide the round's common factor out."""
         order = sorted(batches, reverse=self.rounds % 2 == 1)
-        # A size new to the rounds (a refinement) gets the coarse pass's windows at once, so it
-        # can be compared and settled before the rounds' time cap.
+        # A size new to the rounds (a refinement) gets the coarse pass's windows, to settle by the cap.
         finished = all(
             self.visit(b, 1 if b in self.measured else self.rules.windows, 0.0, f"round {self.rounds + 1}")
             for b in order
