@@ -160,8 +160,10 @@ def explore(
     is ``timing.steps_per_window`` steps or, when None, the fewest that last 20 ms. With
     ``sizes.global_batch_size``, the micro-batch must divide ``global_batch_size / world_size``
     (the ranks of the process group when None, else 1); with ``multiple_of``, be a multiple of it.
-    ``on_progress`` hears the memory search's trials, each new recommendation, and on the CPU a
-    note on glibc's malloc. Under torch.distributed every rank runs it together and gets the same
+    ``on_progress`` hears the memory search's trials, each new recommendation, a note before each
+    visit to a batch size (the phase, the size, the time left), and on the CPU a note on glibc's
+    malloc. ``timing.time_budget_seconds`` bounds the whole call; what it left out is the result's
+    ``not_measured``. Under torch.distributed every rank runs it together and gets the same
     result. With ``goal.noise_scale`` the result's ``goodput`` predicts each batch to a target
     (``with_goodput``; docs/goodput.md).
     ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
@@ -205,7 +207,8 @@ def explore_on(
     budget: TimeBudget | None = None,
 ) -> ExploreResult:
     """``explore`` on a resolved target (compare explores each technique on its own). ``budget``:
-    the part of an outer verb's time budget explore may take (default: ``timing``'s, from now)."""
+    the part of an outer verb's time budget explore may take, on ``time.perf_counter`` (the step
+    timer's clock; default: ``timing``'s, from now)."""
     budget = budget or TimeBudget(timing.time_budget_seconds)
     team = ranks()  # under torch.distributed every rank times the same windows
     world_size = sizes.world_size or team.world_size
