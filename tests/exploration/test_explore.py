@@ -19,13 +19,15 @@ from tiny_workloads import build
 
 from batchfit import BatchSizes, Goal, Timing
 from batchfit.errors import ConfigurationError
-from batchfit.exploration.explore import ExploreResult, explore, with_goodput
+from batchfit.exploration.explore import ExploreResult, explore, explore_on, with_goodput
 from batchfit.policy.explore.choose import Recommendation
 from batchfit.policy.explore.contenders import coarse_sizes
 from batchfit.policy.explore.exploration import Rules
 from batchfit.policy.explore.throughput import Point
+from batchfit.policy.explore.time_budget import TimeBudget
 from batchfit.policy.noise.noise_scale import NoiseScale
 from batchfit.progress import Event
+from batchfit.where import target_of
 
 
 def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
@@ -310,3 +312,19 @@ def test_a_goal_checks_its_noise_scale_when_made(goal: Any, message: str) -> Non
     with pytest.raises(ConfigurationError) as error:
         goal()
     assert str(error.value) == message
+
+
+def test_an_outer_verb_s_budget_part_bounds_explore_on() -> None:
+    """compare and advise give explore a part of their own budget: spent, it stops explore after
+    its first window, whatever ``timing`` says."""
+    target = target_of("explore", None, {"device": "cpu"})
+    spent = TimeBudget(0.0)
+    result = explore_on(
+        target,
+        build("mlp"),
+        BatchSizes(max_batch_size=64),
+        Timing(windows=2, steps_per_window=1),
+        budget=spent,
+    )
+    assert result.stop_reason == "time_budget" and result.readings == 1
+    assert [part.part for part in result.not_measured][-1] == "batch size 32"
