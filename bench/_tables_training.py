@@ -49,6 +49,47 @@ def compare_table(files: list[dict[str, Any]]) -> str:
     return markdown(headers, lines, (0, 1, 2, 4, 5)) + "\n\n" + "\n".join(provenance(f) for f in files)
 
 
+def explore_replay_table(files: list[dict[str, Any]]) -> str:
+    """bench/explore_replay.py's rows: per recorded curve, quality and time over three interleaved
+    passes of the sweep's sizes, across its replays."""
+    lines = []
+    for data in files:
+        for row in data["rows"]:
+            common = ", ".join(list(row["picks"])[:3])
+            lines.append(
+                [
+                    row["curve"].split("@")[0],
+                    row["device"],
+                    str(row["max_batch_size"]),
+                    str(row["replays"]),
+                    f"{row['quality_met']:.0%}",
+                    f"{row['quality_p10']:.3f}",
+                    f"{row['interleaved_ratio_median']:.2f}",
+                    f"{row['interleaved_ratio_p90']:.2f}",
+                    f"{row['sweep_ratio_median']:.2f}",
+                    f"{row['both_met']:.0%}",
+                    f"{row['confident']:.0%}",
+                    common,
+                ]
+            )
+    headers = [
+        "curve",
+        "recorded on",
+        "max",
+        "replays",
+        "quality >= 0.97",
+        "quality p10",
+        "time / 3 interleaved passes (median)",
+        "p90",
+        "time / sweep (median)",
+        "both targets",
+        "confident",
+        "common picks",
+    ]
+    footer = "\n\n".join(provenance(data) for data in files)
+    return f"{markdown(headers, lines, (0, 1, 11))}\n\n{footer}"
+
+
 def explore_table(files: list[dict[str, Any]]) -> str:
     """bench/explore.py's rows: the pick against the sweep's truth."""
     lines = []

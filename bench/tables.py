@@ -46,6 +46,7 @@ from _tables_training import (
     batch_schedule_table,
     bf16_kernels_table,
     compare_table,
+    explore_replay_table,
     explore_table,
     noise_prediction_table,
 )
@@ -65,6 +66,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "curves": (curves_table, True, False),
     "compare": (compare_table, True, False),
     "explore": (explore_table, True, False),
+    "explore-replay": (explore_replay_table, True, False),
     "timings": (timings_table, True, False),
     "forecast-trained": (forecast_trained_table, True, False),
     "batch-schedule": (batch_schedule_table, True, False),

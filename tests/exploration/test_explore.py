@@ -19,12 +19,15 @@ from tiny_workloads import build
 
 from batchfit import BatchSizes, Goal, Timing
 from batchfit.errors import ConfigurationError
-from batchfit.exploration.explore import ExploreResult, explore, with_goodput
+from batchfit.exploration.explore import ExploreResult, explore, explore_on, with_goodput
 from batchfit.policy.explore.choose import Recommendation
 from batchfit.policy.explore.contenders import coarse_sizes
 from batchfit.policy.explore.exploration import Rules
 from batchfit.policy.explore.throughput import Point
+from batchfit.policy.explore.time_budget import TimeBudget
 from batchfit.policy.noise.noise_scale import NoiseScale
+from batchfit.progress import Event
+from batchfit.where import target_of
 
 
 def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
@@ -63,15 +66,17 @@ def test_explores_up_to_the_memory_safe_bound_and_reports() -> None:
         assert len(alone) == (1 if alone[0] < Rules().far_below * fastest else 3)
         fastest = max(fastest, statistics.median(alone))
     assert in_coarse[result.max_batch_size] == 3  # the first measured has nothing to be far below
-    # Then rounds over the contenders: one window each, at least two sizes per round (so the drift
-    # can be taken out), never more rounds than the cap.
+    # Then rounds over the contenders: one window each (3 for a size new to the rounds, a
+    # refinement), at least two sizes per round (so the drift can be taken out), never more rounds
+    # than the cap.
     members: dict[int, list[int]] = {}
     for point in result.points:
         for index, r in enumerate(point.rounds):
             if point.batch_size not in coarse or index >= in_coarse[point.batch_size]:
                 members.setdefault(r, []).append(point.batch_size)
     assert len(members) <= Rules().max_focus_rounds
-    assert all(len(sizes) == len(set(sizes)) >= 2 for sizes in members.values())
+    assert all(len(set(sizes)) >= 2 for sizes in members.values())
+    assert all(sizes.count(batch) in (1, 3) for sizes in members.values() for batch in sizes)
     assert result.stop_reason in ("confident", "exhausted") and members
     # Settled or a leaning, as the confidence says (timings decide which; the policy's tests script both).
     settled = result.recommendation.settled
@@ -140,6 +145,51 @@ def test_too_little_time_gives_a_leaning_not_an_answer() -> None:
         "how": doubt.how,
     }
     assert document["recommendation"]["batch_size"] == 64  # programs reading the field keep working
+
+
+def test_what_the_budget_left_out_is_named_and_every_visit_is_told() -> None:
+    """A real run out of time after its first size names the 6 coarse sizes it left, each with the
+    seconds it would need, in the result, its dict and its table; progress notes say the phase,
+    the size and the time left before each visit; the cost per reading counts every step."""
+    events: list[Event] = []
+    result = explore(
+        build("mlp"),
+        device="cpu",
+        sizes=BatchSizes(max_batch_size=64),
+        timing=Timing(windows=2, steps_per_window=1, time_budget_seconds=0.0),
+        on_progress=events.append,
+    )
+    left = [32, 16, 8, 4, 2, 1]  # the coarse sizes after 64, largest first as the pass goes
+    assert sorted((part.part for part in result.not_measured), key=lambda p: -int(p.split()[-1])) == [
+        f"batch size {batch}" for batch in left
+    ]
+    assert all(part.needs_seconds is not None and part.needs_seconds > 0 for part in result.not_measured)
+    assert json.loads(result.to_json())["not_measured"] == [part.to_dict() for part in result.not_measured]
+    assert all(part.line() in result.table().splitlines() for part in result.not_measured)
+    assert "not measured: batch size 1, batch size 2" in result.summary()
+    notes = [
+        event.message for event in events if event.stage == "note" and "batch size " in event.message[:40]
+    ]
+    assert notes == ["coarse pass, size 1 of 7: batch size 64; 0 s left"]
+    # The budget, spent, ends the visit after its first window (a warm-up and a discarded one before it).
+    assert result.readings == 1 and result.timing_seconds > 0
+    assert result.seconds_per_reading == result.timing_seconds
+    assert json.loads(result.to_json())["seconds_per_reading"] == result.seconds_per_reading
+
+    events.clear()
+    whole = explore(
+        build("mlp"),
+        device="cpu",
+        sizes=BatchSizes(max_batch_size=8),
+        timing=Timing(windows=2, steps_per_window=1),
+        on_progress=events.append,
+    )
+    notes = [
+        event.message for event in events if event.stage == "note" and "batch size " in event.message[:40]
+    ]
+    assert whole.not_measured == () and len(notes) >= len(whole.points)
+    assert notes[0] == "coarse pass, size 1 of 4: batch size 8; no time budget"
+    assert whole.readings == sum(len(point.samples_per_second) for point in whole.points)
 
 
 @pytest.mark.parametrize(
@@ -262,3 +312,19 @@ def test_a_goal_checks_its_noise_scale_when_made(goal: Any, message: str) -> Non
     with pytest.raises(ConfigurationError) as error:
         goal()
     assert str(error.value) == message
+
+
+def test_an_outer_verb_s_budget_part_bounds_explore_on() -> None:
+    """compare and advise give explore a part of their own budget: spent, it stops explore after
+    its first window, whatever ``timing`` says."""
+    target = target_of("explore", None, {"device": "cpu"})
+    spent = TimeBudget(0.0)
+    result = explore_on(
+        target,
+        build("mlp"),
+        BatchSizes(max_batch_size=64),
+        Timing(windows=2, steps_per_window=1),
+        budget=spent,
+    )
+    assert result.stop_reason == "time_budget" and result.readings == 1
+    assert [part.part for part in result.not_measured][-1] == "batch size 32"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import time
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -19,6 +18,7 @@ from batchfit.policy.explore.choose import Recommendation
 from batchfit.policy.explore.exploration import ExploreStopReason, Rules, explore_rounds
 from batchfit.policy.explore.settling import Unsettled
 from batchfit.policy.explore.throughput import Point, assess, estimates
+from batchfit.policy.explore.time_budget import NotMeasured, TimeBudget
 from batchfit.policy.noise.goodput import SAMPLE_TOLERANCE, ThroughputAt, goodput
 from batchfit.policy.noise.goodput_result import Goodput
 from batchfit.policy.noise.noise_scale import NoiseScale
@@ -50,6 +50,15 @@ class ExploreResult:
     device: str = ""  # the torch device timed, as "cpu" or "cuda:0"
     unsettled: Unsettled | None = None  # None when the recommendation is settled
     goodput: Goodput | None = None
+    not_measured: tuple[NotMeasured, ...] = ()  # what the time budget left out, with the time it needs
+    timing_seconds: float = 0.0  # of stepping: warm-ups, untimed steps and windows
+    readings: int = 0  # timing windows read
+
+    @property
+    def seconds_per_reading(self) -> float | None:
+        """explore's cost per reading: seconds of stepping per timed window, warm-ups and the
+        untimed step before each revisit included (None before any window)."""
+        return self.timing_seconds / self.readings if self.readings else None
 
     def estimates(self) -> dict[int, float]:
         """Each batch size's throughput with the rounds' drift divided out (what the rule compares)."""
@@ -70,6 +79,10 @@ class ExploreResult:
             "device": self.device,
             "unsettled": None if self.unsettled is None else self.unsettled.to_dict(),
             "goodput": None if self.goodput is None else self.goodput.to_dict(),
+            "not_measured": [part.to_dict() for part in self.not_measured],
+            "timing_seconds": self.timing_seconds,
+            "readings": self.readings,
+            "seconds_per_reading": self.seconds_per_reading,
         }
         return stamped(self.command, data)
 
@@ -78,6 +91,9 @@ class ExploreResult:
         said = self.recommendation.line()
         if self.unsettled is not None:
             said += f"; {self.unsettled.line()}"
+        if self.not_measured:
+            parts = ", ".join(part.part for part in self.not_measured)
+            said += f"; not measured: {parts} ({self.not_measured[0].reason})"
         return f"{said}; stopped ({self.stop_reason}) after {self.explore_seconds:.1f} s on {self.device}."
 
     def to_json(self) -> str:
@@ -114,6 +130,12 @@ class ExploreResult:
         lines.append(self.recommendation.line())
         if self.unsettled is not None:
             lines.append(self.unsettled.line())
+        lines.extend(part.line() for part in self.not_measured)
+        if self.seconds_per_reading is not None:
+            lines.append(
+                f"{self.readings} readings in {self.timing_seconds:.1f} s of stepping: "
+                f"{self.seconds_per_reading:.2f} s per reading, warm-ups and revisits included."
+            )
         text = "\n".join(lines) + "\n"
         return text if self.goodput is None else f"{text}\n{self.goodput.table()}"
 
@@ -138,8 +160,10 @@ def explore(
     is ``timing.steps_per_window`` steps or, when None, the fewest that last 20 ms. With
     ``sizes.global_batch_size``, the micro-batch must divide ``global_batch_size / world_size``
     (the ranks of the process group when None, else 1); with ``multiple_of``, be a multiple of it.
-    ``on_progress`` hears the memory search's trials, each new recommendation, and on the CPU a
-    note on glibc's malloc. Under torch.distributed every rank runs it together and gets the same
+    ``on_progress`` hears the memory search's trials, each new recommendation, a note before each
+    visit to a batch size (the phase, the size, the time left), and on the CPU a note on glibc's
+    malloc. ``timing.time_budget_seconds`` bounds the whole call; what it left out is the result's
+    ``not_measured``. Under torch.distributed every rank runs it together and gets the same
     result. With ``goal.noise_scale`` the result's ``goodput`` predicts each batch to a target
     (``with_goodput``; docs/goodput.md).
     ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
@@ -180,12 +204,16 @@ def explore_on(
     timing: Timing = Timing(),
     goal: Goal = Goal(),
     on_progress: OnProgress | None = None,
+    budget: TimeBudget | None = None,
 ) -> ExploreResult:
-    """``explore`` on a resolved target (compare explores each technique on its own)."""
-    started = time.perf_counter()
+    """``explore`` on a resolved target (compare explores each technique on its own). ``budget``:
+    the part of an outer verb's time budget explore may take, on ``time.perf_counter`` (the step
+    timer's clock; default: ``timing``'s, from now)."""
+    budget = budget or TimeBudget(timing.time_budget_seconds)
     team = ranks()  # under torch.distributed every rank times the same windows
     world_size = sizes.world_size or team.world_size
     rules = _checked_rules(sizes, timing, goal, world_size)  # before any work is done
+    rules = replace(rules, time_budget_seconds=budget.seconds)
     device = target.device
     # A rank whose model is elsewhere stops every rank, not only itself.
     team.run(lambda: check_model_on(workload.module, device.torch_device))
@@ -208,9 +236,15 @@ def explore_on(
     def update(recommendation: Recommendation) -> None:
         tell(on_progress, Event("explore", "recommendation", "train", recommendation=recommendation))
 
+    def note(message: str) -> None:
+        tell(on_progress, Event("explore", "note", "train", message=message))
+
     with StepTimer(workload, device, timing.steps_per_window, tokens_per_sample) as timer:
-        started = team.shared(lambda: started)  # the time budget on rank 0's clock
-        exploration = explore_rounds(candidates, team.meter(timer), rules, started=started, on_update=update)
+        started = team.shared(lambda: budget.started)  # the time budget on rank 0's clock
+        meter = team.meter(timer)
+        exploration = explore_rounds(
+            candidates, meter, rules, started=started, on_update=update, on_note=note
+        )
     result = ExploreResult(
         exploration.points,
         exploration.recommendation,
@@ -221,6 +255,9 @@ def explore_on(
         exploration.seconds,
         str(device.torch_device),
         exploration.unsettled,
+        not_measured=exploration.not_measured,
+        timing_seconds=exploration.timing_seconds,
+        readings=exploration.readings,
     )
     if goal.noise_scale is None:
         return result

@@ -16,8 +16,9 @@ from batchfit.checks import check_positive_int
 from batchfit.errors import ConfigurationError
 from batchfit.policy.explore.choose import Objective, Recommendation, confidences, recommend
 from batchfit.policy.explore.contenders import KEEP_CHANCE, coarse_sizes, focus_sizes, lone_dips, refinement
-from batchfit.policy.explore.settling import Aims, Effort, Unsettled, unsettled
+from batchfit.policy.explore.settling import Aims, Effort, Unsettled, left_out, unsettled
 from batchfit.policy.explore.throughput import Point
+from batchfit.policy.explore.time_budget import NotMeasured
 
 ExploreStopReason = Literal["confident", "time_budget", "exhausted"]
 
@@ -53,12 +54,12 @@ class Rules:
     confidence_target: int = 90  # 0-100: stop once the recommendation is this sure
     windows: int = 3  # windows per batch size in the coarse pass
     time_budget_seconds: float | None = None
-    max_refinements: int = 2  # sizes added between the recommendation and a measured neighbour
+    max_refinements: int = 0  # sizes added between the recommendation and a measured neighbour
     max_focus_rounds: int = 16  # rounds over the contenders before stopping unsettled
-    focus_time_factor: float = 1.5  # ... or once they took this many times the coarse pass's time
+    focus_time_factor: float = 0.5  # ... or once they took this many times the coarse pass's time
     keep_chance: float = KEEP_CHANCE  # a size this likely to be within the tolerance stays in the rounds
     settled_rounds: int = 2  # rounds in a row at the target before stopping confident
-    far_below: float = 0.8  # coarse pass: a first window under this share of the fastest is enough
+    far_below: float = 0.95  # coarse pass: a first window under this share of the fastest is enough
 
     def check(self) -> None:
         """Raise a ConfigurationError naming the first unusable rule."""
@@ -86,6 +87,9 @@ class Exploration:
     stop_reason: ExploreStopReason
     seconds: float  # on the meter's clock, from ``started``
     unsettled: Unsettled | None = None  # under the confidence floor: what was measured, what would settle it
+    timing_seconds: float = 0.0  # in visits: warm-ups, untimed steps and windows
+    readings: int = 0  # timing windows read
+    not_measured: tuple[NotMeasured, ...] = ()  # what the time budget left out
 
     @property
     def recommendation(self) -> Recommendation:
@@ -99,6 +103,7 @@ def explore_rounds(
     *,
     started: float | None = None,
     on_update: Callable[[Recommendation], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> Exploration:
     """Time ``candidates`` through ``meter`` and recommend one, following ``rules``.
 
@@ -107,13 +112,15 @@ def explore_rounds(
     are added between the recommendation and its neighbour. It stops confident, out of time
     (``time_budget_seconds`` after ``started``, default now), or exhausted. A recommendation
     under the confidence floor comes with ``unsettled``: what was measured, what would settle it.
+    No visit starts whose expected cost exceeds the budget left; ``not_measured`` names what that
+    left out. ``on_note`` hears, before each visit, the phase, the size and the time left.
     """
     rules.check()
     if not candidates:
         raise ConfigurationError("candidates is empty: give at least one batch size to explore.")
     return _Explorer(
         sorted(candidates), meter, rules, meter.now() if started is None else started, on_update
-    ).run()
+    ).run(on_note)
 
 
 class _Explorer:
@@ -135,8 +142,11 @@ class _Explorer:
         self.rounds = 0
         self.timing_seconds = 0.0  # in visits, on the meter's clock
         self.coarse_timed: list[tuple[int, float]] = []  # (batch, seconds) of each coarse visit
+        self.sample_seconds = 0.0  # the most seconds per sample a window slot has cost so far
+        self.on_note: Callable[[str], None] | None = None
 
-    def run(self) -> Exploration:
+    def run(self, on_note: Callable[[str], None] | None = None) -> Exploration:
+        self.on_note = on_note
         reason: ExploreStopReason = "exhausted"
         coarse_started = self.meter.now()
         coarse = coarse_sizes(self.candidates, self.rules.base_batch_size)
@@ -152,7 +162,11 @@ class _Explorer:
         rules = self.rules
         aims = Aims(rules.tolerance, rules.objective, rules.confidence_target, rules.focus_time_factor)
         doubt = unsettled(self.history[-1], points, effort, aims)
-        return Exploration(points, tuple(self.history), reason, seconds, doubt)
+        missing = left_out(effort, doubt, reason == "time_budget")
+        readings = sum(len(point.samples_per_second) for point in points)
+        return Exploration(
+            points, tuple(self.history), reason, seconds, doubt, self.timing_seconds, readings, missing
+        )
 
     def focus(self, focus_ends: float) -> ExploreStopReason:
         """Rounds over the contenders until the recommendation is settled or a limit is reached."""
@@ -196,9 +210,15 @@ class _Explorer:
             if windows
         ]
 
-    def out_of_time(self) -> bool:
+    def out_of_time(self, expected_seconds: float = 0.0) -> bool:  # or too little left for it
         budget = self.rules.time_budget_seconds
-        return budget is not None and self.meter.now() - self.started > budget
+        return budget is not None and self.meter.now() - self.started + expected_seconds > budget
+
+    def note(self, phase: str, batch: int) -> None:  # the phase and size next, and the time left
+        budget, spent = self.rules.time_budget_seconds, self.meter.now() - self.started
+        left = "no time budget" if budget is None else f"{max(0.0, budget - spent):.0f} s left"
+        if self.on_note is not None:
+            self.on_note(f"{phase}: batch size {batch}; {left}")
 
     def update(self, finished: bool, covered: bool = True) -> None:
         """Recommend from what is measured; tell ``on_update`` when the recommendation changed."""
@@ -217,11 +237,14 @@ class _Explorer:
             if self.on_update is not None:
                 self.on_update(current)
 
-    def visit(self, batch: int, count: int, floor: float = 0.0) -> bool:
+    def visit(self, batch: int, count: int, floor: float = 0.0, phase: str = "") -> bool:
         """``count`` windows at ``batch`` in the current round, or one when the first reads below
-        ``floor``; False when the time budget ran out before (the first window always runs)."""
-        if self.measured and self.out_of_time():
+        ``floor``; False when the budget left is under the visit's expected cost (the seconds per
+        sample of the costliest visit so far, for ``count`` windows and a warm-up's worth more); the
+        first window always runs, and the budget ends a visit between windows."""
+        if self.measured and self.out_of_time(self.sample_seconds * batch * (count + 1)):
             return False
+        self.note(phase, batch)
         started = self.meter.now()
         if batch not in self.measured:
             self.meter.first_visit(batch)
@@ -233,7 +256,11 @@ class _Explorer:
             if index == 0 and self.measured[batch][-1][1] < floor:
                 self.far.add(batch)
                 break
-        self.timing_seconds += self.meter.now() - started
+            if self.out_of_time():  # the budget ends a visit between windows
+                break
+        seconds = self.meter.now() - started
+        self.timing_seconds += seconds
+        self.sample_seconds = max(self.sample_seconds, seconds / (batch * (index + 2)))
         return True
 
     def coarse_pass(self, batches: list[int]) -> bool:
@@ -242,9 +269,12 @@ class _Explorer:
         fastest = 0.0
         for batch in reversed(batches):
             before = self.timing_seconds
-            finished = self.visit(batch, self.rules.windows, self.rules.far_below * fastest)
-            if finished:
-                self.coarse_timed.append((batch, self.timing_seconds - before))
+            phase = f"coarse pass, size {len(self.coarse_timed) + 1} of {len(batches)}"
+            finished = self.visit(batch, self.rules.windows, self.rules.far_below * fastest, phase)
+            if finished:  # a visit the budget cut short, scaled to a whole one (a warm-up ~ 2 windows)
+                taken, windows = len(self.measured[batch]), self.rules.windows
+                whole = 1 if batch in self.far else (windows + 2) / (taken + 2)
+                self.coarse_timed.append((batch, whole * (self.timing_seconds - before)))
             self.end_round()
             self.update(finished, covered=batch == batches[0])
             if not finished:
@@ -255,7 +285,12 @@ class _Explorer:
     def run_round(self, batches: set[int]) -> bool:
         """One window per batch size, in alternating order (a drift within the round hits both
         ends alike), so the chooser can divide the round's common factor out."""
-        finished = all(self.visit(batch, 1) for batch in sorted(batches, reverse=self.rounds % 2 == 1))
+        order = sorted(batches, reverse=self.rounds % 2 == 1)
+        # A size new to the rounds (a refinement) gets the coarse pass's windows, to settle by the cap.
+        finished = all(
+            self.visit(b, 1 if b in self.measured else self.rules.windows, 0.0, f"round {self.rounds + 1}")
+            for b in order
+        )
         self.end_round()
         self.update(finished)
         return finished

@@ -11,6 +11,7 @@ from typing import Any
 
 from batchfit.policy.explore.choose import Objective, Recommendation, settles_with
 from batchfit.policy.explore.throughput import Point
+from batchfit.policy.explore.time_budget import NotMeasured
 
 #: The most evidence the estimate weighs: up to this many times the windows timed so far.
 MAX_EVIDENCE = 64
@@ -137,3 +138,21 @@ def _more_evidence(points: Sequence[Point], effort: Effort, rules: Aims) -> tupl
         f"tolerance would"
     )
     return None, how
+
+
+def left_out(effort: Effort, doubt: Unsettled | None, out_of_time: bool) -> tuple[NotMeasured, ...]:
+    """What the time budget left unmeasured: each coarse size not timed, at the seconds per sample
+    of the smallest size timed (``_coarse_rest``'s estimate), or, once they all were, the rounds
+    that would settle the recommendation (``doubt``'s estimate). Empty unless ``out_of_time``."""
+    if not out_of_time:
+        return ()
+    reason = "the time budget ran out"
+    if effort.coarse_left and effort.coarse_timed:
+        smallest, seconds = min(effort.coarse_timed)
+        return tuple(
+            NotMeasured(f"batch size {batch}", reason, batch * seconds / smallest)
+            for batch in effort.coarse_left
+        )
+    if doubt is None:
+        return ()
+    return (NotMeasured("rounds over the contenders", f"{reason} before they settled", doubt.more_seconds),)
