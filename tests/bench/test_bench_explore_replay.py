@@ -15,6 +15,8 @@ import pytest
 
 from batchfit.policy.explore.exploration import Rules, explore_rounds
 from batchfit.policy.plan.micro_batch import micro_batch_sizes
+from batchfit.runtime.devices.cuda import WINDOW_STEPS
+from batchfit.runtime.steps.timer import MIN_WINDOW_SECONDS
 
 # bench/ is a directory of scripts, not a package: its directory goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -111,7 +113,7 @@ def test_a_curve_recorded_on_cuda_is_explored_in_windows_of_its_three_steps() ->
     for meter in meters.values():
         meter.first_visit(64)
     step = 64 / KNEE[64]
-    assert meters["cpu"].steps[64] == max(1, math.ceil(replay_tool.MIN_WINDOW_SECONDS / step))
+    assert meters["cpu"].steps[64] == max(1, math.ceil(MIN_WINDOW_SECONDS / step))
     assert meters["cuda"].steps[64] == max(3, meters["cpu"].steps[64])
     assert meters["cuda"].clock == pytest.approx(4 * step) and meters["cpu"].clock == pytest.approx(2 * step)
     assert replay_tool.replay(cuda, seed=0).time_ratio > replay_tool.replay(cpu, seed=0).time_ratio
@@ -120,9 +122,7 @@ def test_a_curve_recorded_on_cuda_is_explored_in_windows_of_its_three_steps() ->
 def test_the_device_a_results_file_names_sets_the_windows(tmp_path: Path) -> None:
     row = json.loads((Path(__file__).parent / "data" / "explore_bench_cnn.json").read_text())["rows"][0]
     assert replay_tool.Curve.from_row(row, "cpu-run").min_window_steps == 1
-    assert (
-        replay_tool.Curve.from_row(row, "gpu-run", "cuda:0").min_window_steps == replay_tool.WINDOW_STEPS == 3
-    )
+    assert replay_tool.Curve.from_row(row, "gpu-run", "cuda:0").min_window_steps == WINDOW_STEPS == 3
 
 
 def test_the_replay_judges_the_rule_the_pick_no_larger_than_the_truth_s() -> None:
