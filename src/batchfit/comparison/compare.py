@@ -152,7 +152,7 @@ def _row(
     probe_batch, baseline_step = _baseline_step(measure, baseline)
     if probe_batch is None:
         return measure.row(parts)
-    if not measure.budget.allows(PROBE_STEPS * baseline_step):
+    if not measure.fits(PROBE_STEPS * baseline_step):
         measure.not_measured.append(NotMeasured(name, "the time budget ran out", baseline.seconds))
         return None
     measure.say(name, f"{name}: one step at batch_size {probe_batch} against the baseline's")
@@ -164,7 +164,7 @@ def _row(
         ratio = 1 / step_ratio
         return ComparisonRow(name, True, note, throughput_ratio=ratio, step_ratio=step_ratio, slow=True)
     cost = baseline.seconds * max(1.0, step_ratio)
-    if not measure.budget.allows(cost):
+    if not measure.fits(cost):
         measure.not_measured.append(NotMeasured(name, "the time budget ran out", cost))
         return None
     return measure.row(parts, step_ratio)

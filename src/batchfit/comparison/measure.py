@@ -57,21 +57,27 @@ class _Measure:
         time_left = "" if math.isinf(left) else f" ({left:.0f} s left)"
         tell(self.on_progress, Event("compare", "note", label, message=f"{message}{time_left}"))
 
+    def fits(self, cost_seconds: float) -> bool:
+        """Whether a part of ``cost_seconds`` fits in what is left: rank 0's answer on every rank
+        under a process group, so that the ranks start the same parts."""
+        return ranks().shared(lambda: self.budget.allows(cost_seconds))
+
     def probe(
         self, parts: tuple[str, ...], batch_size: int, below: float = 0.0, most: int = PROBE_STEPS
     ) -> float:
-        """One step's seconds of the setting at ``batch_size``: the fastest of up to ``most``
-        steps, stopping at one under ``below`` or when the budget cannot pay for another."""
-        device = self.target.device
+        """One step's seconds of the setting at ``batch_size`` (the slowest rank's): the fastest
+        of up to ``most`` steps, stopping at one under ``below`` or when the budget cannot pay for
+        another."""
+        device, team = self.target.device, ranks()
         with (
             applied(self.workload, parts, device.torch_device, block=self.block) as (variant, _),
             StepTimer(variant, device, 1) as timer,
         ):
-            fastest = timer.step_seconds(batch_size)
+            fastest = max(team.run(lambda: timer.step_seconds(batch_size)))
             for _ in range(most - 1):
-                if fastest < below or not self.budget.allows(fastest):
+                if fastest < below or not self.fits(fastest):
                     break
-                fastest = min(fastest, timer.step_seconds(batch_size))
+                fastest = min(fastest, max(team.run(lambda: timer.step_seconds(batch_size))))
             return fastest
 
     def row(self, parts: tuple[str, ...], step_ratio: float | None = None) -> ComparisonRow:
@@ -133,7 +139,7 @@ class _Measure:
     def recommend(self, name: str, workload: Workload, batch_size: int) -> tuple[int | None, float | None]:
         """Explore's recommendation up to ``batch_size`` and its throughput, in a share of what
         is left (None, None when not recommending or too little is left)."""
-        seconds = min(EXPLORE_SECONDS, self.budget.left() * EXPLORE_SHARE)
+        seconds = ranks().shared(lambda: min(EXPLORE_SECONDS, self.budget.left() * EXPLORE_SHARE))
         if not self.recommending:
             return None, None
         if seconds < 1:
@@ -163,7 +169,7 @@ class _Measure:
         for round_number in range(1, rounds + 1):
             if round_number > 1:
                 cost = sum(seconds for _, seconds in windows.values())
-                if not self.budget.allows(cost):
+                if not self.fits(cost):
                     part = f"speed rounds {round_number}-{rounds}"
                     needs = cost * (rounds - round_number + 1)
                     self.not_measured.append(NotMeasured(part, "the time budget ran out", needs))
@@ -188,7 +194,7 @@ class _Measure:
         batch_size, steps = row.batch_size or 1, row.accumulation_steps or 1
         if index not in windows:
             cost = self._window_estimate(row)
-            if not self.budget.allows(cost):
+            if not self.fits(cost):
                 left_out = NotMeasured(f"{row.technique}: speed", "the time budget ran out", cost)
                 self.not_measured.append(left_out)
                 return
