@@ -16,7 +16,7 @@ SIZES = BatchSizes(max_batch_size=64)
 
 
 def test_a_clearly_slower_technique_is_listed_as_slower_not_ranked() -> None:
-    workload, _ = sleepy(0.2)
+    workload, _ = sleepy(1.0)  # compare in advise probes at its own first batch (512 here)
     events: list[Event] = []
     result = advise(
         workload,

@@ -4,7 +4,6 @@ learning rate and warm-up for the batch it recommends."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 
 from typing_extensions import Unpack
@@ -99,9 +98,10 @@ def advise(
     checklist a loader) and ``plan`` (with ``baseline``, the run the learning rate was tuned on:
     the learning rate and warm-up for ``sizes.global_batch_size``, by default the recommended
     batch x ``sizes.world_size``, by the scaling rule of the workload's optimizer), each unless
-    ``checklist.skip`` names it. ``on_progress`` hears each step as it starts (``started``,
-    labelled with the step) and the steps' own events. The model, optimizer and RNG are left as
-    they were.
+    ``checklist.skip`` names it; a step starts only if its estimated cost fits in what is left of
+    ``timing.time_budget_seconds`` (the whole checklist's; 0: no bound), else ``not_measured``
+    names it. ``on_progress`` hears each step as it starts (``started``, labelled with the step;
+    the time left) and the steps' own events. The model, optimizer and RNG are left as they were.
     ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
     ``memory_fraction`` are its shorthand for the one-line call (one that disagrees with
     ``where`` is a ConfigurationError).
@@ -116,17 +116,12 @@ def advise(
     )
     if baseline is not None:
         check_option("advise", "baseline", baseline, Baseline)
-    started = time.perf_counter()
-    seconds = None if timing.time_budget_seconds == 0 else timing.time_budget_seconds
-    run = _Checklist(
-        target_of("advise", where, shorthand), workload, checklist, on_progress, TimeBudget(seconds)
-    )
+    run = _Checklist(target_of("advise", where, shorthand), workload, checklist, on_progress, timing)
     train, evaluation = run.find(replace(sizes, global_batch_size=None, world_size=None))
     largest = None if train is None else train.batch_size
     exploration = run.explore(sizes, largest, timing)
-    batch_size = checklist.batch_size
-    if batch_size is None:
-        batch_size = exploration.recommendation.batch_size if exploration is not None else largest
+    leaning = largest if exploration is None else exploration.recommendation.batch_size
+    batch_size = leaning if checklist.batch_size is None else checklist.batch_size
     comparison = run.compare(timing, None if train is None else train.search_seconds)
     data = run.check_data(batch_size)
     planned = run.plan(batch_size, largest, sizes, baseline)
@@ -143,7 +138,7 @@ def advise(
         costly(changes),
         noisy(changes),
         tuple(run.skipped),
-        time.perf_counter() - started,
+        run.budget.spent(),
         tuple(run.not_measured),
         slower(changes),
     )
@@ -158,12 +153,15 @@ class _Checklist:
     workload: Workload
     checklist: Checklist
     on_progress: OnProgress | None
-    budget: TimeBudget
+    timing: Timing
     skipped: list[str] = field(default_factory=list)
     not_measured: list[NotMeasured] = field(default_factory=list)
+    budget: TimeBudget = field(init=False)
 
     def __post_init__(self) -> None:
         self.skipped = [f"{step}: asked" for step in self.checklist.skip]
+        seconds = self.timing.time_budget_seconds
+        self.budget = TimeBudget(None if seconds == 0 else seconds)  # 0: no bound
 
     def starting(self, step: str, cost_seconds: float = 0.0) -> bool:
         """Whether ``step`` runs: not skipped, and its expected cost fits in what is left (else
