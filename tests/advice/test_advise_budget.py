@@ -58,5 +58,6 @@ def test_a_budget_too_short_for_compare_names_it_with_its_seconds_and_ends_in_ti
     assert left_out.needs_seconds == 2 * result.train.search_seconds
     assert left_out.line() in result.table().splitlines()
     assert result.to_dict()["not_measured"] == [left_out.to_dict()]
+    assert result.summary().endswith(" steps skipped, 1 out of time).")
     # Nothing started after find: the time is find's two searches and what surrounds them.
     assert elapsed <= budget + result.train.search_seconds + result.eval.search_seconds + 2.0

@@ -69,6 +69,7 @@ class Advice:
         batch = "no batch size" if self.batch_size is None else f"batch_size {self.batch_size}"
         first = f"; first change: {self.changes[0].what}" if self.changes else "; no change buys more than 3%"
         skipped = f", {len(self.skipped)} steps skipped" if self.skipped else ""
+        skipped += f", {len(self.not_measured)} out of time" if self.not_measured else ""
         return f"advise recommends {batch}{first} ({self.seconds:.1f} s{skipped})."
 
     def table(self, context: str = "") -> str:
