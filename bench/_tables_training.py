@@ -1,6 +1,7 @@
 """The tables of what a batch size does to training: bench/compare.py's techniques, bench/explore.py's
 pick against its sweep, bench/batch_schedule.py's schedule, bench/noise_prediction.py's S(B) and
-bench/bf16_kernels.py's step with and without bfloat16 kernels."""
+bench/bf16_kernels.py's step with and without bfloat16 kernels, bench/verb_minutes.py's minutes per
+verb."""
 
 from __future__ import annotations
 
@@ -184,3 +185,23 @@ def bf16_kernels_table(files: list[dict[str, Any]]) -> str:
     ]
     headers = ["step", "float32", "bf16 autocast", f"bf16 autocast, `ONEDNN_MAX_CPU_ISA={isa}`"]
     return f"{markdown(headers, lines, (0,))}\n\n{provenance(data)}"
+
+
+def verb_minutes_table(files: list[dict[str, Any]]) -> str:
+    """``bench/verb_minutes.py``: minutes per timing verb on the README's example, with this CPU's
+    kernels and with oneDNN capped below bfloat16's, against each verb's budget."""
+    (data,) = files
+    lines = [
+        [
+            f"`{run['verb']}`",
+            run["onednn_max_cpu_isa"] or "this CPU's",
+            f"{run['seconds'] / 60:.2f}",
+            f"{run['budget_seconds']:.0f} s",
+            f"{run['over_budget']:.2f}",
+            ", ".join(run["slow_rows"]) or "-",
+            ", ".join(run["not_measured"]) or "-",
+        ]
+        for run in data["runs"]
+    ]
+    headers = ["verb", "kernels", "minutes", "budget", "time / budget", "clearly slower", "not measured"]
+    return f"{markdown(headers, lines, (0, 1, 5, 6))}\n\n{provenance(data)}"

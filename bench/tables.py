@@ -49,6 +49,7 @@ from _tables_training import (
     explore_replay_table,
     explore_table,
     noise_prediction_table,
+    verb_minutes_table,
 )
 
 DOCUMENTS = ("README.md", "docs/*.md")
@@ -72,6 +73,7 @@ RENDERERS: dict[str, tuple[Callable[[Any], str], bool, bool]] = {
     "batch-schedule": (batch_schedule_table, True, False),
     "noise-prediction": (noise_prediction_table, True, False),
     "bf16-kernels": (bf16_kernels_table, True, False),
+    "verb-minutes": (verb_minutes_table, True, False),
     "predict": (predict_table, True, False),
     "allocator-history": (allocator_history_table, True, False),
     "predict-histories": (predict_histories_table, True, False),

@@ -119,7 +119,8 @@ def test_flags_are_the_fields_with_dashes_and_their_help() -> None:
     parser = argparse.ArgumentParser()
     flags.add_options(parser, Timing(time_budget_seconds=10.0), help={"windows": "rounds"})
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
-    assert set(actions) == {"windows", "steps_per_window", "time_budget_seconds"}  # tokens: no flag
+    # tokens_per_sample: no flag
+    assert set(actions) == {"windows", "steps_per_window", "time_budget_seconds", "time_slow"}
     assert actions["time_budget_seconds"].option_strings == ["--time-budget-seconds"]
     assert actions["time_budget_seconds"].default == 10.0  # the instance's, not the field's
     assert actions["windows"].help == "rounds (default: %(default)s)"

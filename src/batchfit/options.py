@@ -164,6 +164,9 @@ class Timing:
     windows: int = option(3, "timing windows per batch size")
     steps_per_window: int | None = option(None, "steps per window (default: the fewest that last 20 ms)")
     time_budget_seconds: float | None = option(None, "start nothing new after this many seconds")
+    time_slow: bool = option(
+        False, "compare, advise: search and time a technique whose step is 3x the baseline's or more"
+    )
     tokens_per_sample: int | None = option(
         None, "count throughput in tokens of this many per sample (default: the workload's)", cli=False
     )

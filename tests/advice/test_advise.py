@@ -47,7 +47,7 @@ def test_advise_runs_the_checklist_and_ranks_what_it_measured() -> None:
         on_progress=lambda event: (
             heard.append((event.label, event.trial.batch_size, event.trial.outcome)) if event.trial else None
         ),
-        timing=Timing(time_budget_seconds=2),
+        timing=Timing(time_budget_seconds=30, time_slow=True),
     )
     assert result.train is not None and result.comparison is not None
     for label, search in (("train", result.train), ("eval", result.eval)):  # each trial heard, in order
@@ -116,7 +116,7 @@ def test_a_noise_scale_adds_goodput_to_explore_and_the_payoff_to_the_plan() -> N
         memory_limit=1_600_000,
         checklist=steps,
         baseline=Baseline(0.1, 16),
-        timing=Timing(windows=2, steps_per_window=1, time_budget_seconds=0.5),
+        timing=Timing(windows=2, steps_per_window=1, time_budget_seconds=10),
     )
     assert result.exploration is not None and result.exploration.goodput is not None
     assert result.exploration.goodput.noise_scale == 64.0 and result.plan is not None

@@ -57,7 +57,7 @@ def test_each_row_is_judged_on_a_scan_around_its_answer() -> None:
         device="cpu",
         memory_limit=1_890_000,
         memory_fraction=1.0,
-        timing=batchfit.Timing(time_budget_seconds=0, windows=1),
+        timing=batchfit.Timing(time_budget_seconds=0, windows=1, time_slow=True),
     )
     curves = compare_bench.check(workload, state, comparison, None)
     judged = [(row, curve) for row, curve in zip(comparison.rows, curves, strict=True) if curve is not None]

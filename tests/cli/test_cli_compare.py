@@ -27,6 +27,7 @@ ARGS = (
     "1",
     "--time-budget-seconds",
     "0",
+    "--time-slow",
 )
 
 
@@ -53,7 +54,7 @@ def test_compare_prints_rows_as_json_and_a_line_per_setting() -> None:
         ["amp"],
         device="cpu",
         memory_limit="4MiB",
-        timing=Timing(windows=1, time_budget_seconds=0),
+        timing=Timing(windows=1, time_budget_seconds=0, time_slow=True),
     )
     assert [row["batch_size"] for row in rows[:2]] == [row.batch_size for row in alone.rows]
     assert rows[2]["applied"] is False and rows[2]["note"] == "cuDNN's benchmark needs CUDA"
@@ -74,7 +75,7 @@ def test_a_bad_technique_is_one_message() -> None:
 def test_a_row_at_the_search_s_upper_bound_is_marked_as_a_lower_bound() -> None:
     done = run(
         "--example", "mlp", "--device", "cpu", "--memory-limit", "64MiB", "--windows", "1",
-        "--time-budget-seconds", "0", "--techniques", "amp", "--max-batch-size", "64",
+        "--time-budget-seconds", "0", "--time-slow", "--techniques", "amp", "--max-batch-size", "64",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[1:3]]

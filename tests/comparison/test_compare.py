@@ -51,7 +51,7 @@ def comparison() -> Any:
         device="cpu",
         memory_limit="4MiB",
         sizes=BatchSizes(global_batch_size=96),
-        timing=Timing(windows=1, time_budget_seconds=0),
+        timing=Timing(windows=1, time_budget_seconds=0, time_slow=True),
     )
 
 
@@ -107,7 +107,11 @@ def test_compare_leaves_the_model_optimizer_and_rng_as_they_were() -> None:
     rng = torch.get_rng_state()
     gradients = [parameter.grad.clone() for parameter in workload.model.parameters()]
     compare(
-        workload, ["amp"], device="cpu", memory_limit="16MiB", timing=Timing(windows=1, time_budget_seconds=0)
+        workload,
+        ["amp"],
+        device="cpu",
+        memory_limit="16MiB",
+        timing=Timing(windows=1, time_budget_seconds=0, time_slow=True),
     )
     assert all(torch.equal(value, weights[name]) for name, value in workload.model.state_dict().items())
     for key, value in workload.optimizer.state.items():
@@ -132,7 +136,7 @@ def test_a_technique_that_cannot_wrap_the_step_says_why_and_the_others_run() -> 
         ["amp", "checkpointing"],
         device="cpu",
         memory_limit="8MiB",
-        timing=Timing(windows=1, time_budget_seconds=0),
+        timing=Timing(windows=1, time_budget_seconds=0, time_slow=True),
     )
     baseline, amp, checkpointing = result.rows
     assert baseline.applied and baseline.batch_size is not None
@@ -150,7 +154,7 @@ def test_an_optimizer_that_needs_a_closure_runs_every_row_a_closure_allows() -> 
         device="cpu",
         memory_limit="8MiB",
         sizes=BatchSizes(global_batch_size=1024),
-        timing=Timing(windows=1, time_budget_seconds=0),
+        timing=Timing(windows=1, time_budget_seconds=0, time_slow=True),
     )
     baseline, amp, fp16, accumulation = result.rows
     assert baseline.batch_size is not None and amp.batch_size is not None and amp.note == "autocast bfloat16"
@@ -255,7 +259,7 @@ def test_the_compile_row_is_the_compiled_step_s_truth_and_the_model_stays_eager(
         device="cpu",
         memory_limit="64MiB",
         sizes=BatchSizes(max_batch_size=8192),
-        timing=Timing(time_budget_seconds=0),
+        timing=Timing(time_budget_seconds=0, time_slow=True),
     )
     baseline, compiled = result.rows
     assert compiled.applied and compiled.note == "torch.compile", compiled

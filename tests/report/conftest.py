@@ -155,7 +155,7 @@ def compare_result() -> SavedResult:
         device="cpu",
         memory_limit="8MiB",
         sizes=BatchSizes(max_batch_size=4096, global_batch_size=8192),
-        timing=Timing(windows=1, time_budget_seconds=0),
+        timing=Timing(windows=1, time_budget_seconds=0, time_slow=True),
     )
     return saved_result(written("compare", [comparison], "blocks"), "compare.json")
 
@@ -206,7 +206,7 @@ def advise_result() -> SavedResult:
         memory_limit="48MiB",
         checklist=Checklist(techniques=("baseline", "amp")),
         baseline=Baseline(0.1, 256),
-        timing=Timing(time_budget_seconds=0.5),
+        timing=Timing(time_budget_seconds=15, time_slow=True),
     )
     context = "--example mlp --device cpu --memory-limit 48MiB"
     return saved_result(written("advise", [result], context=context), "advise.json")

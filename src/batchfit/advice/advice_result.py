@@ -11,6 +11,7 @@ from batchfit.comparison.comparison import Comparison
 from batchfit.data_check.check_data import DataCheck
 from batchfit.exploration.explore import ExploreResult
 from batchfit.policy.explore.advice import Change
+from batchfit.policy.explore.time_budget import NotMeasured
 from batchfit.policy.plan.plan import Plan
 from batchfit.result import stamped
 from batchfit.search.search_result import SearchResult
@@ -32,6 +33,8 @@ class Advice:
     within_noise: tuple[Change, ...]  # measured, but the speed-up's interval includes 1: not ranked
     skipped: tuple[str, ...]  # "step: why"
     seconds: float
+    not_measured: tuple[NotMeasured, ...] = ()  # the steps the time budget left out, with their seconds
+    slower: tuple[Change, ...] = ()  # clearly slower a step than the workload as given: never advised
 
     command: ClassVar[str] = "advise"
 
@@ -53,6 +56,8 @@ class Advice:
             "within_noise": [change.to_dict() for change in self.within_noise],
             "skipped": list(self.skipped),
             "seconds": self.seconds,
+            "not_measured": [part.to_dict() for part in self.not_measured],
+            "slower": [change.to_dict() for change in self.slower],
         }
         return stamped(self.command, data)
 
@@ -64,6 +69,7 @@ class Advice:
         batch = "no batch size" if self.batch_size is None else f"batch_size {self.batch_size}"
         first = f"; first change: {self.changes[0].what}" if self.changes else "; no change buys more than 3%"
         skipped = f", {len(self.skipped)} steps skipped" if self.skipped else ""
+        skipped += f", {len(self.not_measured)} out of time" if self.not_measured else ""
         return f"advise recommends {batch}{first} ({self.seconds:.1f} s{skipped})."
 
     def table(self, context: str = "") -> str:
@@ -95,11 +101,15 @@ class Advice:
         if self.within_noise:
             lines.append("within noise, not ranked (the speed-up's 90% interval includes 1.00x):")
             lines.extend(f"  - {change.line(context)}" for change in self.within_noise)
+        if self.slower:
+            lines.append("clearly slower, not advised (one step several times the baseline's):")
+            lines.extend(f"  - {change.line(context)}" for change in self.slower)
         if self.plan is not None:
             leaning = self._leaning()
             head = "plan:" if leaning is None else f"plan (at {leaning}, explore's leaning, not settled):"
             lines.extend([head, *(f"  {line}" for line in self.plan.table().splitlines())])
         lines.extend(f"skipped {why}" for why in self.skipped)
+        lines.extend(part.line() for part in self.not_measured)
         return "\n".join(lines) + "\n"
 
     def _leaning(self) -> int | None:

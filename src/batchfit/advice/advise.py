@@ -4,7 +4,6 @@ learning rate and warm-up for the batch it recommends."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 
 from typing_extensions import Unpack
@@ -17,7 +16,8 @@ from batchfit.data_check.check_data import DataCheck, check_data
 from batchfit.errors import ConfigurationError
 from batchfit.exploration.explore import ExploreResult, explore_on
 from batchfit.options import BatchSizes, Goal, Timing, Where
-from batchfit.policy.explore.advice import Change, costly, noisy, rank
+from batchfit.policy.explore.advice import Change, costly, noisy, rank, slower
+from batchfit.policy.explore.time_budget import NotMeasured, TimeBudget
 from batchfit.policy.noise.goodput import noise_scale_of
 from batchfit.policy.noise.noise_scale import NoiseScale
 from batchfit.policy.plan.plan import Plan, plan
@@ -35,8 +35,18 @@ from batchfit.where import ResolvedDevice, WhereShorthand, target_of
 STEPS = ("find", "explore", "compare", "check-data", "plan")
 
 
-#: advise's timing unless told: explore gets 10 s.
-ADVISE_TIMING = Timing(time_budget_seconds=10.0)
+#: advise's timing unless told: the whole checklist's budget, which keeps the README's example (the
+#: cnn under a 256 MiB cap) to a few minutes on 2 CPU cores, with or without bfloat16 kernels.
+ADVISE_TIMING = Timing(time_budget_seconds=240.0)
+#: explore's share of what is left after find, and at most this many seconds.
+EXPLORE_SHARE = 0.15
+EXPLORE_SECONDS = 30.0
+#: compare's estimated cost: this many times find's train search (the baseline's search again,
+#: the probes and the speed rounds); compare keeps its own budget, a share of what is left.
+COMPARE_SEARCHES = 2.0
+COMPARE_SHARE = 0.8
+#: check-data starts only with this many seconds left (its loader search times a few windows).
+CHECK_DATA_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -88,9 +98,10 @@ def advise(
     checklist a loader) and ``plan`` (with ``baseline``, the run the learning rate was tuned on:
     the learning rate and warm-up for ``sizes.global_batch_size``, by default the recommended
     batch x ``sizes.world_size``, by the scaling rule of the workload's optimizer), each unless
-    ``checklist.skip`` names it. ``on_progress`` hears each step as it starts (``started``,
-    labelled with the step) and the steps' own events. The model, optimizer and RNG are left as
-    they were.
+    ``checklist.skip`` names it; a step starts only if its estimated cost fits in what is left of
+    ``timing.time_budget_seconds`` (the whole checklist's; 0: no bound), else ``not_measured``
+    names it. ``on_progress`` hears each step as it starts (``started``, labelled with the step;
+    the time left) and the steps' own events. The model, optimizer and RNG are left as they were.
     ``where`` says where to measure (a ``batchfit.Where``); ``device``, ``memory_limit`` and
     ``memory_fraction`` are its shorthand for the one-line call (one that disagrees with
     ``where`` is a ConfigurationError).
@@ -105,15 +116,13 @@ def advise(
     )
     if baseline is not None:
         check_option("advise", "baseline", baseline, Baseline)
-    started = time.perf_counter()
-    run = _Checklist(target_of("advise", where, shorthand), workload, checklist, on_progress)
+    run = _Checklist(target_of("advise", where, shorthand), workload, checklist, on_progress, timing)
     train, evaluation = run.find(replace(sizes, global_batch_size=None, world_size=None))
     largest = None if train is None else train.batch_size
     exploration = run.explore(sizes, largest, timing)
-    batch_size = checklist.batch_size
-    if batch_size is None:
-        batch_size = exploration.recommendation.batch_size if exploration is not None else largest
-    comparison = run.compare()
+    leaning = largest if exploration is None else exploration.recommendation.batch_size
+    batch_size = leaning if checklist.batch_size is None else checklist.batch_size
+    comparison = run.compare(timing, None if train is None else train.search_seconds)
     data = run.check_data(batch_size)
     planned = run.plan(batch_size, largest, sizes, baseline)
     changes = _changes(comparison, data)
@@ -129,7 +138,9 @@ def advise(
         costly(changes),
         noisy(changes),
         tuple(run.skipped),
-        time.perf_counter() - started,
+        run.budget.spent(),
+        tuple(run.not_measured),
+        slower(changes),
     )
 
 
@@ -142,15 +153,27 @@ class _Checklist:
     workload: Workload
     checklist: Checklist
     on_progress: OnProgress | None
+    timing: Timing
     skipped: list[str] = field(default_factory=list)
+    not_measured: list[NotMeasured] = field(default_factory=list)
+    budget: TimeBudget = field(init=False)
 
     def __post_init__(self) -> None:
         self.skipped = [f"{step}: asked" for step in self.checklist.skip]
+        seconds = self.timing.time_budget_seconds
+        self.budget = TimeBudget(None if seconds == 0 else seconds)  # 0: no bound
 
-    def starting(self, step: str) -> bool:
+    def starting(self, step: str, cost_seconds: float = 0.0) -> bool:
+        """Whether ``step`` runs: not skipped, and its expected cost fits in what is left (else
+        named in ``not_measured``); told as it starts, with the time left."""
         if step in self.checklist.skip:
             return False
-        tell(self.on_progress, Event("advise", "started", step))
+        if not self.budget.allows(cost_seconds):
+            self.not_measured.append(NotMeasured(step, "the time budget ran out", cost_seconds))
+            return False
+        left = self.budget.left()
+        message = "" if left == float("inf") else f"{step}: {left:.0f} s left"
+        tell(self.on_progress, Event("advise", "started", step, message=message))
         return True
 
     def find(self, sizes: BatchSizes) -> tuple[SearchResult | None, SearchResult | None]:
@@ -164,19 +187,32 @@ class _Checklist:
         return train, evaluation
 
     def explore(self, sizes: BatchSizes, largest: int | None, timing: Timing) -> ExploreResult | None:
-        if not self.starting("explore"):
+        """explore in its share of what is left (as given where advise has no bound)."""
+        share = min(EXPLORE_SECONDS, self.budget.left() * EXPLORE_SHARE)
+        if not self.starting("explore", 0.0 if share > 0 else EXPLORE_SECONDS):
             return None
         up_to = replace(sizes, max_batch_size=largest, global_batch_size=None, world_size=None)
         goal = Goal(noise_scale=self.checklist.noise_scale)
+        if self.budget.seconds is not None:
+            timing = replace(timing, time_budget_seconds=share)
         return explore_on(self.target, self.workload, up_to, timing, goal, self.on_progress)
 
-    def compare(self) -> Comparison | None:
-        if not self.starting("compare"):
+    def compare(self, timing: Timing, search_seconds: float | None) -> Comparison | None:
+        """compare without explore's recommendations, its cost estimated from find's search, in
+        its share of what is left."""
+        cost = COMPARE_SEARCHES * (search_seconds or 0.0)
+        if not self.starting("compare", cost):
             return None
-        no_explore = Timing(time_budget_seconds=0)
+        left = self.budget.left()
+        budget = 0 if left == float("inf") else left * COMPARE_SHARE
         techniques = self.checklist.techniques
         return compare_on(
-            self.target, self.workload, techniques, timing=no_explore, on_progress=self.on_progress
+            self.target,
+            self.workload,
+            techniques,
+            timing=replace(timing, time_budget_seconds=budget),
+            on_progress=self.on_progress,
+            recommend=False,
         )
 
     def check_data(self, batch_size: int | None) -> DataCheck | None:
@@ -187,7 +223,7 @@ class _Checklist:
             self.skipped.append("check-data: the workload has no dataset and no loader was given")
         elif batch_size is None:
             self.skipped.append("check-data: no batch size to check (find and explore skipped, none given)")
-        elif self.starting("check-data"):
+        elif self.starting("check-data", CHECK_DATA_SECONDS):
             device = self.target.device.torch_device
             return check_data(
                 self.workload, batch_size, device=device, loader=loader, on_progress=self.on_progress
@@ -236,6 +272,13 @@ def _changes(comparison: Comparison | None, data: DataCheck | None) -> list[Chan
                     row.at_max_batch_size,
                     row.throughput_ratio_low,
                     row.throughput_ratio_high,
+                )
+            )
+        elif row.slow:  # one step, clearly slower: a slow-down, not noise, and no batch measured
+            evidence = f"batchfit compare --techniques {row.technique} --time-slow"
+            changes.append(
+                Change(
+                    f"{row.technique} ({row.note})", row.throughput_ratio, None, evidence, clearly_slower=True
                 )
             )
     if data is not None and data.recommendation is not None:

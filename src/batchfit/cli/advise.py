@@ -52,7 +52,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     flags.add_options(
         parser,
         flags.default_of(batchfit.advise, "timing"),
-        help={"time_budget_seconds": "explore's time"},
+        help={"time_budget_seconds": "the whole checklist's time; 0: no bound"},
     )
     flags.add_output(parser, ("text", "json"))
     return parser

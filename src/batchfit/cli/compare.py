@@ -43,7 +43,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         flags.default_of(batchfit.compare, "timing"),
         help={
             "windows": "timing windows at each largest batch",
-            "time_budget_seconds": "explore's time for each technique's recommended batch; 0 skips it",
+            "time_budget_seconds": "the whole comparison's time; 0: no bound and no explore per row",
         },
     )
     parser.add_argument(

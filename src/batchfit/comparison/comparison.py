@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
 
 from batchfit.policy.explore.ratios import Ratio, paired, ratio_text, within_noise
+from batchfit.policy.explore.time_budget import NotMeasured
 from batchfit.result import stamped
 from batchfit.units import format_bytes
 
@@ -37,6 +38,11 @@ class ComparisonRow:
     at_max_batch_size: bool = False  # the search reached max_batch_size: batch_size is a lower bound
     trials: int = 0
     seconds: float = 0.0
+    # One step's time over the baseline's at the same batch (None: not probed); a row at least
+    # SLOW_STEP_RATIO times slower is ``slow``: reported at once, unsearched, its throughput ratio
+    # the probe's.
+    step_ratio: float | None = None
+    slow: bool = False
 
     @property
     def within_noise(self) -> bool:
@@ -61,6 +67,8 @@ class Comparison:
     unit: str  # of samples_per_second: "samples/s" or "tokens/s"
     global_batch_size: int | None
     seconds: float
+    not_measured: tuple[NotMeasured, ...] = ()  # what the time budget left out, with its seconds
+    seconds_per_reading: float | None = None  # seconds of stepping per timed window, warm-ups included
 
     command: ClassVar[str] = "compare"
 
@@ -77,7 +85,8 @@ class Comparison:
         best = (
             "" if largest is None else f"; the largest batch: {largest.batch_size} with {largest.technique}"
         )
-        return f"compared {len(self.rows)} settings on {self.device} in {self.seconds:.1f} s{best}."
+        left_out = f"; {len(self.not_measured)} parts not measured" if self.not_measured else ""
+        return f"compared {len(self.rows)} settings on {self.device} in {self.seconds:.1f} s{best}{left_out}."
 
     def to_csv(self) -> str:
         buffer = io.StringIO()
@@ -115,6 +124,9 @@ class Comparison:
             )
         lines.append(f"on {self.device}, memory_fraction {self.memory_fraction:g}; how each applied:")
         lines.extend(f"  {row.technique}: {row.note}" for row in self.rows if row.batch_size is not None)
+        if self.seconds_per_reading is not None:
+            lines.append(f"speed rounds: {self.seconds_per_reading:.2f} s of stepping per reading.")
+        lines.extend(part.line() for part in self.not_measured)
         return "\n".join(lines) + "\n"
 
 
@@ -129,6 +141,8 @@ def against(
     round (a round's readings are taken moments apart, so a slow spell divides out), with its 90%
     interval from those ratios (``policy.explore.ratios.paired``); the baseline's own row (``row`` is
     ``baseline``) is 1 by definition and has none."""
+    if row.slow:  # its throughput ratio is the probe's, taken at the baseline's batch
+        return row
     batch = None
     if not row.accumulation_steps and row.batch_size is not None and baseline.batch_size:
         batch = row.batch_size / baseline.batch_size

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchfit.policy.explore.advice import Change, costly, noisy, rank
+from batchfit.policy.explore.advice import Change, costly, counted_speedup, noisy, rank, slower
 
 
 def change(what: str, speedup: float | None, batch_gain: float | None) -> Change:
@@ -69,3 +69,16 @@ def test_a_line_gives_the_interval_and_says_within_noise() -> None:
         "amp: 1.29x the throughput [0.92, 1.81] (within noise) "
         "(evidence: batchfit compare --techniques amp --example cnn)"
     )
+
+
+def test_a_clear_slow_down_is_not_noise_and_is_listed_as_slower() -> None:
+    # One step 18x the baseline's: no interval, but no doubt either; with a wide interval that
+    # includes 1 it would read within noise were it not marked clearly slower.
+    slow = Change("amp", 1 / 18, None, "batchfit compare --techniques amp --time-slow", clearly_slower=True)
+    wide = Change("amp", 0.5, None, "e", speedup_low=0.2, speedup_high=1.2, clearly_slower=True)
+    faster = change("faster", 1.7, None)
+    assert not slow.within_noise and not wide.within_noise and counted_speedup(wide) == 0.5
+    assert rank([slow, wide, faster]) == (faster,)
+    assert noisy([slow, wide, faster]) == () and costly([slow, wide, faster]) == ()
+    assert slower([slow, wide, faster]) == (slow, wide)
+    assert slow.line().startswith("amp: 0.06x the throughput")

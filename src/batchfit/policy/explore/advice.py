@@ -26,11 +26,13 @@ class Change:
     batch_gain_at_least: bool = False  # the larger batch reached the search's upper bound
     speedup_low: float | None = None  # the speed-up's 90% interval; None where not measured in pairs
     speedup_high: float | None = None
+    clearly_slower: bool = False  # one step was several times the baseline's: a slow-down, not noise
 
     @property
     def within_noise(self) -> bool:
-        """The speed-up's interval includes 1: the measurements cannot tell it from no change."""
-        return within_noise(self.speedup_low, self.speedup_high)
+        """The speed-up's interval includes 1: the measurements cannot tell it from no change (a
+        clear slow-down, measured in one step, never is)."""
+        return not self.clearly_slower and within_noise(self.speedup_low, self.speedup_high)
 
     def line(self, context: str = "") -> str:
         """One line; ``context`` (the workload and device flags) completes the evidence command."""
@@ -89,3 +91,9 @@ def noisy(changes: Iterable[Change]) -> tuple[Change, ...]:
     """The changes whose speed-up is within noise and that buy no larger batch worth saying:
     measured, but not shown to buy anything, so neither ``rank`` nor ``costly`` lists them."""
     return tuple(change for change in changes if change.within_noise and not worth_saying(change))
+
+
+def slower(changes: Iterable[Change]) -> tuple[Change, ...]:
+    """The changes clearly slower than the workload as given (one step several times the
+    baseline's) that buy no larger batch: measured enough to say so, never advised."""
+    return tuple(change for change in changes if change.clearly_slower and change not in costly([change]))

@@ -27,6 +27,24 @@ TECHNIQUES = (
     "cudnn-benchmark-off",
     EXPANDABLE_SEGMENTS,
 )
+#: A technique whose step at the same batch takes this many times the baseline's is reported at
+#: once, unsearched: no larger batch it could fit makes up a 3x loss per sample, and a search and
+#: timing of it would cost that many times the baseline's (bf16 autocast on a CPU without bf16
+#: kernels runs about 20x slower a step; checkpointing a small model recomputes a cheap forward).
+SLOW_STEP_RATIO = 3.0
+
+
+def slow_verdict(name: str, how: str, step_ratio: float, batch_size: int) -> str:
+    """The one line a row clearly slower than the baseline is reported with."""
+    why = ""
+    if "bfloat16" in how:
+        why = ": a device without bfloat16 kernels runs autocast bfloat16 so"
+    elif "checkpointing" in how:
+        why = ": recomputing the forward costs more than this model gains"
+    return (
+        f"{how} runs {step_ratio:.1f}x slower a step than the baseline at batch_size {batch_size}{why}; "
+        f"not searched (time_slow=True, --time-slow, measures it)"
+    )
 
 
 def mixed_precision_of(parts: tuple[str, ...]) -> str | None:

@@ -52,6 +52,7 @@ class StepTimer:
         self.batches: dict[int, Any] = {}
         self.steps: dict[int, int] = {}
         self.unrestored_steps = 0
+        self.stepping_seconds = 0.0  # every step this timer ran, warm-ups and discarded windows too
 
     def now(self) -> float:
         return time.perf_counter()
@@ -74,6 +75,19 @@ class StepTimer:
         """Time ``steps`` steps per window at ``batch_size`` from now on (the ranks of a lockstep
         exploration agree on the longest any of them chose)."""
         self.steps[batch_size] = steps
+
+    def resume(self, batch_size: int, steps: int) -> None:
+        """Time windows of ``steps`` steps at ``batch_size`` with no warm-up: the window's length
+        was set by an earlier timer's first visit to the same variant and shape."""
+        self.workload.module.train()
+        self.batches[batch_size] = self.workload.host_batch(batch_size)
+        self.steps[batch_size] = steps
+
+    def step_seconds(self, batch_size: int) -> float:
+        """One step's seconds at ``batch_size``, untimed by any window (a probe)."""
+        self.workload.module.train()
+        self.batches.setdefault(batch_size, self.workload.host_batch(batch_size))
+        return self._run(batch_size, 1)
 
     def revisit(self, batch_size: int) -> None:
         """One untimed step: the first step after another shape runs slower."""
@@ -103,7 +117,7 @@ class StepTimer:
 
     def _run(self, batch_size: int, count: int) -> float:
         self.unrestored_steps += count
-        return timed_steps(
+        seconds = timed_steps(
             self.workload,
             self.optimizer,
             self.device,
@@ -112,3 +126,5 @@ class StepTimer:
             count,
             compiled=self.compiled,
         )
+        self.stepping_seconds += seconds
+        return seconds
