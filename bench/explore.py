@@ -28,7 +28,7 @@ from _explore_rows import HEADERS, QUALITY_TARGET, TIME_TARGET, BatchfitRun, Row
 from _sweep import RULE_TOLERANCE, Sharpen
 
 import batchfit
-from batchfit.exploration.explore import ExploreResult
+from batchfit.exploration.explore_result import ExploreResult
 from batchfit.runtime.devices.host import PINNED_MALLOC
 from batchfit.runtime.devices.resolve import parse_device
 

@@ -14,7 +14,8 @@ from batchfit.comparison.compare import compare
 from batchfit.comparison.comparison import Comparison
 from batchfit.data_check.check_data import DataCheck, check_data
 from batchfit.errors import BatchfitError, ConfigurationError, DoesNotFitError
-from batchfit.exploration.explore import ExploreResult, explore
+from batchfit.exploration.explore import explore
+from batchfit.exploration.explore_result import ExploreResult
 from batchfit.fit_check.check import FitCheck, check
 from batchfit.noise.noise_scale import noise_scale
 from batchfit.noise.noise_scale_result import NoiseScaleResult

@@ -19,7 +19,8 @@ from tiny_workloads import build
 
 from batchfit import BatchSizes, Goal, Timing
 from batchfit.errors import ConfigurationError
-from batchfit.exploration.explore import ExploreResult, explore, explore_on, with_goodput
+from batchfit.exploration.explore import explore, explore_on, with_goodput
+from batchfit.exploration.explore_result import ExploreResult
 from batchfit.policy.explore.choose import Recommendation
 from batchfit.policy.explore.contenders import coarse_sizes
 from batchfit.policy.explore.exploration import Rules

@@ -20,7 +20,8 @@ from batchfit.advice.advise import Checklist, advise
 from batchfit.analysis.analyze import analyze
 from batchfit.comparison.compare import compare
 from batchfit.data_check.check_data import check_data
-from batchfit.exploration.explore import ExploreResult, explore, with_goodput
+from batchfit.exploration.explore import explore, with_goodput
+from batchfit.exploration.explore_result import ExploreResult
 from batchfit.policy.explore.loader_settings import LoaderSearch
 from batchfit.policy.noise.noise_scale import NoiseScale
 from batchfit.policy.plan.plan import plan

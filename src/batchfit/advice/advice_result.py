@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from batchfit.comparison.comparison import Comparison
 from batchfit.data_check.check_data import DataCheck
-from batchfit.exploration.explore import ExploreResult
+from batchfit.exploration.explore_result import ExploreResult
 from batchfit.policy.explore.advice import Change
 from batchfit.policy.explore.time_budget import NotMeasured
 from batchfit.policy.plan.plan import Plan

@@ -14,7 +14,8 @@ from batchfit.comparison.compare import compare_on
 from batchfit.comparison.comparison import Comparison
 from batchfit.data_check.check_data import DataCheck, check_data
 from batchfit.errors import ConfigurationError
-from batchfit.exploration.explore import ExploreResult, explore_on
+from batchfit.exploration.explore import explore_on
+from batchfit.exploration.explore_result import ExploreResult
 from batchfit.options import BatchSizes, Goal, Timing, Where
 from batchfit.policy.explore.advice import Change, costly, noisy, rank, slower
 from batchfit.policy.explore.time_budget import NotMeasured, TimeBudget
