@@ -188,8 +188,9 @@ def bf16_kernels_table(files: list[dict[str, Any]]) -> str:
 
 
 def verb_minutes_table(files: list[dict[str, Any]]) -> str:
-    """``bench/verb_minutes.py``: minutes per timing verb on the README's example, with this CPU's
-    kernels and with oneDNN capped below bfloat16's, against each verb's budget."""
+    """``bench/verb_minutes.py``: minutes per timing verb on a workload (the README's example, or the
+    held-out GPT), with this CPU's kernels and with oneDNN capped below bfloat16's, against each
+    verb's budget."""
     (data,) = files
     lines = [
         [
