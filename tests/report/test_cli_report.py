@@ -122,10 +122,10 @@ WITH_REPORT = {  # command: (its argv, writing x.json; what follows --report; th
         1,
     ),
     "advise": (
-        ("advise", *MLP, "--techniques", "baseline,amp", "--time-budget-seconds", "0.5"),
+        ("advise", *MLP, "--techniques", "baseline,amp", "--time-budget-seconds", "20"),
         ("--format", "json", "--output", "x.json"),
         (),
-        3,  # find (train and eval), explore, compare; no plan without a base learning rate
+        3,  # find (train and eval), explore, compare (a budget that fits them); no plan without a base lr
     ),
 }
 
