@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,14 +36,6 @@ from batchfit.runtime.data import loop as data_loop
 
 #: Long enough for several batches of the slow datasets (about 70 ms each at 0 workers).
 WINDOW_SECONDS = 0.5
-
-
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _state(workload: Workload) -> dict[str, Any]:

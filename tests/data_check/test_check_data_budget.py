@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 
-import pytest
 import torch
 from data_workloads import InMemoryItems, device_step, sleepy, tiny_model
 
@@ -16,14 +14,6 @@ from batchfit import Event, Timing, Workload, check_data
 from batchfit.policy.explore.loader_budget import OUT_OF_TIME, settings_left
 from batchfit.policy.explore.loader_settings import KNOBS, LoaderSearch, LoaderSetting
 from batchfit.runtime.data.loop import PROGRESS_SECONDS
-
-
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_a_short_budget_names_the_settings_left_and_the_check_ends_within_it(one_thread: None) -> None:
