@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import data_workloads
 from autocast_workloads import sleepy
 
 from batchfit import BatchSizes, Timing, advise
@@ -61,3 +62,20 @@ def test_a_budget_too_short_for_compare_names_it_with_its_seconds_and_ends_in_ti
     assert result.summary().endswith(" steps skipped, 1 out of time).")
     # Nothing started after find: the time is find's two searches and what surrounds them.
     assert elapsed <= budget + result.train.search_seconds + result.eval.search_seconds + 2.0
+
+
+def test_check_data_keeps_to_what_advise_has_left() -> None:
+    # A loader that sleeps a little per item: check-data alone would take its own 60 s default.
+    budget = 14.0
+    started = time.perf_counter()
+    result = advise(
+        data_workloads.sleepy(),
+        device="cpu",
+        checklist=Checklist(skip=("find", "explore", "compare", "plan"), batch_size=32),
+        timing=Timing(time_budget_seconds=budget),
+    )
+    elapsed = time.perf_counter() - started
+    assert result.data is not None and result.data.time_budget_seconds is not None
+    assert result.data.time_budget_seconds <= budget
+    # Within the budget, plus the batch in hand when it ran out (a few sleeping items).
+    assert elapsed <= budget + 5.0

@@ -12,7 +12,7 @@ from batchfit.advice.advice_result import Advice
 from batchfit.checks import check_option, check_positive_int, shown, type_name
 from batchfit.comparison.compare import compare_on
 from batchfit.comparison.comparison import Comparison
-from batchfit.data_check.check_data import DataCheck, check_data
+from batchfit.data_check.check_data import CHECK_DATA_TIMING, DataCheck, check_data
 from batchfit.errors import ConfigurationError
 from batchfit.exploration.explore import explore_on
 from batchfit.exploration.explore_result import ExploreResult
@@ -226,8 +226,15 @@ class _Checklist:
             self.skipped.append("check-data: no batch size to check (find and explore skipped, none given)")
         elif self.starting("check-data", CHECK_DATA_SECONDS):
             device = self.target.device.torch_device
+            left = self.budget.left()  # check-data keeps to what advise has left, at most its own default
+            seconds = min(CHECK_DATA_TIMING.time_budget_seconds or left, left)
             return check_data(
-                self.workload, batch_size, device=device, loader=loader, on_progress=self.on_progress
+                self.workload,
+                batch_size,
+                device=device,
+                loader=loader,
+                timing=replace(CHECK_DATA_TIMING, time_budget_seconds=seconds),
+                on_progress=self.on_progress,
             )
         return None
 
